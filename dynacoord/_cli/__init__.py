@@ -1,0 +1,1 @@
+"""Sub-commands of the ``dynacoord`` CLI, one module per command group (see ``dynacoord.cli``)."""

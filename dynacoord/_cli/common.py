@@ -1,0 +1,128 @@
+"""Shared plumbing of the CLI: the backend built from global options, output, and usage errors."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import decimal
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DynacoordError
+
+__all__ = ["Command", "Context", "UsageError", "add_command", "emit", "parse_value"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit code 2."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What a command handler gets: parsed args and lazily built AWS objects."""
+
+    args: argparse.Namespace
+
+    @property
+    def json(self) -> bool:
+        return bool(self.args.json)
+
+    def progress(self, message: str) -> None:
+        """A progress line on stderr (never on stdout, which stays machine-readable)."""
+        if not self.args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    def client(self, service: str = "dynamodb") -> Any:
+        import boto3
+        from botocore.config import Config
+
+        endpoint = self.args.endpoint_url if service == "dynamodb" else None
+        factory: Any = boto3.client
+        return factory(
+            service,
+            region_name=self.args.region or None,
+            endpoint_url=endpoint or None,
+            config=Config(retries={"max_attempts": 8, "mode": "adaptive"}),
+        )
+
+    @property
+    def table_name(self) -> str:
+        return str(self.args.table)
+
+    def backend(self) -> Any:
+        from ..backends.dynamodb import DynamoDBBackend
+
+        return DynamoDBBackend(
+            self.client(), table_name=self.args.table, namespace=self.args.namespace
+        )
+
+
+Handler = Callable[[Context], Any]
+Command = tuple[str, Handler]
+
+
+def add_command(
+    subparsers: Any, name: str, handler: Handler, help_text: str
+) -> argparse.ArgumentParser:
+    """Add a leaf command whose handler returns a JSON-able result (printed by :func:`emit`)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help_text, description=help_text
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, decimal.Decimal):
+        return int(obj) if obj == obj.to_integral_value() else float(obj)
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if hasattr(obj, "value") and isinstance(obj.value, str):  # enums
+        return obj.value
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)
+
+
+def emit(ctx: Context, result: Any) -> None:
+    """Print a result: JSON with ``--json``, else a readable rendering."""
+    if result is None:
+        return
+    if ctx.json:
+        print(json.dumps(result, default=_default, indent=2, sort_keys=True, ensure_ascii=False))
+        return
+    if isinstance(result, str):
+        print(result)
+        return
+    if isinstance(result, dict):
+        for key, value in result.items():
+            rendered = value if isinstance(value, str) else json.dumps(value, default=_default)
+            print(f"{key}: {rendered}")
+        return
+    if isinstance(result, list):
+        for entry in result:
+            print(entry if isinstance(entry, str) else json.dumps(entry, default=_default))
+        return
+    print(json.dumps(result, default=_default))
+
+
+def parse_value(text: str) -> Any:
+    """A CLI value: JSON when it parses as JSON, else the plain string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def env_default(name: str, fallback: str | None = None) -> str | None:
+    return os.environ.get(name) or fallback
+
+
+def error_line(exc: BaseException) -> str:
+    kind = "error" if isinstance(exc, DynacoordError) else type(exc).__name__
+    return f"dynacoord: {kind}: {exc}"

@@ -1,0 +1,94 @@
+"""Injectable clocks.
+
+Wall-clock time (``time()``) decides expiry, because expiry instants are shared with other
+processes through the store. Monotonic time (``monotonic()``) measures waits and deadlines inside
+one process, so a wall-clock jump never makes a blocking call wait forever or return early.
+"""
+
+from __future__ import annotations
+
+import threading
+import time as _time
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "ManualClock", "SystemClock", "now_ms"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What dynacoord needs to know about time."""
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin that never goes backwards."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Block for ``seconds``."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def time(self) -> float:
+        return _time.time()
+
+    def monotonic(self) -> float:
+        return _time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            _time.sleep(seconds)
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+class ManualClock:
+    """A clock that only moves when told to (tests, simulations).
+
+    ``sleep`` advances the clock instead of blocking, so code with deadlines and backoff runs
+    instantly and deterministically. Thread-safe.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._now = float(start)
+        self._mono = 0.0
+        self._lock = threading.Lock()
+
+    def time(self) -> float:
+        with self._lock:
+            return self._now
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._mono
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks forward by ``seconds``."""
+        if seconds < 0:
+            raise ValueError("a ManualClock only moves forward")
+        with self._lock:
+            self._now += seconds
+            self._mono += seconds
+
+    def set(self, epoch_seconds: float) -> None:
+        """Jump the wall clock (the monotonic clock is unaffected, as with a real NTP step)."""
+        with self._lock:
+            self._now = float(epoch_seconds)
+
+    def __repr__(self) -> str:
+        return f"ManualClock({self._now!r})"
+
+
+def now_ms(clock: Clock) -> int:
+    """The clock's wall time in integer epoch milliseconds."""
+    return int(clock.time() * 1000)

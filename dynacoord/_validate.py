@@ -1,0 +1,65 @@
+"""Argument checks shared by every primitive: they run before anything is sent to a store."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["MAX_TTL_SECONDS", "check_int", "check_str", "non_negative_seconds", "ttl_to_ms"]
+
+#: The longest TTL accepted anywhere (10 years): longer is almost always a unit mistake
+#: (milliseconds passed as seconds) and risks overflowing epoch arithmetic in other tools.
+MAX_TTL_SECONDS = 10 * 365 * 24 * 3600
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    as_float = float(value)
+    if not math.isfinite(as_float):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return as_float
+
+
+def ttl_to_ms(value: Any, name: str = "ttl") -> int:
+    """Validate a TTL in seconds (int or float) and return whole milliseconds (at least 1)."""
+    seconds = _number(value, name)
+    if seconds <= 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    if seconds > MAX_TTL_SECONDS:
+        raise ValueError(
+            f"{name} must be at most {MAX_TTL_SECONDS} seconds (10 years), got {value!r}"
+        )
+    return max(1, math.ceil(seconds * 1000))
+
+
+def non_negative_seconds(value: Any, name: str) -> float:
+    """Validate a duration in seconds that may be zero (timeouts, intervals)."""
+    seconds = _number(value, name)
+    if seconds < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    if seconds > MAX_TTL_SECONDS:
+        raise ValueError(f"{name} must be at most {MAX_TTL_SECONDS} seconds, got {value!r}")
+    return seconds
+
+
+def check_int(
+    value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """Validate an int parameter (bools are refused: ``True`` is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+    return value
+
+
+def check_str(value: Any, name: str) -> str:
+    """Validate a non-empty str parameter that is not a key (owner names, reasons, ...)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+    return value

@@ -1,0 +1,1 @@
+"""Storage backends. Import them from their modules; Redis and MongoDB need their extras."""

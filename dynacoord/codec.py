@@ -1,0 +1,156 @@
+"""Value encoding shared by every backend.
+
+Stored values are JSON text with three tagged forms, so that every supported Python value comes
+back with the same type and value it went in with:
+
+* ``bytes``             -> ``{"$b": "<base64>"}``
+* ``decimal.Decimal``   -> ``{"$d": "<str(decimal)>"}`` (ints and floats stay JSON numbers, so an
+  int never comes back as a Decimal or a float)
+* a dict whose only key is one of the tags -> ``{"$$": {...}}`` (escaped, so user data that looks
+  like a tag is not mistaken for one)
+
+Floats round-trip exactly (JSON uses ``repr``). NaN and infinities, sets, objects, non-str dict keys
+and recursive structures are refused with :class:`~dynacoord.errors.InvalidValueError` before
+anything is written. Tuples are stored as lists (and come back as lists), as with ``json``.
+No pickle, ever: a value read from a shared table must never execute code.
+"""
+
+from __future__ import annotations
+
+import base64
+import decimal
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+from .errors import InvalidValueError, ValueTooLargeError
+
+__all__ = [
+    "DYNAMODB_ITEM_LIMIT",
+    "JSONValue",
+    "check_item_size",
+    "decode",
+    "encode",
+    "estimate_item_size",
+]
+
+JSONValue: TypeAlias = Any
+"""int, float, str, bool, None, bytes, Decimal, and lists/dicts (str keys) of them."""
+
+#: DynamoDB's item size limit in bytes (attribute names plus values).
+DYNAMODB_ITEM_LIMIT = 400 * 1024
+
+_TAGS = frozenset({"$b", "$d", "$$"})
+_MAX_DEPTH = 64
+
+
+def _to_jsonable(value: Any, depth: int, path: str) -> Any:
+    if depth > _MAX_DEPTH:
+        raise InvalidValueError(
+            f"value nests deeper than {_MAX_DEPTH} levels at {path} (recursive structure?)"
+        )
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidValueError(
+                f"value at {path} is {value!r}: NaN and infinity are not storable"
+            )
+        return value
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise InvalidValueError(
+                f"value at {path} is {value!r}: NaN and infinity are not storable"
+            )
+        return {"$d": str(value)}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidValueError(
+                    f"dict keys must be str, got {type(k).__name__} key {k!r} at {path}"
+                )
+            out[k] = _to_jsonable(v, depth + 1, f"{path}[{k!r}]")
+        if len(out) == 1 and next(iter(out)) in _TAGS:
+            return {"$$": out}
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
+    raise InvalidValueError(
+        f"value of type {type(value).__name__} at {path} is not storable: use int, float, str, "
+        "bool, None, bytes, Decimal, list or dict with str keys"
+    )
+
+
+def _from_jsonable(obj: Any) -> Any:
+    # Top-down (not json's bottom-up object_hook): the contents of an escaped "$$" dict are user
+    # data and must not be read as tags themselves.
+    if isinstance(obj, list):
+        return [_from_jsonable(v) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        ((tag, inner),) = obj.items()
+        if tag == "$b":
+            return base64.b64decode(inner)
+        if tag == "$d":
+            return decimal.Decimal(inner)
+        if tag == "$$":
+            return {k: _from_jsonable(v) for k, v in inner.items()}
+    return {k: _from_jsonable(v) for k, v in obj.items()}
+
+
+def encode(value: Any) -> str:
+    """Encode ``value`` as JSON text; raise :class:`InvalidValueError` for unsupported values."""
+    try:
+        tree = _to_jsonable(value, 0, "value")
+    except RecursionError as exc:  # pragma: no cover - depth check fires first
+        raise InvalidValueError("value is recursive") from exc
+    return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def decode(text: str | bytes) -> Any:
+    """Inverse of :func:`encode`."""
+    return _from_jsonable(json.loads(text))
+
+
+def _attribute_size(value: Any) -> int:
+    # Sizes follow DynamoDB's documented item-size rules closely enough to refuse an oversize item
+    # before sending it (the service would refuse it anyway, but only after a round trip).
+    if value is None or isinstance(value, bool):
+        return 1
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (int, decimal.Decimal)):
+        digits = len(str(value).lstrip("-").replace(".", ""))
+        return 1 + (digits + 1) // 2
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, Mapping):
+        return 3 + sum(_attribute_size(k) + _attribute_size(v) + 1 for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return 3 + sum(_attribute_size(v) + 1 for v in value)
+    return len(str(value))
+
+
+def estimate_item_size(item: Mapping[str, Any]) -> int:
+    """Approximate DynamoDB size in bytes of an item given as plain Python values."""
+    return sum(len(name.encode("utf-8")) + _attribute_size(v) for name, v in item.items())
+
+
+def check_item_size(
+    item: Mapping[str, Any], *, limit: int = DYNAMODB_ITEM_LIMIT, key: object = None
+) -> None:
+    """Raise :class:`ValueTooLargeError` if ``item`` would not fit in one stored item."""
+    size = estimate_item_size(item)
+    if size > limit:
+        raise ValueTooLargeError(
+            f"the item would be {size} bytes, over the {limit}-byte item limit; store large "
+            "values elsewhere (for example S3) and keep a reference",
+            size=size,
+            limit=limit,
+            key=key,
+        )

@@ -1,0 +1,255 @@
+"""The dynacoord error tree.
+
+Every error raised on purpose by dynacoord derives from :class:`DynacoordError`. Errors carry the
+context a caller needs to act (key, owner, expiry, ...) as attributes, and chain the underlying
+botocore / redis / pymongo exception with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "CircuitOpenError",
+    "ConfigurationError",
+    "DynacoordError",
+    "EventNotFoundError",
+    "IdempotencyError",
+    "IdempotencyInProgressError",
+    "IdempotencyKeyMismatchError",
+    "IdempotencyValueError",
+    "InvalidKeyError",
+    "InvalidValueError",
+    "LockError",
+    "LockLostError",
+    "LockNotAcquiredError",
+    "LockNotOwnedError",
+    "NotSupportedError",
+    "OutboxError",
+    "RunError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "StackDeploymentError",
+    "TableNotReadyError",
+    "TransactionCancelledError",
+    "TransactionTooLargeError",
+    "ValueTooLargeError",
+]
+
+
+class DynacoordError(Exception):
+    """Root of every error dynacoord raises on purpose."""
+
+
+class ConfigurationError(DynacoordError, ValueError):
+    """A backend or primitive was configured with an invalid setting."""
+
+
+class InvalidKeyError(DynacoordError, ValueError):
+    """A key or namespace cannot be stored (empty, ``#`` in a namespace, too long, not a str)."""
+
+    def __init__(self, message: str, *, key: object = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class InvalidValueError(DynacoordError, ValueError):
+    """A value cannot be encoded (not JSON-compatible, NaN, recursive, ...)."""
+
+
+class ValueTooLargeError(InvalidValueError):
+    """The encoded item would exceed the backend's item size limit (DynamoDB: 400 KB)."""
+
+    def __init__(self, message: str, *, size: int, limit: int, key: object = None) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+        self.key = key
+
+
+class BackendError(DynacoordError):
+    """The store answered with an error dynacoord does not translate into a domain error."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TableNotReadyError(BackendError):
+    """The table does not exist, is not ACTIVE, or does not have the expected schema."""
+
+    def __init__(self, message: str, *, table_name: str | None = None) -> None:
+        super().__init__(message, code="TableNotReady")
+        self.table_name = table_name
+
+
+class NotSupportedError(DynacoordError):
+    """The backend cannot offer this operation with the promised guarantees."""
+
+
+class TransactionTooLargeError(DynacoordError, ValueError):
+    """A transaction would hold more items than the store allows (DynamoDB: 100)."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class TransactionCancelledError(BackendError):
+    """A transaction was cancelled; ``reasons`` holds one entry per item (code or None)."""
+
+    def __init__(self, message: str, *, reasons: Sequence[dict[str, Any]]) -> None:
+        super().__init__(message, code="TransactionCanceledException")
+        self.reasons = list(reasons)
+
+
+class StackDeploymentError(DynacoordError):
+    """A CloudFormation deployment failed; ``events`` lists the failed resource events."""
+
+    def __init__(self, message: str, *, stack_name: str, events: Sequence[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.stack_name = stack_name
+        self.events = list(events)
+
+
+# --- locks -----------------------------------------------------------------------------------
+
+
+class LockError(DynacoordError):
+    """Base of lock errors; carries the lock key and owner."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        owner: str | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.owner = owner
+        self.expires_at = expires_at
+
+
+class LockNotAcquiredError(LockError):
+    """The lock is held by someone else and the timeout ran out."""
+
+
+class LockLostError(LockError):
+    """The lease expired or was taken over before the holder released or extended it."""
+
+
+class LockNotOwnedError(LockError):
+    """An operation that needs the lock was attempted by a caller that does not hold it."""
+
+
+# --- circuit breaker ----------------------------------------------------------------------------
+
+
+class CircuitOpenError(DynacoordError):
+    """The circuit is open (or half-open with every trial slot taken); the call was not made."""
+
+    def __init__(
+        self, message: str, *, name: str, retry_after: float, opened_at: float | None
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        #: seconds until the breaker may let a trial call through
+        self.retry_after = retry_after
+        self.opened_at = opened_at
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+class CheckpointExistsError(DynacoordError):
+    """A checkpoint with this sequence already exists; it was not overwritten."""
+
+    def __init__(self, message: str, *, task_id: str, sequence: int) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.sequence = sequence
+
+
+class CheckpointNotFoundError(DynacoordError, KeyError):
+    """No checkpoint with this id exists (or it expired)."""
+
+    def __init__(self, message: str, *, checkpoint_id: str) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+# --- idempotency -----------------------------------------------------------------------------
+
+
+class IdempotencyError(DynacoordError):
+    """Base of idempotency errors; carries the idempotency key."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class IdempotencyInProgressError(IdempotencyError):
+    """Another call with the same key is running now."""
+
+    def __init__(self, message: str, *, key: str, expires_at: float | None = None) -> None:
+        super().__init__(message, key=key)
+        self.expires_at = expires_at
+
+
+class IdempotencyKeyMismatchError(IdempotencyError):
+    """The same key was used with a different payload."""
+
+
+class IdempotencyValueError(IdempotencyError, InvalidValueError):
+    """The function's result cannot be stored (not JSON-compatible or too large)."""
+
+
+# --- outbox ------------------------------------------------------------------------------------
+
+
+class OutboxError(DynacoordError):
+    """Base of outbox errors."""
+
+
+class EventNotFoundError(OutboxError, KeyError):
+    """No outbox event with this id exists."""
+
+    def __init__(self, message: str, *, event_id: str) -> None:
+        super().__init__(message)
+        self.event_id = event_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# --- workflow runs -----------------------------------------------------------------------------
+
+
+class RunError(DynacoordError):
+    """Base of workflow-run errors; carries the run id."""
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class RunExistsError(RunError):
+    """A run with this id already exists."""
+
+
+class RunNotFoundError(RunError, KeyError):
+    """No run with this id exists (or it expired)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -1,0 +1,294 @@
+"""The key schema shared by every backend (DESIGN.md section 2).
+
+This module is the only place that turns a (kind, namespace, key) triple into the strings that are
+stored. DynamoDB uses them as ``pk``/``sk``/``gsi1pk``/``gsi1sk``; Redis uses ``pk`` (or
+``pk|sk``) as key names and sorted sets where DynamoDB uses ``gsi1``; MongoDB stores the same
+fields.
+
+A namespace never contains ``#``, so in ``KIND#{ns}#{key}`` the first two ``#`` are always the
+delimiters and distinct (namespace, key) pairs can never produce the same ``pk``, whatever the
+key contains.
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidKeyError
+
+__all__ = [
+    "MAX_PARTITION_KEY_BYTES",
+    "MAX_SORT_KEY_BYTES",
+    "ItemKey",
+    "Kind",
+    "ParsedKey",
+    "breaker_key",
+    "cache_index_pk",
+    "cache_key",
+    "checkpoint_key",
+    "checkpoint_prefix",
+    "counter_key",
+    "idempotency_key",
+    "lock_key",
+    "outbox_index_pk",
+    "outbox_key",
+    "parse_pk",
+    "parse_sk_sequence",
+    "run_index_pk",
+    "run_key",
+    "shard_of",
+    "validate_key",
+    "validate_namespace",
+]
+
+#: DynamoDB limits on key attribute values (UTF-8 bytes).
+MAX_PARTITION_KEY_BYTES = 2048
+MAX_SORT_KEY_BYTES = 1024
+#: Sequences are zero-padded to this width so that string order equals numeric order.
+SEQUENCE_WIDTH = 20
+MAX_SEQUENCE = 10**SEQUENCE_WIDTH - 1
+#: Epoch milliseconds are zero-padded to this width in sort keys (good until year 33658).
+MS_WIDTH = 15
+MAX_NAMESPACE_CHARS = 128
+
+
+class Kind(str, enum.Enum):
+    """Every item kind and its pk prefix."""
+
+    LOCK = "LOCK"
+    BREAKER = "CB"
+    CACHE = "CACHE"
+    CHECKPOINT = "CHECKPOINT"
+    IDEMPOTENCY = "IDEMP"
+    OUTBOX = "OUTBOX"
+    COUNTER = "COUNTER"
+    RUN = "RUN"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The fixed sort key of each single-item kind (checkpoints use ``SEQ#...``).
+_FIXED_SK: dict[Kind, str] = {
+    Kind.LOCK: "LOCK",
+    Kind.BREAKER: "CB",
+    Kind.CACHE: "CACHE",
+    Kind.IDEMPOTENCY: "IDEMP",
+    Kind.OUTBOX: "EVENT",
+    Kind.COUNTER: "COUNTER",
+    Kind.RUN: "RUN",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ItemKey:
+    """The stored key attributes of one item; ``gsi1pk``/``gsi1sk`` only for listed kinds."""
+
+    pk: str
+    sk: str
+    gsi1pk: str | None = None
+    gsi1sk: str | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        """The key attributes that are set, as a plain dict."""
+        out = {"pk": self.pk, "sk": self.sk}
+        if self.gsi1pk is not None and self.gsi1sk is not None:
+            out["gsi1pk"] = self.gsi1pk
+            out["gsi1sk"] = self.gsi1sk
+        return out
+
+    @property
+    def primary(self) -> dict[str, str]:
+        """Only ``pk`` and ``sk`` (what GetItem/DeleteItem need)."""
+        return {"pk": self.pk, "sk": self.sk}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    """The result of :func:`parse_pk`."""
+
+    kind: Kind
+    namespace: str
+    key: str
+
+
+def _utf8_len(value: str, what: str, original: object) -> int:
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(
+            f"{what} is not valid UTF-8 text (it contains a lone surrogate): {original!r}",
+            key=original,
+        ) from exc
+
+
+def validate_namespace(namespace: Any) -> str:
+    """Return ``namespace`` if it is a usable namespace, else raise :class:`InvalidKeyError`."""
+    if not isinstance(namespace, str):
+        raise InvalidKeyError(
+            f"namespace must be a str, got {type(namespace).__name__}", key=namespace
+        )
+    if not namespace:
+        raise InvalidKeyError("namespace must not be empty", key=namespace)
+    if "#" in namespace:
+        raise InvalidKeyError(
+            f"namespace must not contain '#' (it delimits the key schema): {namespace!r}",
+            key=namespace,
+        )
+    if "|" in namespace:
+        raise InvalidKeyError(
+            f"namespace must not contain '|' (Redis key delimiter): {namespace!r}", key=namespace
+        )
+    if len(namespace) > MAX_NAMESPACE_CHARS:
+        raise InvalidKeyError(
+            f"namespace must be at most {MAX_NAMESPACE_CHARS} characters, got {len(namespace)}",
+            key=namespace,
+        )
+    _utf8_len(namespace, "namespace", namespace)
+    return namespace
+
+
+def validate_key(key: Any, what: str = "key") -> str:
+    """Return ``key`` if it is a non-empty, encodable str, else raise :class:`InvalidKeyError`."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"{what} must be a str, got {type(key).__name__}", key=key)
+    if not key:
+        raise InvalidKeyError(f"{what} must not be empty", key=key)
+    _utf8_len(key, what, key)
+    return key
+
+
+def _pk(kind: Kind, namespace: str, key: Any, what: str) -> str:
+    validate_namespace(namespace)
+    validate_key(key, what)
+    pk = f"{kind.value}#{namespace}#{key}"
+    size = _utf8_len(pk, what, key)
+    if size > MAX_PARTITION_KEY_BYTES:
+        raise InvalidKeyError(
+            f"{what} is too long: the stored key {kind.value}#{namespace}#... would be {size} "
+            f"bytes, the limit is {MAX_PARTITION_KEY_BYTES} bytes of UTF-8",
+            key=key,
+        )
+    return str(pk)
+
+
+def _sort_key(value: str, what: str, key: object) -> str:
+    size = _utf8_len(value, what, key)
+    if size > MAX_SORT_KEY_BYTES:
+        raise InvalidKeyError(
+            f"{what} is too long for a sort key: {size} bytes, the limit is "
+            f"{MAX_SORT_KEY_BYTES} bytes of UTF-8",
+            key=key,
+        )
+    return value
+
+
+def shard_of(key: str, shards: int) -> int:
+    """A stable shard number for ``key`` in ``range(shards)`` (same in every process)."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % shards
+
+
+def lock_key(namespace: str, key: str) -> ItemKey:
+    return ItemKey(_pk(Kind.LOCK, namespace, key, "lock key"), _FIXED_SK[Kind.LOCK])
+
+
+def breaker_key(namespace: str, name: str) -> ItemKey:
+    return ItemKey(_pk(Kind.BREAKER, namespace, name, "breaker name"), _FIXED_SK[Kind.BREAKER])
+
+
+def cache_index_pk(namespace: str, shard: int) -> str:
+    """The gsi1 partition that lists cache keys of one shard."""
+    validate_namespace(namespace)
+    return f"{Kind.CACHE.value}#{namespace}#{shard}"
+
+
+def cache_key(namespace: str, key: str, shards: int = 1) -> ItemKey:
+    pk = _pk(Kind.CACHE, namespace, key, "cache key")
+    return ItemKey(
+        pk,
+        _FIXED_SK[Kind.CACHE],
+        cache_index_pk(namespace, shard_of(key, shards)),
+        _sort_key(key, "cache key", key),
+    )
+
+
+def checkpoint_prefix(namespace: str, task_id: str) -> str:
+    """The pk shared by every checkpoint of one task."""
+    return _pk(Kind.CHECKPOINT, namespace, task_id, "task id")
+
+
+def checkpoint_key(namespace: str, task_id: str, sequence: int) -> ItemKey:
+    if isinstance(sequence, bool) or not isinstance(sequence, int):
+        raise TypeError(f"sequence must be an int, got {type(sequence).__name__}")
+    if not 0 <= sequence <= MAX_SEQUENCE:
+        raise ValueError(f"sequence must be in 0..{MAX_SEQUENCE}, got {sequence}")
+    return ItemKey(checkpoint_prefix(namespace, task_id), f"SEQ#{sequence:0{SEQUENCE_WIDTH}d}")
+
+
+def parse_sk_sequence(sk: str) -> int:
+    """The sequence number of a checkpoint sort key ``SEQ#000...``."""
+    if not sk.startswith("SEQ#"):
+        raise ValueError(f"not a checkpoint sort key: {sk!r}")
+    return int(sk[4:])
+
+
+def idempotency_key(namespace: str, key: str) -> ItemKey:
+    return ItemKey(
+        _pk(Kind.IDEMPOTENCY, namespace, key, "idempotency key"), _FIXED_SK[Kind.IDEMPOTENCY]
+    )
+
+
+def outbox_index_pk(namespace: str, status: str, shard: int) -> str:
+    """The gsi1 partition that lists outbox events of one status and shard."""
+    validate_namespace(namespace)
+    return f"{Kind.OUTBOX.value}#{namespace}#{status}#{shard}"
+
+
+def outbox_key(
+    namespace: str, event_id: str, *, status: str, due_ms: int, shards: int = 1
+) -> ItemKey:
+    pk = _pk(Kind.OUTBOX, namespace, event_id, "event id")
+    return ItemKey(
+        pk,
+        _FIXED_SK[Kind.OUTBOX],
+        outbox_index_pk(namespace, status, shard_of(event_id, shards)),
+        _sort_key(f"{due_ms:0{MS_WIDTH}d}#{event_id}", "event id", event_id),
+    )
+
+
+def counter_key(namespace: str, key: str) -> ItemKey:
+    return ItemKey(_pk(Kind.COUNTER, namespace, key, "counter key"), _FIXED_SK[Kind.COUNTER])
+
+
+def run_index_pk(namespace: str, status: str) -> str:
+    """The gsi1 partition that lists workflow runs of one status."""
+    validate_namespace(namespace)
+    return f"{Kind.RUN.value}#{namespace}#{status}"
+
+
+def run_key(namespace: str, run_id: str, *, status: str, updated_ms: int) -> ItemKey:
+    pk = _pk(Kind.RUN, namespace, run_id, "run id")
+    return ItemKey(
+        pk,
+        _FIXED_SK[Kind.RUN],
+        run_index_pk(namespace, status),
+        _sort_key(f"{updated_ms:0{MS_WIDTH}d}#{run_id}", "run id", run_id),
+    )
+
+
+def parse_pk(pk: str) -> ParsedKey:
+    """Split a stored ``pk`` back into (kind, namespace, key). Inverse of every builder above."""
+    kind_part, sep1, rest = pk.partition("#")
+    namespace, sep2, key = rest.partition("#")
+    if not sep1 or not sep2 or not namespace or not key:
+        raise InvalidKeyError(f"not a dynacoord partition key: {pk!r}", key=pk)
+    try:
+        kind = Kind(kind_part)
+    except ValueError as exc:
+        raise InvalidKeyError(f"unknown item kind {kind_part!r} in {pk!r}", key=pk) from exc
+    return ParsedKey(kind, namespace, key)
