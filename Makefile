@@ -5,7 +5,6 @@ BIN := $(VENV)/bin
 DDB_LOCAL_VERSION ?= 11.1.0
 DDB_LOCAL_ROOT := .cache/dynamodb-local
 DDB_LOCAL_STAMP := $(DDB_LOCAL_ROOT)/.version-$(DDB_LOCAL_VERSION)
-export DYNAMODB_LOCAL_DIR := $(abspath $(wildcard $(DDB_LOCAL_ROOT)/package/lib/dynamodb_local_*))
 PYTEST_ARGS ?=
 
 .PHONY: venv install dev demo test test-fast lint typecheck stress bench dynamodb-local redis-server clean
