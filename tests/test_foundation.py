@@ -1,0 +1,188 @@
+"""Unit tests of the foundation: key schema, codec, validation, clock, package surface."""
+
+from __future__ import annotations
+
+import decimal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dynacoord
+from dynacoord import (
+    InvalidKeyError,
+    InvalidValueError,
+    ManualClock,
+    ValueTooLargeError,
+    codec,
+    keys,
+)
+from dynacoord._validate import non_negative_seconds, ttl_to_ms
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+def test_key_strings_match_the_design():
+    assert keys.lock_key("ns", "k").as_dict() == {"pk": "LOCK#ns#k", "sk": "LOCK"}
+    assert keys.breaker_key("ns", "db").as_dict() == {"pk": "CB#ns#db", "sk": "CB"}
+    assert keys.idempotency_key("ns", "k").primary == {"pk": "IDEMP#ns#k", "sk": "IDEMP"}
+    assert keys.counter_key("ns", "k").primary == {"pk": "COUNTER#ns#k", "sk": "COUNTER"}
+    cp = keys.checkpoint_key("ns", "task", 12)
+    assert cp.pk == "CHECKPOINT#ns#task" and cp.sk == "SEQ#" + "0" * 18 + "12"
+    cache = keys.cache_key("ns", "user:1", shards=4)
+    assert cache.pk == "CACHE#ns#user:1" and cache.sk == "CACHE"
+    assert cache.gsi1pk == f"CACHE#ns#{keys.shard_of('user:1', 4)}" and cache.gsi1sk == "user:1"
+    ev = keys.outbox_key("ns", "e1", status="pending", due_ms=1234, shards=1)
+    assert ev.as_dict() == {
+        "pk": "OUTBOX#ns#e1",
+        "sk": "EVENT",
+        "gsi1pk": "OUTBOX#ns#pending#0",
+        "gsi1sk": "000000000001234#e1",
+    }
+    run = keys.run_key("ns", "r1", status="running", updated_ms=5)
+    assert run.gsi1pk == "RUN#ns#running" and run.gsi1sk == "000000000000005#r1"
+
+
+def test_keys_containing_hash_never_collide_and_parse_back():
+    a = keys.lock_key("a", "b#c")
+    parsed = keys.parse_pk(a.pk)
+    assert (parsed.kind, parsed.namespace, parsed.key) == (keys.Kind.LOCK, "a", "b#c")
+    with pytest.raises(InvalidKeyError):
+        keys.lock_key("a#b", "c")
+
+
+def test_checkpoint_sort_keys_sort_numerically():
+    sks = [keys.checkpoint_key("n", "t", i).sk for i in (9, 10, 100, 2)]
+    assert sorted(sks) == [keys.checkpoint_key("n", "t", i).sk for i in (2, 9, 10, 100)]
+    assert keys.parse_sk_sequence(sks[1]) == 10
+
+
+@pytest.mark.parametrize(
+    ("namespace", "key"),
+    [("", "k"), ("a#b", "k"), ("a|b", "k"), ("n" * 129, "k"), ("ns", ""), ("ns", "x" * 2100),
+     ("ns", "\ud800"), (None, "k"), ("ns", 3)],
+)
+def test_invalid_keys_and_namespaces(namespace, key):
+    with pytest.raises(InvalidKeyError):
+        keys.lock_key(namespace, key)
+
+
+def test_pk_limit_counts_utf8_bytes():
+    ok = "é" * ((keys.MAX_PARTITION_KEY_BYTES - len("LOCK#ns#")) // 2)
+    keys.lock_key("ns", ok)
+    with pytest.raises(InvalidKeyError, match="2048 bytes"):
+        keys.lock_key("ns", ok + "é")
+
+
+def test_cache_key_sort_key_limit():
+    with pytest.raises(InvalidKeyError, match="sort key"):
+        keys.cache_key("ns", "k" * 1500)
+
+
+def test_shards_are_stable_and_in_range():
+    assert {keys.shard_of(f"k{i}", 4) for i in range(100)} == {0, 1, 2, 3}
+    assert keys.shard_of("same", 8) == keys.shard_of("same", 8)
+    assert keys.shard_of("x", 1) == 0
+
+
+# -- codec --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0, -1, 2**100, 1.5, 0.1, -0.0, 1e308, 5e-324, decimal.Decimal("1.10"),
+        decimal.Decimal("-3E+5"), "", "ünïcødé 🚀", True, False, None, b"", b"\x00\xff",
+        [1, [2, [3]]], {"a": {"b": [None, 1.25, b"x"]}}, {"$b": "not bytes"}, {"$$": 1},
+        {"$d": {"$b": "x"}},
+    ],
+)
+def test_codec_round_trips_type_and_value(value):
+    decoded = codec.decode(codec.encode(value))
+    assert decoded == value
+    assert type(decoded) is type(value)
+    if isinstance(value, float):
+        assert repr(decoded) == repr(value)
+
+
+def test_codec_tuple_becomes_list():
+    assert codec.decode(codec.encode((1, 2))) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), decimal.Decimal("NaN"), {1, 2}, object(), {1: "int key"},
+     frozenset(), complex(1, 2)],
+)
+def test_codec_refuses_unstorable_values(value):
+    with pytest.raises(InvalidValueError):
+        codec.encode(value)
+
+
+def test_codec_refuses_recursive_structures():
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(InvalidValueError, match="deeper"):
+        codec.encode(loop)
+
+
+def test_item_size_check():
+    codec.check_item_size({"pk": "x", "v": "a" * 1000})
+    with pytest.raises(ValueTooLargeError) as err:
+        codec.check_item_size({"pk": "x", "v": "a" * 410_000})
+    assert err.value.size > err.value.limit == codec.DYNAMODB_ITEM_LIMIT
+
+
+# -- validation and clock --------------------------------------------------------------------------
+
+
+def test_ttl_validation():
+    assert ttl_to_ms(1) == 1000
+    assert ttl_to_ms(0.0015) == 2  # rounds up to whole ms
+    for bad, error in [(0, ValueError), (-1, ValueError), (float("nan"), ValueError),
+                       (float("inf"), ValueError), (10**12, ValueError), (True, TypeError),
+                       ("1", TypeError), (None, TypeError)]:
+        with pytest.raises(error):
+            ttl_to_ms(bad)
+    assert non_negative_seconds(0, "timeout") == 0
+    with pytest.raises(ValueError):
+        non_negative_seconds(-0.1, "timeout")
+
+
+def test_manual_clock():
+    clock = ManualClock(100.0)
+    clock.sleep(1.5)
+    assert clock.time() == 101.5 and clock.monotonic() == 1.5
+    clock.set(50)
+    assert clock.time() == 50 and clock.monotonic() == 1.5
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+
+
+# -- package surface ---------------------------------------------------------------------------
+
+
+def test_import_is_cheap_and_optional_backends_not_imported():
+    code = (
+        "import sys, dynacoord; "
+        "bad = [m for m in ('boto3', 'botocore', 'redis', 'pymongo') if m in sys.modules]; "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_public_names_resolve_and_py_typed_ships():
+    for name in dynacoord.__all__:
+        assert getattr(dynacoord, name) is not None, name
+    assert (Path(dynacoord.__file__).parent / "py.typed").exists()
+    with pytest.raises(AttributeError):
+        dynacoord.NoSuchThing  # noqa: B018
+
+
+def test_errors_share_one_root():
+    from dynacoord import errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), dynacoord.DynacoordError), name
