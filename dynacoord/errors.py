@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CircuitOpenError",
     "ConfigurationError",
+    "CounterTypeError",
     "DynacoordError",
     "EventNotFoundError",
     "IdempotencyError",
@@ -24,6 +25,9 @@ __all__ = [
     "IdempotencyValueError",
     "InvalidKeyError",
     "InvalidValueError",
+    "JobQueueError",
+    "JobSendError",
+    "JoinMismatchError",
     "LockError",
     "LockLostError",
     "LockNotAcquiredError",
@@ -33,6 +37,7 @@ __all__ = [
     "RunError",
     "RunExistsError",
     "RunNotFoundError",
+    "RunNotRunningError",
     "StackDeploymentError",
     "TableNotReadyError",
     "TransactionCancelledError",
@@ -253,3 +258,46 @@ class RunNotFoundError(RunError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+# --- counters, joins, workflow runs (continued), job queue ------------------------------------
+
+
+class CounterTypeError(DynacoordError, TypeError):
+    """The key holds another kind of item (a flag, a join or a counter) than the call needs."""
+
+    def __init__(self, message: str, *, key: str, kind: str) -> None:
+        super().__init__(message)
+        self.key = key
+        #: the kind of the stored item: "counter", "flag" or "join"
+        self.kind = kind
+
+
+class JoinMismatchError(DynacoordError, ValueError):
+    """A join was arrived at with an ``expected`` count other than the one it was created with."""
+
+    def __init__(self, message: str, *, key: str, expected: int, stored_expected: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.expected = expected
+        self.stored_expected = stored_expected
+
+
+class RunNotRunningError(RunError):
+    """The run exists but has ended (completed or failed): it can no longer be changed."""
+
+    def __init__(self, message: str, *, run_id: str, status: str) -> None:
+        super().__init__(message, run_id=run_id)
+        self.status = status
+
+
+class JobQueueError(DynacoordError):
+    """Base of job-queue errors."""
+
+
+class JobSendError(JobQueueError):
+    """Some jobs could not be sent; ``failed`` lists (index, code, message) per unsent job."""
+
+    def __init__(self, message: str, *, failed: Sequence[tuple[int, str, str]]) -> None:
+        super().__init__(message)
+        self.failed = list(failed)
