@@ -1,19 +1,51 @@
-"""Create, check and deploy the dynacoord table (directly or with the bundled CloudFormation stack)."""
+"""Create, check and deploy the dynacoord table (directly or with the bundled CloudFormation stack).
+
+Two ways to get the table of DESIGN.md section 2:
+
+* :func:`ensure_table` / :func:`create_table` call DynamoDB directly (scripts, tests, DynamoDB
+  Local). :func:`verify_table` checks any existing table and lists what is wrong with it.
+* :func:`deploy_stack` creates or updates the bundled CloudFormation stack
+  (:func:`template_body`), which also carries point-in-time recovery, encryption, deletion
+  protection and a least-privilege managed IAM policy. :func:`iam_policy` builds the same policy
+  as JSON for roles managed elsewhere, optionally narrowed to some namespaces.
+
+Functions that wait take a ``progress`` callback that gets one human-readable line per wait step
+(the CLI prints them on stderr); they also log at DEBUG level.
+"""
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .errors import BackendError, TableNotReadyError
+from .errors import BackendError, StackDeploymentError, TableNotReadyError
+from .keys import Kind, validate_namespace
 
 __all__ = [
     "GSI_NAME",
+    "INDEX_ACTIONS",
+    "ITEM_ACTIONS",
+    "METADATA_ACTIONS",
+    "STACK_PARAMETERS",
+    "TTL_ATTRIBUTE",
+    "StackDeployment",
     "create_table",
+    "delete_stack",
+    "delete_table",
+    "deploy_stack",
     "ensure_table",
+    "iam_policy",
+    "stack_outputs",
     "table_definition",
+    "template_body",
+    "template_path",
+    "verify_table",
 ]
 
 logger = logging.getLogger(__name__)
@@ -164,3 +196,594 @@ def _enable_ttl(client: Any, table_name: str, progress: Progress) -> None:
         TableName=table_name,
         TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
     )
+
+
+def _error_code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _error_message(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
+
+
+# --- verify / delete the table ---------------------------------------------------------------
+
+
+def _check_key_schema(
+    what: str,
+    key_schema: Sequence[Mapping[str, Any]],
+    hash_name: str,
+    range_name: str,
+    types: Mapping[str, str],
+) -> list[str]:
+    problems: list[str] = []
+    actual = [(k.get("AttributeName"), k.get("KeyType")) for k in key_schema]
+    if actual != [(hash_name, "HASH"), (range_name, "RANGE")]:
+        rendered = " + ".join(f"{name} ({kind})" for name, kind in actual) or "empty"
+        problems.append(
+            f"{what} key schema is {rendered}, expected {hash_name} (HASH) + {range_name} (RANGE)"
+        )
+    for name, _ in actual:
+        if name in (hash_name, range_name) and types.get(str(name)) != "S":
+            problems.append(
+                f"{what} key attribute {name!r} has type {types.get(str(name))}, expected S"
+            )
+    return problems
+
+
+def verify_table(client: Any, table_name: str) -> list[str]:
+    """Check that ``table_name`` is a usable dynacoord table; return the problems found.
+
+    An empty list means the table is ACTIVE, keyed ``pk``/``sk`` (strings), has the index
+    ``gsi1`` on ``gsi1pk``/``gsi1sk`` (strings, projection ALL, ACTIVE) and TTL enabled on the
+    attribute ``ttl``. Each problem is one sentence naming what is wrong. Only a failing request
+    (other than "table not found") raises :class:`~dynacoord.errors.BackendError`.
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        table = client.describe_table(TableName=table_name)["Table"]
+    except ClientError as exc:
+        if _error_code(exc) == "ResourceNotFoundException":
+            return [f"table {table_name!r} does not exist"]
+        raise BackendError(
+            f"cannot describe table {table_name!r}: {_error_message(exc)}", code=_error_code(exc)
+        ) from exc
+    problems: list[str] = []
+    status = table.get("TableStatus")
+    if status != "ACTIVE":
+        problems.append(f"table status is {status}, expected ACTIVE")
+    types = {
+        str(a["AttributeName"]): str(a["AttributeType"])
+        for a in table.get("AttributeDefinitions", [])
+    }
+    problems += _check_key_schema("table", table.get("KeySchema", []), "pk", "sk", types)
+    indexes = {g.get("IndexName"): g for g in table.get("GlobalSecondaryIndexes", [])}
+    gsi = indexes.get(GSI_NAME)
+    if gsi is None:
+        problems.append(f"global secondary index {GSI_NAME!r} is missing")
+    else:
+        problems += _check_key_schema(
+            f"index {GSI_NAME}", gsi.get("KeySchema", []), "gsi1pk", "gsi1sk", types
+        )
+        projection = gsi.get("Projection", {}).get("ProjectionType")
+        if projection != "ALL":
+            problems.append(f"index {GSI_NAME} projection is {projection}, expected ALL")
+        index_status = gsi.get("IndexStatus", "ACTIVE")
+        if index_status != "ACTIVE":
+            problems.append(f"index {GSI_NAME} status is {index_status}, expected ACTIVE")
+    try:
+        ttl = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
+    except ClientError as exc:
+        raise BackendError(
+            f"cannot read TTL settings of {table_name!r}: {_error_message(exc)}",
+            code=_error_code(exc),
+        ) from exc
+    ttl_status = ttl.get("TimeToLiveStatus", "DISABLED")
+    if ttl_status in ("ENABLED", "ENABLING"):
+        if ttl.get("AttributeName") != TTL_ATTRIBUTE:
+            problems.append(
+                f"TTL is enabled on attribute {ttl.get('AttributeName')!r}, "
+                f"expected {TTL_ATTRIBUTE!r}"
+            )
+    else:
+        problems.append(
+            f"TTL is {ttl_status}, expected enabled on attribute {TTL_ATTRIBUTE!r} "
+            "(expired items are never garbage-collected; ensure_table enables it)"
+        )
+    return problems
+
+
+def delete_table(
+    client: Any,
+    table_name: str,
+    *,
+    wait: bool = True,
+    progress: Progress = _noop,
+    timeout: float = 300.0,
+) -> bool:
+    """Delete the table and (with ``wait``) wait until it is gone. False if it did not exist.
+
+    A table with deletion protection is refused with a :class:`BackendError` that says so. Do not
+    use this on a table that a CloudFormation stack owns: delete the stack instead.
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        client.delete_table(TableName=table_name)
+    except ClientError as exc:
+        code = _error_code(exc)
+        if code == "ResourceNotFoundException":
+            return False
+        message = _error_message(exc)
+        if "DeletionProtection" in message or "deletion protection" in message.lower():
+            message = (
+                "deletion protection is enabled; turn it off first (stack parameter "
+                "DeletionProtection=false, or UpdateTable DeletionProtectionEnabled=false)"
+            )
+        raise BackendError(f"cannot delete table {table_name!r}: {message}", code=code) from exc
+    logger.info("deleting table %r", table_name)
+    progress(f"deleting table {table_name} ...")
+    if not wait:
+        return True
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            status = client.describe_table(TableName=table_name)["Table"].get("TableStatus")
+        except ClientError as exc:
+            if _error_code(exc) == "ResourceNotFoundException":
+                return True
+            raise BackendError(
+                f"cannot describe table {table_name!r}: {_error_message(exc)}",
+                code=_error_code(exc),
+            ) from exc
+        if time.monotonic() > deadline:
+            raise TableNotReadyError(
+                f"table {table_name!r} still exists {timeout}s after DeleteTable (status {status})",
+                table_name=table_name,
+            )
+        progress(f"waiting for table {table_name} to be deleted ({status}) ...")
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+# --- the bundled CloudFormation stack ----------------------------------------------------------
+
+#: Parameters of the bundled template (tests check that this matches the YAML).
+STACK_PARAMETERS = (
+    "TableName",
+    "BillingMode",
+    "ReadCapacity",
+    "WriteCapacity",
+    "DeletionProtection",
+)
+#: The template creates an IAM managed policy without a fixed name.
+_CAPABILITIES = ["CAPABILITY_IAM"]
+_STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
+_MAX_EVENT_PAGES = 20
+
+
+def template_path() -> Path:
+    """The file system path of the bundled template ``dynacoord/cloudformation/dynacoord.yaml``."""
+    return Path(
+        str(importlib.resources.files("dynacoord").joinpath("cloudformation/dynacoord.yaml"))
+    )
+
+
+def template_body() -> str:
+    """The bundled CloudFormation template (YAML text)."""
+    return (
+        importlib.resources.files("dynacoord")
+        .joinpath("cloudformation/dynacoord.yaml")
+        .read_text(encoding="utf-8")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StackDeployment:
+    """The result of :func:`deploy_stack`."""
+
+    stack_name: str
+    stack_id: str
+    #: the final stack status (``CREATE_COMPLETE``, ``UPDATE_COMPLETE``, or the unchanged status
+    #: when there was nothing to update; ``*_IN_PROGRESS`` with ``wait=False``)
+    status: str
+    #: False when CloudFormation reported that no updates were needed
+    changed: bool
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def _stack_parameters(
+    parameters: Mapping[str, str | int | bool] | None, *, check_names: bool
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (parameters or {}).items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"stack parameter names must be non-empty strings, got {key!r}")
+        if check_names and key not in STACK_PARAMETERS:
+            raise ValueError(
+                f"unknown stack parameter {key!r}; the template takes {', '.join(STACK_PARAMETERS)}"
+            )
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, (str, int)):
+            out[key] = str(value)
+        else:
+            raise TypeError(
+                f"stack parameter {key} must be a str, int or bool, got {type(value).__name__}"
+            )
+    return out
+
+
+def _check_stack_name(stack_name: str) -> None:
+    if not isinstance(stack_name, str) or not _STACK_NAME.match(stack_name):
+        raise ValueError(
+            "stack name must start with a letter and contain only letters, digits and '-' "
+            f"(at most 128 characters), got {stack_name!r}"
+        )
+
+
+def _describe_stack(cfn_client: Any, stack_name: str) -> dict[str, Any] | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        stacks = cfn_client.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as exc:
+        if _error_code(exc) == "ValidationError" and "does not exist" in _error_message(exc):
+            return None
+        raise StackDeploymentError(
+            f"cannot describe stack {stack_name!r}: {_error_message(exc)}",
+            stack_name=stack_name,
+            events=[],
+        ) from exc
+    return dict(stacks[0]) if stacks else None
+
+
+def _outputs(stack: Mapping[str, Any]) -> dict[str, str]:
+    return {str(o["OutputKey"]): str(o["OutputValue"]) for o in stack.get("Outputs") or []}
+
+
+def _latest_event_id(cfn_client: Any, stack_id: str) -> str | None:
+    events = cfn_client.describe_stack_events(StackName=stack_id).get("StackEvents", [])
+    return str(events[0]["EventId"]) if events else None
+
+
+def _failed_events(
+    cfn_client: Any, stack_id: str, since_event_id: str | None
+) -> list[dict[str, Any]]:
+    """The ``*_FAILED`` events newer than ``since_event_id``, oldest first."""
+    failed: list[dict[str, Any]] = []
+    token: str | None = None
+    for _ in range(_MAX_EVENT_PAGES):
+        request: dict[str, Any] = {"StackName": stack_id}
+        if token:
+            request["NextToken"] = token
+        page = cfn_client.describe_stack_events(**request)
+        for event in page.get("StackEvents", []):
+            if since_event_id is not None and event.get("EventId") == since_event_id:
+                return failed[::-1]
+            if str(event.get("ResourceStatus", "")).endswith("_FAILED"):
+                timestamp = event.get("Timestamp")
+                failed.append(
+                    {
+                        "logical_id": event.get("LogicalResourceId"),
+                        "resource_type": event.get("ResourceType"),
+                        "status": event.get("ResourceStatus"),
+                        "reason": event.get("ResourceStatusReason", ""),
+                        "timestamp": timestamp.isoformat()
+                        if hasattr(timestamp, "isoformat")
+                        else timestamp,
+                    }
+                )
+        token = page.get("NextToken")
+        if not token:
+            break
+    return failed[::-1]
+
+
+def _failure(
+    stack_name: str, status: str, reason: str | None, events: list[dict[str, Any]]
+) -> StackDeploymentError:
+    if events:
+        detail = "; ".join(
+            f"{e['logical_id']} ({e['resource_type']}) {e['status']}: {e['reason']}" for e in events
+        )
+    else:
+        detail = f"no failed resource events ({reason or 'no reason given'})"
+    return StackDeploymentError(
+        f"stack {stack_name} ended in {status}: {detail}", stack_name=stack_name, events=events
+    )
+
+
+def _wait_stack(
+    cfn_client: Any,
+    stack_id: str,
+    stack_name: str,
+    progress: Progress,
+    poll_interval: float,
+    timeout: float,
+) -> dict[str, Any]:
+    """Poll until the stack leaves every ``*_IN_PROGRESS`` state; return its description."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stack = cfn_client.describe_stacks(StackName=stack_id)["Stacks"][0]
+        status = str(stack["StackStatus"])
+        if not status.endswith("_IN_PROGRESS"):
+            return dict(stack)
+        if time.monotonic() > deadline:
+            raise StackDeploymentError(
+                f"stack {stack_name} still {status} after {timeout}s",
+                stack_name=stack_name,
+                events=[],
+            )
+        logger.debug("stack %r is %r", stack_name, status)
+        progress(f"waiting for stack {stack_name} ({status}) ...")
+        time.sleep(poll_interval)
+
+
+def deploy_stack(
+    cfn_client: Any,
+    stack_name: str,
+    *,
+    parameters: Mapping[str, str | int | bool] | None = None,
+    template: str | None = None,
+    wait: bool = True,
+    progress: Progress = _noop,
+    poll_interval: float = 5.0,
+    timeout: float = 3600.0,
+) -> StackDeployment:
+    """Create the stack, or update it when it exists, from the bundled template.
+
+    ``parameters`` maps template parameters to values (bools become ``"true"``/``"false"``); on
+    an update, parameters not given keep their previous values (like ``aws cloudformation
+    deploy``). An update with nothing to change ("No updates are to be performed") is a success
+    with ``changed=False``. With ``wait`` (default), polls until the stack settles and raises
+    :class:`~dynacoord.errors.StackDeploymentError` unless it ends ``CREATE_COMPLETE`` /
+    ``UPDATE_COMPLETE``; the error's message and ``events`` list the resource events that failed,
+    with CloudFormation's reasons. A stack left in ``ROLLBACK_COMPLETE`` by a failed creation
+    cannot be updated: delete it (:func:`delete_stack`) and deploy again. ``template`` replaces
+    the bundled template (its parameter names are then not checked here).
+    """
+    from botocore.exceptions import ClientError
+
+    _check_stack_name(stack_name)
+    values = _stack_parameters(parameters, check_names=template is None)
+    body = template if template is not None else template_body()
+    given = [{"ParameterKey": k, "ParameterValue": v} for k, v in values.items()]
+
+    existing = _describe_stack(cfn_client, stack_name)
+    if existing is not None:
+        status = str(existing["StackStatus"])
+        if status == "ROLLBACK_COMPLETE":
+            raise StackDeploymentError(
+                f"stack {stack_name} is in ROLLBACK_COMPLETE (its creation failed) and cannot "
+                "be updated: delete it and deploy again",
+                stack_name=stack_name,
+                events=[],
+            )
+        if status.endswith("_IN_PROGRESS"):
+            raise StackDeploymentError(
+                f"stack {stack_name} is busy ({status}); try again when it has settled",
+                stack_name=stack_name,
+                events=[],
+            )
+
+    since: str | None = None
+    try:
+        if existing is None:
+            logger.info("creating stack %r", stack_name)
+            response = cfn_client.create_stack(
+                StackName=stack_name,
+                TemplateBody=body,
+                Parameters=given,
+                Capabilities=_CAPABILITIES,
+            )
+            stack_id = str(response["StackId"])
+            action = "CREATE"
+            progress(f"creating stack {stack_name} ...")
+        else:
+            stack_id = str(existing["StackId"])
+            previous = [str(p["ParameterKey"]) for p in existing.get("Parameters") or []]
+            keep = [
+                {"ParameterKey": k, "UsePreviousValue": True}
+                for k in previous
+                if k not in values and (template is not None or k in STACK_PARAMETERS)
+            ]
+            since = _latest_event_id(cfn_client, stack_id)
+            logger.info("updating stack %r", stack_name)
+            cfn_client.update_stack(
+                StackName=stack_id,
+                TemplateBody=body,
+                Parameters=given + keep,
+                Capabilities=_CAPABILITIES,
+            )
+            action = "UPDATE"
+            progress(f"updating stack {stack_name} ...")
+    except ClientError as exc:
+        message = _error_message(exc)
+        if existing is not None and "No updates are to be performed" in message:
+            progress(f"stack {stack_name} is up to date")
+            return StackDeployment(
+                stack_name,
+                str(existing["StackId"]),
+                str(existing["StackStatus"]),
+                changed=False,
+                outputs=_outputs(existing),
+            )
+        verb = "create" if existing is None else "update"
+        raise StackDeploymentError(
+            f"cannot {verb} stack {stack_name}: {message}", stack_name=stack_name, events=[]
+        ) from exc
+
+    if not wait:
+        return StackDeployment(stack_name, stack_id, f"{action}_IN_PROGRESS", changed=True)
+    stack = _wait_stack(cfn_client, stack_id, stack_name, progress, poll_interval, timeout)
+    status = str(stack["StackStatus"])
+    if status != f"{action}_COMPLETE":
+        events = _failed_events(cfn_client, stack_id, since)
+        raise _failure(stack_name, status, stack.get("StackStatusReason"), events)
+    progress(f"stack {stack_name} is {status}")
+    return StackDeployment(stack_name, stack_id, status, changed=True, outputs=_outputs(stack))
+
+
+def delete_stack(
+    cfn_client: Any,
+    stack_name: str,
+    *,
+    wait: bool = True,
+    progress: Progress = _noop,
+    poll_interval: float = 5.0,
+    timeout: float = 3600.0,
+) -> bool:
+    """Delete the stack (and with it the table, unless deletion protection is on). False if the
+    stack did not exist. With ``wait``, raises :class:`StackDeploymentError` listing the failed
+    resource events unless the stack ends ``DELETE_COMPLETE``."""
+    from botocore.exceptions import ClientError
+
+    _check_stack_name(stack_name)
+    existing = _describe_stack(cfn_client, stack_name)
+    if existing is None:
+        return False
+    stack_id = str(existing["StackId"])
+    since = _latest_event_id(cfn_client, stack_id)
+    try:
+        cfn_client.delete_stack(StackName=stack_id)
+    except ClientError as exc:
+        raise StackDeploymentError(
+            f"cannot delete stack {stack_name}: {_error_message(exc)}",
+            stack_name=stack_name,
+            events=[],
+        ) from exc
+    logger.info("deleting stack %r", stack_name)
+    progress(f"deleting stack {stack_name} ...")
+    if not wait:
+        return True
+    stack = _wait_stack(cfn_client, stack_id, stack_name, progress, poll_interval, timeout)
+    status = str(stack["StackStatus"])
+    if status != "DELETE_COMPLETE":
+        events = _failed_events(cfn_client, stack_id, since)
+        raise _failure(stack_name, status, stack.get("StackStatusReason"), events)
+    progress(f"stack {stack_name} is deleted")
+    return True
+
+
+def stack_outputs(cfn_client: Any, stack_name: str) -> dict[str, str]:
+    """The outputs of the stack (``TableName``, ``TableArn``, ``AccessPolicyArn``)."""
+    stack = _describe_stack(cfn_client, stack_name)
+    if stack is None:
+        raise StackDeploymentError(
+            f"stack {stack_name} does not exist", stack_name=stack_name, events=[]
+        )
+    return _outputs(stack)
+
+
+# --- IAM ---------------------------------------------------------------------------------------
+
+#: Item-level actions dynacoord uses on the table. TransactWriteItems / TransactGetItems have no
+#: IAM action of their own: each Put/Update/Delete/ConditionCheck/Get inside a transaction is
+#: authorized as PutItem/UpdateItem/DeleteItem/ConditionCheckItem/GetItem.
+ITEM_ACTIONS = (
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:Query",
+    "dynamodb:BatchGetItem",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:ConditionCheckItem",
+)
+#: Actions on the index gsi1 (listing: cache keys, outbox events, stalled runs).
+INDEX_ACTIONS = ("dynamodb:Query",)
+#: Table metadata (readiness and TTL checks).
+METADATA_ACTIONS = ("dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive")
+#: The kinds whose items carry gsi1pk (``KIND#{ns}#...``), see DESIGN.md section 2.
+_INDEXED_KINDS = (Kind.CACHE, Kind.OUTBOX, Kind.RUN)
+_TABLE_ARN = re.compile(r"^arn:[a-z-]+:dynamodb:[a-z0-9*-]*:[0-9*]*:table/[A-Za-z0-9_.*-]+$")
+
+
+def _namespace_list(namespaces: Iterable[str]) -> list[str]:
+    if isinstance(namespaces, str):
+        raise TypeError("namespaces must be a list of namespaces, not one str")
+    out: list[str] = []
+    for namespace in namespaces:
+        validate_namespace(namespace)
+        if any(c in namespace for c in "*?$"):
+            raise ValueError(
+                f"namespace {namespace!r} contains an IAM wildcard or variable character "
+                "(* ? $): it would widen the policy"
+            )
+        if namespace not in out:
+            out.append(namespace)
+    if not out:
+        raise ValueError("namespaces must not be empty (pass None to allow every namespace)")
+    return out
+
+
+def iam_policy(
+    table_arn: str,
+    namespaces: Iterable[str] | None = None,
+    *,
+    include_index: bool = True,
+) -> dict[str, Any]:
+    """A least-privilege IAM policy document (a JSON-ready dict) for code that uses the table.
+
+    Three statements: the item actions (:data:`ITEM_ACTIONS`) on the table, ``Query`` on the
+    index ``gsi1`` (omitted with ``include_index=False``), and ``DescribeTable`` /
+    ``DescribeTimeToLive`` on the table. It is the same policy as the stack's ``AccessPolicy``.
+
+    With ``namespaces``, the item statement gets a ``ForAllValues:StringLike`` condition on
+    ``dynamodb:LeadingKeys`` that allows only partition keys ``KIND#{ns}#*`` of those
+    namespaces, for every item kind of :class:`dynacoord.keys.Kind` (``LOCK#ns#*``,
+    ``CACHE#ns#*``, ...). ``ForAllValues`` over a request without partition keys is true, which
+    is why no Scan is granted. The describe statement has no condition (no keys involved).
+
+    The index is different: IAM documents ``dynamodb:LeadingKeys`` as the *table's* partition key,
+    and does not document that a Query on a GSI matches it against the index partition key
+    (``gsi1pk``). So the index gets its own statement, on the index ARN only, with the same kind
+    of condition written for the ``gsi1pk`` prefixes (``CACHE#ns#*``, ``OUTBOX#ns#*``,
+    ``RUN#ns#*``; they start with the namespace too). Where IAM does not evaluate that condition
+    for index queries, the statement allows querying gsi1 partitions of other namespaces, and
+    gsi1 projects ALL attributes of cache entries, outbox events and runs. When that matters,
+    use ``include_index=False`` (cache ``keys()``, outbox workers and the run reconciler then
+    fail with AccessDenied) or one table per tenant.
+    """
+    if not isinstance(table_arn, str) or not _TABLE_ARN.match(table_arn):
+        raise ValueError(
+            "table_arn must look like arn:aws:dynamodb:REGION:ACCOUNT:table/NAME, "
+            f"got {table_arn!r}"
+        )
+    names = None if namespaces is None else _namespace_list(namespaces)
+    items: dict[str, Any] = {
+        "Sid": "DynacoordItems",
+        "Effect": "Allow",
+        "Action": list(ITEM_ACTIONS),
+        "Resource": table_arn,
+    }
+    index: dict[str, Any] = {
+        "Sid": "DynacoordIndexQuery",
+        "Effect": "Allow",
+        "Action": list(INDEX_ACTIONS),
+        "Resource": f"{table_arn}/index/{GSI_NAME}",
+    }
+    if names is not None:
+        items["Condition"] = {
+            "ForAllValues:StringLike": {
+                "dynamodb:LeadingKeys": [f"{kind.value}#{ns}#*" for ns in names for kind in Kind]
+            }
+        }
+        index["Condition"] = {
+            "ForAllValues:StringLike": {
+                "dynamodb:LeadingKeys": [
+                    f"{kind.value}#{ns}#*" for ns in names for kind in _INDEXED_KINDS
+                ]
+            }
+        }
+    describe: dict[str, Any] = {
+        "Sid": "DynacoordDescribe",
+        "Effect": "Allow",
+        "Action": list(METADATA_ACTIONS),
+        "Resource": table_arn,
+    }
+    statements = [items, index, describe] if include_index else [items, describe]
+    return {"Version": "2012-10-17", "Statement": statements}
