@@ -20,6 +20,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES = (
     "locks",
     # [cli:provision]
+    "provision",
     # [cli:cache-breaker]
     # [cli:checkpoints-idempotency]
     # [cli:outbox]

@@ -1,0 +1,258 @@
+"""``dynacoord table create|verify|delete``, ``dynacoord stack deploy|delete|outputs|template``
+and ``dynacoord iam-policy``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import BackendError, TableNotReadyError
+from .common import Context, UsageError, add_command, emit
+
+
+def register(subparsers: Any) -> None:
+    _register_table(subparsers)
+    _register_stack(subparsers)
+    policy = add_command(
+        subparsers,
+        "iam-policy",
+        _iam_policy,
+        "print a least-privilege IAM policy (JSON) for code that uses the table",
+    )
+    policy.add_argument("--table-arn", required=True, help="ARN of the dynacoord table")
+    policy.add_argument(
+        "--namespace",
+        dest="policy_namespaces",
+        action="append",
+        metavar="NS",
+        help="restrict items to this namespace (repeat for several; default: every namespace)",
+    )
+    policy.add_argument(
+        "--no-index",
+        action="store_true",
+        help="do not grant Query on gsi1 (see the README on LeadingKeys and indexes)",
+    )
+
+
+def _register_table(subparsers: Any) -> None:
+    group = subparsers.add_parser(
+        "table", help="create, verify or delete the table directly (no CloudFormation)"
+    )
+    sub = group.add_subparsers(dest="table_command", required=True, metavar="COMMAND")
+
+    create = add_command(
+        sub,
+        "create",
+        _table_create,
+        "create the table if missing, wait until ACTIVE, enable TTL, then verify it (idempotent)",
+    )
+    create.add_argument(
+        "--billing-mode", choices=("PAY_PER_REQUEST", "PROVISIONED"), default="PAY_PER_REQUEST"
+    )
+    create.add_argument("--read-capacity", type=_positive_int, default=5)
+    create.add_argument("--write-capacity", type=_positive_int, default=5)
+    create.add_argument("--deletion-protection", action="store_true")
+    create.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ACTIVE")
+
+    add_command(sub, "verify", _table_verify, "check the table's schema, index, TTL and status")
+
+    delete = add_command(sub, "delete", _table_delete, "delete the table and all its items")
+    delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
+    delete.add_argument(
+        "--missing-ok", action="store_true", help="succeed when the table does not exist"
+    )
+    delete.add_argument("--no-wait", action="store_true", help="do not wait until it is gone")
+
+
+def _register_stack(subparsers: Any) -> None:
+    group = subparsers.add_parser("stack", help="deploy the bundled CloudFormation stack")
+    sub = group.add_subparsers(dest="stack_command", required=True, metavar="COMMAND")
+
+    deploy = add_command(
+        sub, "deploy", _stack_deploy, "create or update the stack and wait until it settles"
+    )
+    _stack_name_option(deploy)
+    deploy.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="template parameter (repeat): TableName, BillingMode, ReadCapacity, "
+        "WriteCapacity, DeletionProtection",
+    )
+    deploy.add_argument("--no-wait", action="store_true", help="return once the change started")
+    deploy.add_argument(
+        "--poll-interval", type=float, default=5.0, help="seconds between status checks"
+    )
+
+    delete = add_command(sub, "delete", _stack_delete, "delete the stack (and its table)")
+    _stack_name_option(delete)
+    delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
+    delete.add_argument("--no-wait", action="store_true", help="return once the deletion started")
+    delete.add_argument(
+        "--poll-interval", type=float, default=5.0, help="seconds between status checks"
+    )
+
+    outputs = add_command(sub, "outputs", _stack_outputs, "print the stack's outputs")
+    _stack_name_option(outputs)
+
+    add_command(sub, "template", _stack_template, "print the bundled CloudFormation template")
+
+
+def _stack_name_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack-name", default="dynacoord", help="default: dynacoord")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# --- table -------------------------------------------------------------------------------------
+
+
+def _fail_with_problems(ctx: Context, table: str, problems: list[str]) -> None:
+    """Print the report on stdout and fail with one summary line (exit 1)."""
+    emit(ctx, {"table": table, "ok": False, "problems": problems} if ctx.json else problems)
+    raise TableNotReadyError(
+        f"table {table!r} is not usable: {len(problems)} problem(s): " + "; ".join(problems),
+        table_name=table,
+    )
+
+
+def _table_create(ctx: Context) -> Any:
+    from ..provision import ensure_table, verify_table
+
+    client = ctx.client()
+    created = ensure_table(
+        client,
+        ctx.table_name,
+        progress=ctx.progress,
+        timeout=ctx.args.timeout,
+        billing_mode=ctx.args.billing_mode,
+        read_capacity=ctx.args.read_capacity,
+        write_capacity=ctx.args.write_capacity,
+        deletion_protection=ctx.args.deletion_protection,
+    )
+    problems = verify_table(client, ctx.table_name)
+    if problems:  # an existing table with another schema: ensure_table does not alter it
+        _fail_with_problems(ctx, ctx.table_name, problems)
+    ctx.progress(f"table {ctx.table_name} is ready" + ("" if created else " (it already existed)"))
+    return {"table": ctx.table_name, "created": created, "ok": True}
+
+
+def _table_verify(ctx: Context) -> Any:
+    from ..provision import verify_table
+
+    problems = verify_table(ctx.client(), ctx.table_name)
+    if problems:
+        _fail_with_problems(ctx, ctx.table_name, problems)
+    return {"table": ctx.table_name, "ok": True, "problems": []}
+
+
+def _table_delete(ctx: Context) -> Any:
+    from ..provision import delete_table
+
+    if not ctx.args.yes:
+        raise UsageError(f"table delete removes {ctx.table_name!r} and every item: add --yes")
+    deleted = delete_table(
+        ctx.client(), ctx.table_name, wait=not ctx.args.no_wait, progress=ctx.progress
+    )
+    if not deleted and not ctx.args.missing_ok:
+        raise BackendError(
+            f"table {ctx.table_name!r} does not exist (use --missing-ok to accept that)",
+            code="ResourceNotFoundException",
+        )
+    return {"table": ctx.table_name, "deleted": deleted}
+
+
+# --- stack -------------------------------------------------------------------------------------
+
+
+def _parse_parameters(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--parameter must be KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def _stack_deploy(ctx: Context) -> Any:
+    from ..provision import deploy_stack
+
+    parameters = _parse_parameters(ctx.args.parameter)
+    result = deploy_stack(
+        ctx.client("cloudformation"),
+        ctx.args.stack_name,
+        parameters=parameters,
+        wait=not ctx.args.no_wait,
+        progress=ctx.progress,
+        poll_interval=ctx.args.poll_interval,
+    )
+    return {
+        "stack": result.stack_name,
+        "stack_id": result.stack_id,
+        "status": result.status,
+        "changed": result.changed,
+        "outputs": result.outputs,
+    }
+
+
+def _stack_delete(ctx: Context) -> Any:
+    from ..errors import StackDeploymentError
+    from ..provision import delete_stack
+
+    if not ctx.args.yes:
+        raise UsageError(
+            f"stack delete removes stack {ctx.args.stack_name!r} and its table: add --yes"
+        )
+    deleted = delete_stack(
+        ctx.client("cloudformation"),
+        ctx.args.stack_name,
+        wait=not ctx.args.no_wait,
+        progress=ctx.progress,
+        poll_interval=ctx.args.poll_interval,
+    )
+    if not deleted:
+        raise StackDeploymentError(
+            f"stack {ctx.args.stack_name} does not exist",
+            stack_name=ctx.args.stack_name,
+            events=[],
+        )
+    return {"stack": ctx.args.stack_name, "deleted": True}
+
+
+def _stack_outputs(ctx: Context) -> Any:
+    from ..provision import stack_outputs
+
+    return stack_outputs(ctx.client("cloudformation"), ctx.args.stack_name)
+
+
+def _stack_template(ctx: Context) -> Any:
+    from ..provision import template_body
+
+    body = template_body()
+    return {"template": body} if ctx.json else body.rstrip("\n")
+
+
+# --- iam-policy --------------------------------------------------------------------------------
+
+
+def _iam_policy(ctx: Context) -> Any:
+    from ..provision import iam_policy
+
+    policy = iam_policy(
+        ctx.args.table_arn,
+        ctx.args.policy_namespaces,
+        include_index=not ctx.args.no_index,
+    )
+    # A policy is a JSON document either way; --json just keeps the common output format.
+    return policy if ctx.json else json.dumps(policy, indent=2)
