@@ -17,6 +17,7 @@ __all__ = [
     "CircuitOpenError",
     "ConfigurationError",
     "CounterTypeError",
+    "DuplicateEventError",
     "DynacoordError",
     "EventNotFoundError",
     "IdempotencyError",
@@ -37,6 +38,7 @@ __all__ = [
     "RunError",
     "RunExistsError",
     "RunNotFoundError",
+    "RelayError",
     "RunNotRunningError",
     "StackDeploymentError",
     "TableNotReadyError",
@@ -299,5 +301,35 @@ class JobSendError(JobQueueError):
     """Some jobs could not be sent; ``failed`` lists (index, code, message) per unsent job."""
 
     def __init__(self, message: str, *, failed: Sequence[tuple[int, str, str]]) -> None:
+        super().__init__(message)
+        self.failed = list(failed)
+
+
+# --- outbox (publishing and relays) -------------------------------------------------------------
+
+
+class DuplicateEventError(TransactionCancelledError, OutboxError):
+    """An event with the same id but different content is already stored; nothing was written.
+
+    ``event_ids`` lists the conflicting ids. A subclass of :class:`TransactionCancelledError`
+    because inside ``backend.transaction()`` the whole transaction (business writes too) was
+    cancelled; ``reasons`` then holds the per-item reasons.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        event_ids: Sequence[str],
+        reasons: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().__init__(message, reasons=reasons)
+        self.event_ids = list(event_ids)
+
+
+class RelayError(OutboxError):
+    """A relay could not send some events; ``failed`` lists (event_id, code, message) per event."""
+
+    def __init__(self, message: str, *, failed: Sequence[tuple[str, str, str]]) -> None:
         super().__init__(message)
         self.failed = list(failed)
