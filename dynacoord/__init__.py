@@ -41,6 +41,10 @@ from .locks import Lease, LockInfo, Locks
 
 # [exports:cache-breaker]
 # [exports:checkpoints-idempotency]
+# isort: split
+from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
+from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, IdempotencyStatus
+
 # [exports:outbox-transaction]
 # [exports:counters-runs]
 
@@ -51,17 +55,25 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "Checkpoint",
     "CheckpointExistsError",
     "CheckpointNotFoundError",
+    "CheckpointTask",
+    "Checkpoints",
     "CircuitOpenError",
+    "Claim",
+    "ClaimResult",
     "Clock",
     "ConfigurationError",
     "DynacoordError",
     "DynamoDBBackend",
     "EventNotFoundError",
+    "Idempotency",
     "IdempotencyError",
     "IdempotencyInProgressError",
     "IdempotencyKeyMismatchError",
+    "IdempotencyRecord",
+    "IdempotencyStatus",
     "IdempotencyValueError",
     "InvalidKeyError",
     "InvalidValueError",

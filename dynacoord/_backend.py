@@ -15,7 +15,17 @@ from . import keys
 from ._clock import Clock, SystemClock
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    from typing_extensions import ParamSpec
+
+    from .checkpoints import Checkpoints, CheckpointStore
+    from .idempotency import Idempotency, IdempotencyStore
     from .locks import Locks, LockStore
+
+    _P = ParamSpec("_P")
+    _R = TypeVar("_R")
 
 __all__ = ["Backend"]
 
@@ -39,8 +49,33 @@ class Backend(abc.ABC):
 
     # [store-factories:cache-breaker]
     # [store-factories:checkpoints-idempotency]
+    def _checkpoint_store(self, namespace: str) -> CheckpointStore:
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"{type(self).__name__} does not support checkpoints")
+
+    def _idempotency_store(self, namespace: str) -> IdempotencyStore:
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"{type(self).__name__} does not support idempotency")
+
     # [store-factories:outbox-transaction]
     # [store-factories:counters-runs]
+    if TYPE_CHECKING:
+        from .counters import Counters, CounterStore
+        from .runs import Runs, RunStore
+
+    def _counter_store(self, namespace: str) -> CounterStore:
+        """The counter / flag / join store; backends without one raise NotSupportedError."""
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"the {self.kind} backend has no counters")
+
+    def _run_store(self, namespace: str) -> RunStore:
+        """The workflow-run store; backends without one raise NotSupportedError."""
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"the {self.kind} backend has no workflow runs")
 
     # -- public primitives ------------------------------------------------------------------------
 
@@ -57,7 +92,78 @@ class Backend(abc.ABC):
     # [facade:cache-breaker]
 
     # [facade:checkpoints-idempotency]
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """Task checkpoints (save / load / load_latest / list / cleanup / task) in this namespace."""
+        from .checkpoints import Checkpoints
+
+        with self._facade_lock:
+            existing = self.__dict__.get("_checkpoints")
+            if not isinstance(existing, Checkpoints):
+                existing = Checkpoints(self._checkpoint_store(self.namespace), clock=self.clock)
+                self.__dict__["_checkpoints"] = existing
+            return existing
+
+    @property
+    def idempotency(self) -> Idempotency:
+        """Idempotency records (try_claim / complete / release / get / delete) in this namespace."""
+        from .idempotency import Idempotency
+
+        with self._facade_lock:
+            existing = self.__dict__.get("_idempotency")
+            if not isinstance(existing, Idempotency):
+                existing = Idempotency(self._idempotency_store(self.namespace), clock=self.clock)
+                self.__dict__["_idempotency"] = existing
+            return existing
+
+    def idempotent(
+        self,
+        *,
+        key: str | Callable[..., Any],
+        ttl: float = 3600,
+        in_progress_ttl: float | None = None,
+        payload: str | Callable[..., Any] | None = None,
+        wait: bool = False,
+        wait_timeout: float = 30.0,
+        raise_on_no_key: bool = True,
+    ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+        """Decorator: run a function or Lambda handler once per key (see
+        :meth:`dynacoord.idempotency.Idempotency.idempotent`)."""
+        return self.idempotency.idempotent(
+            key=key,
+            ttl=ttl,
+            in_progress_ttl=in_progress_ttl,
+            payload=payload,
+            wait=wait,
+            wait_timeout=wait_timeout,
+            raise_on_no_key=raise_on_no_key,
+        )
+
 
     # [facade:outbox-transaction]
 
     # [facade:counters-runs]
+    @property
+    def counters(self) -> Counters:
+        """Atomic counters, set-if-absent flags and idempotent fan-in joins."""
+        from .counters import Counters
+
+        with self._facade_lock:
+            existing: Counters | None = self.__dict__.get("_counters")
+            if existing is None:
+                existing = Counters(self._counter_store(self.namespace), clock=self.clock)
+                self.__dict__["_counters"] = existing
+            return existing
+
+    @property
+    def runs(self) -> Runs:
+        """Workflow-run state and the stalled-run reconciler (uses ``locks`` for reconcile)."""
+        from .runs import Runs
+
+        locks = self.locks  # outside the facade lock: the property takes it itself
+        with self._facade_lock:
+            existing: Runs | None = self.__dict__.get("_runs")
+            if existing is None:
+                existing = Runs(self._run_store(self.namespace), locks=locks, clock=self.clock)
+                self.__dict__["_runs"] = existing
+            return existing

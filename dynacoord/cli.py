@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "provision",
     # [cli:cache-breaker]
     # [cli:checkpoints-idempotency]
+    "checkpoints",
     # [cli:outbox]
     # [cli:counters-runs]
 )

@@ -95,7 +95,33 @@ class DynamoDBBackend(Backend):
     # [ddb-factories:cache-breaker]
 
     # [ddb-factories:checkpoints-idempotency]
+    def _checkpoint_store(self, namespace: str) -> DynamoDBCheckpointStore:
+        from ._ddb_checkpoints import DynamoDBCheckpointStore
+
+        return DynamoDBCheckpointStore(self.table, namespace)
+
+    def _idempotency_store(self, namespace: str) -> DynamoDBIdempotencyStore:
+        from ._ddb_idempotency import DynamoDBIdempotencyStore
+
+        return DynamoDBIdempotencyStore(self.table, namespace)
+
+    if TYPE_CHECKING:
+        from ._ddb_checkpoints import DynamoDBCheckpointStore
+        from ._ddb_idempotency import DynamoDBIdempotencyStore
 
     # [ddb-factories:outbox-transaction]
 
     # [ddb-factories:counters-runs]
+    def _counter_store(self, namespace: str) -> DynamoDBCounterStore:
+        from ._ddb_counters import DynamoDBCounterStore
+
+        return DynamoDBCounterStore(self.table, namespace)
+
+    def _run_store(self, namespace: str) -> DynamoDBRunStore:
+        from ._ddb_runs import DynamoDBRunStore
+
+        return DynamoDBRunStore(self.table, namespace)
+
+    if TYPE_CHECKING:
+        from ._ddb_counters import DynamoDBCounterStore
+        from ._ddb_runs import DynamoDBRunStore

@@ -1,0 +1,475 @@
+"""Task checkpoints: numbered snapshots of a long job's progress, so a restarted job resumes.
+
+Policy lives here (sequence assignment, expiry, pagination, batched cleanup); a backend supplies a
+:class:`CheckpointStore` whose methods are one round trip each.
+
+Every checkpoint of a task shares one partition (``CHECKPOINT#{ns}#{task_id}``) and has the sort
+key ``SEQ#{sequence:020d}``, so string order is numeric order (9 < 10) and "the latest" is one
+Query read newest first with ``Limit 1``. Nothing here ever scans the table.
+
+How the next sequence is assigned (``save`` without ``sequence``)
+--------------------------------------------------------------------
+Optimistically: read the highest stored sequence of the task (one keys-only Query, expired
+checkpoints included so a sequence is never reused while its item still exists), then insert
+``highest + 1`` with a condition that refuses an existing live checkpoint. Two concurrent savers
+that read the same highest sequence both try the same number; exactly one insert wins and the other
+re-reads and retries (with jittered backoff). Uncontended that is two requests, the same as a
+per-task counter item (atomic ``ADD`` and then the insert), and it was chosen over the counter
+because it keeps the partition pure (only checkpoints, exactly the shared key schema that the Redis
+and MongoDB backends follow), explicit ``sequence=`` saves need no second write to push a counter
+past them, and ``delete_all`` leaves nothing behind. The cost is retries under contention, which is
+rare for checkpoints: one task is normally written by one worker at a time.
+
+Consequence worth knowing: once every checkpoint of a task is gone (``delete_all``, ``cleanup(keep=0)``
+or swept after its TTL), numbering starts again at 1.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import codec, keys
+from ._clock import Clock, SystemClock, now_ms
+from ._validate import check_int, ttl_to_ms
+from .errors import CheckpointExistsError, CheckpointNotFoundError, DynacoordError
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointPage",
+    "CheckpointStore",
+    "CheckpointTask",
+    "Checkpoints",
+    "StoredCheckpoint",
+    "format_checkpoint_id",
+    "parse_checkpoint_id",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The largest page a store is asked for (DynamoDB returns at most 1 MB per page anyway).
+MAX_PAGE_SIZE = 1000
+#: Deletes per batch request (DynamoDB BatchWriteItem's limit).
+DELETE_BATCH = 25
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A checkpoint as a store holds it: ``data`` is codec-encoded text (None in keys-only reads)."""
+
+    task_id: str
+    sequence: int
+    data_text: str | None
+    progress: float | None
+    created_ms: int
+    expires_at_ms: int | None
+
+    def live(self, now_ms: int) -> bool:
+        """False once expired (``now_ms >= expires_at_ms``), even if the item still exists."""
+        return self.expires_at_ms is None or now_ms < self.expires_at_ms
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPage:
+    """One page of a task's checkpoints, expired ones included, and the cursor of the next page."""
+
+    items: list[StoredCheckpoint]
+    cursor: Any | None
+
+
+class CheckpointStore(Protocol):
+    """Storage for checkpoints. Every method is one request to the store."""
+
+    def insert(self, checkpoint: StoredCheckpoint, now_ms: int) -> bool:
+        """Write ``checkpoint`` unless a live one with the same (task, sequence) exists.
+
+        Returns False (and writes nothing) when it exists; an expired one counts as absent.
+        """
+        ...
+
+    def highest_sequence(self, task_id: str) -> int | None:
+        """The highest sequence stored for the task (expired items included), or None."""
+        ...
+
+    def get(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
+        """One checkpoint, read consistently (expired ones too: the caller decides)."""
+        ...
+
+    def page(
+        self,
+        task_id: str,
+        *,
+        newest_first: bool,
+        limit: int,
+        cursor: Any | None,
+        keys_only: bool = False,
+    ) -> CheckpointPage:
+        """Up to ``limit`` checkpoints of the task in sequence order, read consistently.
+
+        ``keys_only`` may leave ``data_text`` and ``progress`` out (cleanup needs only keys).
+        """
+        ...
+
+    def delete_batch(self, task_id: str, sequences: Sequence[int]) -> builtins.list[int]:
+        """Delete up to :data:`DELETE_BATCH` checkpoints; return the sequences left unprocessed."""
+        ...
+
+
+def format_checkpoint_id(task_id: str, sequence: int) -> str:
+    """The id of a checkpoint: ``"{task_id}@{sequence}"``."""
+    return f"{task_id}@{sequence}"
+
+
+def parse_checkpoint_id(checkpoint_id: str) -> tuple[str, int]:
+    """Split ``"{task_id}@{sequence}"`` into its parts.
+
+    Parsed from the right, so task ids may themselves contain ``@``.
+    """
+    if not isinstance(checkpoint_id, str):
+        raise TypeError(f"checkpoint id must be a str, got {type(checkpoint_id).__name__}")
+    task_id, sep, number = checkpoint_id.rpartition("@")
+    if not sep or not task_id or not number.isascii() or not number.isdigit():
+        raise ValueError(
+            f"not a checkpoint id: {checkpoint_id!r} (expected '<task_id>@<sequence>')"
+        )
+    return task_id, int(number)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A saved checkpoint. ``id`` (``"{task_id}@{sequence}"``) is what :meth:`Checkpoints.load` takes."""
+
+    task_id: str
+    sequence: int
+    data: Any
+    progress: float | None
+    #: epoch seconds (millisecond precision)
+    created_at: float
+    #: epoch seconds, or None for a checkpoint without TTL
+    expires_at: float | None = None
+
+    @property
+    def id(self) -> str:
+        return format_checkpoint_id(self.task_id, self.sequence)
+
+
+def _check_progress(progress: Any) -> float | None:
+    if progress is None:
+        return None
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
+        raise TypeError(f"progress must be a number 0..100 or None, got {type(progress).__name__}")
+    value = float(progress)
+    if not math.isfinite(value) or not 0 <= value <= 100:
+        raise ValueError(f"progress must be between 0 and 100, got {progress!r}")
+    return value
+
+
+def _to_checkpoint(stored: StoredCheckpoint) -> Checkpoint:
+    if stored.data_text is None:  # pragma: no cover - keys-only reads never reach here
+        raise DynacoordError("checkpoint was read without its data")
+    return Checkpoint(
+        task_id=stored.task_id,
+        sequence=stored.sequence,
+        data=codec.decode(stored.data_text),
+        progress=stored.progress,
+        created_at=stored.created_ms / 1000,
+        expires_at=None if stored.expires_at_ms is None else stored.expires_at_ms / 1000,
+    )
+
+
+def _check_page_size(value: Any) -> int:
+    return check_int(value, "page_size", minimum=1, maximum=MAX_PAGE_SIZE)
+
+
+class Checkpoints:
+    """Checkpoints over a :class:`CheckpointStore`. Reached as ``backend.checkpoints``."""
+
+    #: first retry delay and cap of the backoff when concurrent savers race for a sequence
+    backoff_initial = 0.005
+    backoff_max = 0.25
+    #: attempts to find a free sequence before giving up (only under heavy contention)
+    max_attempts = 100
+
+    def __init__(self, store: CheckpointStore, *, clock: Clock | None = None) -> None:
+        self._store = store
+        self.clock: Clock = clock or SystemClock()
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def save(
+        self,
+        task_id: str,
+        data: Any,
+        *,
+        progress: float | None = None,
+        sequence: int | None = None,
+        ttl: float | None = None,
+    ) -> Checkpoint:
+        """Save a checkpoint of ``task_id`` and return it.
+
+        Without ``sequence`` the next one (highest + 1, starting at 1) is assigned atomically: two
+        concurrent savers never get the same one. With an explicit ``sequence`` that already exists
+        (and has not expired), :class:`CheckpointExistsError` is raised; nothing is overwritten.
+        ``data`` is any codec value (JSON-compatible, bytes, Decimal); ``progress`` is 0..100;
+        ``ttl`` (seconds) makes the checkpoint expire. Oversize data raises
+        :class:`~dynacoord.errors.ValueTooLargeError` before anything is written.
+
+        Requests: two (read the highest sequence, conditional insert); one with ``sequence``.
+        """
+        keys.checkpoint_prefix("x", task_id)  # validates task_id (type, empty, length)
+        text = codec.encode(data)
+        pct = _check_progress(progress)
+        ttl_ms = None if ttl is None else ttl_to_ms(ttl)
+        if sequence is not None:
+            keys.checkpoint_key("x", task_id, sequence)  # validates the sequence
+        # Refuse oversize data before any request; the key and bookkeeping attributes are
+        # counted with the widest sequence so the check does not depend on which one is assigned.
+        codec.check_item_size(
+            {
+                "pk": f"CHECKPOINT#{'x' * keys.MAX_NAMESPACE_CHARS}#{task_id}",
+                "sk": f"SEQ#{0:0{keys.SEQUENCE_WIDTH}d}",
+                "data": text,
+                "progress": pct,
+                "created_ms": 10**15,
+                "expires_at_ms": 10**15,
+                "ttl": 10**12,
+            },
+            key=task_id,
+        )
+        if sequence is not None:
+            stored = self._stored(task_id, sequence, text, pct, ttl_ms)
+            if not self._store.insert(stored, now_ms(self.clock)):
+                raise CheckpointExistsError(
+                    f"checkpoint {format_checkpoint_id(task_id, sequence)!r} already exists; "
+                    "it was not overwritten",
+                    task_id=task_id,
+                    sequence=sequence,
+                )
+            return _to_checkpoint(stored)
+        delay = self.backoff_initial
+        for attempt in range(1, self.max_attempts + 1):
+            highest = self._store.highest_sequence(task_id)
+            stored = self._stored(task_id, (highest or 0) + 1, text, pct, ttl_ms)
+            if self._store.insert(stored, now_ms(self.clock)):
+                logger.debug("checkpoint %r saved (attempt %d)", task_id, attempt)
+                return _to_checkpoint(stored)
+            # Another saver took that sequence between our read and our write: re-read, retry.
+            self.clock.sleep(random.uniform(0, delay))
+            delay = min(self.backoff_max, delay * 2)
+        raise DynacoordError(
+            f"could not assign a checkpoint sequence for task {task_id!r} after "
+            f"{self.max_attempts} attempts (too many concurrent savers)"
+        )
+
+    def _stored(
+        self, task_id: str, sequence: int, text: str, progress: float | None, ttl_ms: int | None
+    ) -> StoredCheckpoint:
+        created = now_ms(self.clock)
+        return StoredCheckpoint(
+            task_id=task_id,
+            sequence=sequence,
+            data_text=text,
+            progress=progress,
+            created_ms=created,
+            expires_at_ms=None if ttl_ms is None else created + ttl_ms,
+        )
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def load(self, checkpoint_id: str) -> Checkpoint:
+        """The checkpoint with this id (one consistent GetItem).
+
+        Raises :class:`CheckpointNotFoundError` when it does not exist or has expired.
+        """
+        task_id, sequence = parse_checkpoint_id(checkpoint_id)
+        keys.checkpoint_key("x", task_id, sequence)
+        stored = self._store.get(task_id, sequence)
+        if stored is None or not stored.live(now_ms(self.clock)):
+            raise CheckpointNotFoundError(
+                f"checkpoint {checkpoint_id!r} not found", checkpoint_id=checkpoint_id
+            )
+        return _to_checkpoint(stored)
+
+    def load_latest(self, task_id: str) -> Checkpoint | None:
+        """The newest live checkpoint of ``task_id``, or None.
+
+        One Query (newest first, ``Limit 1``, consistent). If the newest has expired but was not
+        swept yet, older pages are read until a live one is found (larger pages after the first).
+        """
+        keys.checkpoint_prefix("x", task_id)
+        now = now_ms(self.clock)
+        cursor: Any | None = None
+        limit = 1
+        while True:
+            page = self._store.page(task_id, newest_first=True, limit=limit, cursor=cursor)
+            for stored in page.items:
+                if stored.live(now):
+                    return _to_checkpoint(stored)
+            if page.cursor is None:
+                return None
+            cursor, limit = page.cursor, 100
+
+    def iter(self, task_id: str, *, page_size: int = 100) -> Iterator[Checkpoint]:
+        """Every live checkpoint of ``task_id`` in ascending sequence order, page by page."""
+        keys.checkpoint_prefix("x", task_id)
+        size = _check_page_size(page_size)
+        return self._iter(task_id, size)
+
+    def _iter(self, task_id: str, page_size: int) -> Iterator[Checkpoint]:
+        cursor: Any | None = None
+        while True:
+            page = self._store.page(task_id, newest_first=False, limit=page_size, cursor=cursor)
+            now = now_ms(self.clock)
+            for stored in page.items:
+                if stored.live(now):
+                    yield _to_checkpoint(stored)
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def list(
+        self, task_id: str, *, page_size: int = 100, limit: int | None = None
+    ) -> builtins.list[Checkpoint]:
+        """The live checkpoints of ``task_id``, ascending; every page is followed.
+
+        ``page_size`` is the number of items asked per request; ``limit`` caps the result (the
+        oldest ``limit`` checkpoints).
+        """
+        keys.checkpoint_prefix("x", task_id)
+        size = _check_page_size(page_size)
+        cap = None if limit is None else check_int(limit, "limit", minimum=0)
+        out: builtins.list[Checkpoint] = []
+        if cap == 0:
+            return out
+        for checkpoint in self._iter(task_id, size if cap is None else min(size, cap)):
+            out.append(checkpoint)
+            if cap is not None and len(out) >= cap:
+                break
+        return out
+
+    # -- deleting ---------------------------------------------------------------------------------
+
+    def cleanup(self, task_id: str, keep: int) -> int:
+        """Delete all but the newest ``keep`` live checkpoints (``keep=0`` deletes all).
+
+        Expired checkpoints that were not swept yet are removed too, but only live ones are
+        counted. Deletes go in batches of 25; unprocessed items are retried. Returns the number
+        of live checkpoints deleted.
+        """
+        keys.checkpoint_prefix("x", task_id)
+        kept_target = check_int(keep, "keep", minimum=0)
+        now = now_ms(self.clock)
+        kept = 0
+        deleted = 0
+        doomed: builtins.list[int] = []
+        cursor: Any | None = None
+        while True:
+            page = self._store.page(
+                task_id, newest_first=True, limit=MAX_PAGE_SIZE, cursor=cursor, keys_only=True
+            )
+            for stored in page.items:
+                live = stored.live(now)
+                if live and kept < kept_target:
+                    kept += 1
+                    continue
+                doomed.append(stored.sequence)
+                deleted += int(live)
+                if len(doomed) >= DELETE_BATCH:
+                    self._delete(task_id, doomed)
+                    doomed = []
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        if doomed:
+            self._delete(task_id, doomed)
+        if deleted:
+            logger.info("deleted %d checkpoints of task %r (kept %d)", deleted, task_id, kept)
+        return deleted
+
+    def delete_all(self, task_id: str) -> int:
+        """Delete every checkpoint of ``task_id``; returns how many live ones were deleted."""
+        return self.cleanup(task_id, 0)
+
+    def _delete(self, task_id: str, sequences: Sequence[int]) -> None:
+        pending = builtins.list(sequences)
+        delay = self.backoff_initial
+        for _ in range(self.max_attempts):
+            pending = self._store.delete_batch(task_id, pending)
+            if not pending:
+                return
+            # Unprocessed items mean the table is throttled: back off before the retry.
+            self.clock.sleep(random.uniform(0, delay))
+            delay = min(1.0, delay * 2)
+        raise DynacoordError(
+            f"could not delete {len(pending)} checkpoints of task {task_id!r}: the store kept "
+            "returning them unprocessed (throttled?)"
+        )
+
+    # -- resume helper ----------------------------------------------------------------------------
+
+    def task(
+        self, task_id: str, *, ttl: float | None = None, cleanup_on_success: bool = False
+    ) -> CheckpointTask:
+        """A context manager for one run of a long job: see :class:`CheckpointTask`."""
+        keys.checkpoint_prefix("x", task_id)
+        if ttl is not None:
+            ttl_to_ms(ttl)
+        return CheckpointTask(self, task_id, ttl=ttl, cleanup_on_success=cleanup_on_success)
+
+
+class CheckpointTask:
+    """One run of a resumable job::
+
+        with backend.checkpoints.task("import-2024-06") as task:
+            start = task.latest.data["offset"] if task.latest else 0
+            for offset in range(start, total, 1000):
+                process(offset)
+                task.save({"offset": offset + 1000}, progress=100 * (offset + 1000) / total)
+
+    Entering loads the newest checkpoint into ``latest`` (None on a first run). ``save`` saves a
+    new checkpoint (sequence assigned, the task's ``ttl`` applied) and makes it ``latest``.
+    Exiting never deletes anything by default, whatever happened, so a failed run resumes from its
+    last checkpoint; with ``cleanup_on_success=True`` the task's checkpoints are deleted when the
+    block exits without an exception (the job is done, nothing is left to resume).
+    """
+
+    def __init__(
+        self,
+        checkpoints: Checkpoints,
+        task_id: str,
+        *,
+        ttl: float | None = None,
+        cleanup_on_success: bool = False,
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.task_id = task_id
+        self.ttl = ttl
+        self.cleanup_on_success = cleanup_on_success
+        self.latest: Checkpoint | None = None
+
+    @property
+    def resumed(self) -> bool:
+        """True when a previous run left a checkpoint."""
+        return self.latest is not None
+
+    def save(self, data: Any, *, progress: float | None = None) -> Checkpoint:
+        checkpoint = self.checkpoints.save(self.task_id, data, progress=progress, ttl=self.ttl)
+        self.latest = checkpoint
+        return checkpoint
+
+    def __enter__(self) -> CheckpointTask:
+        self.latest = self.checkpoints.load_latest(self.task_id)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None and self.cleanup_on_success:
+            self.checkpoints.delete_all(self.task_id)
+
+    def __repr__(self) -> str:
+        latest = self.latest.id if self.latest else None
+        return f"CheckpointTask(task_id={self.task_id!r}, latest={latest!r})"

@@ -1,0 +1,536 @@
+"""Idempotency: run a function once per key and replay its stored result to duplicates.
+
+Policy lives here (keys and payload hashes, leases, waiting, the decorator); a backend supplies an
+:class:`IdempotencyStore` whose methods are one round trip each.
+
+A record per key moves through two states::
+
+    (absent) --claim--> IN_PROGRESS (token, lease) --complete(token)--> COMPLETED (result, ttl)
+                             |                                              |
+                             +--release(token): the function raised          +-- expires: absent
+                             +--lease expires: absent (a crashed call)
+
+* **claim** is one conditional write that succeeds only if the key is absent or expired. When it
+  is refused, the same request returns the record that refused it, so a replay of a completed key
+  costs exactly one request (``ReturnValuesOnConditionCheckFailure`` on DynamoDB).
+* **complete** and **release** are conditional on the claim's random token. Timeline of the race
+  this closes::
+
+      A claims (token a) ... stalls past its lease ......... A completes(a) -> refused
+                            B claims (token b), runs, completes(b) -> stored
+
+  Without the token, A's late write would overwrite B's record (or delete B's claim).
+
+Requests per decorated call: first call 2 writes (claim, complete); replay 1 (the refused claim);
+a failing call 2 (claim, release).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import importlib
+import json
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from typing_extensions import ParamSpec
+
+from . import codec, keys
+from ._clock import Clock, SystemClock, now_ms
+from ._validate import non_negative_seconds, ttl_to_ms
+from .errors import (
+    ConfigurationError,
+    IdempotencyInProgressError,
+    IdempotencyKeyMismatchError,
+    IdempotencyValueError,
+    InvalidKeyError,
+    InvalidValueError,
+)
+
+__all__ = [
+    "DEFAULT_IN_PROGRESS_TTL",
+    "Claim",
+    "ClaimResult",
+    "Idempotency",
+    "IdempotencyRecord",
+    "IdempotencyStatus",
+    "IdempotencyStore",
+    "hash_payload",
+]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The in-progress lease of a plain function call when ``in_progress_ttl`` is not given (seconds).
+#: In a Lambda handler the default is the invocation's remaining time instead.
+DEFAULT_IN_PROGRESS_TTL = 60.0
+
+
+class IdempotencyStatus(str, enum.Enum):
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """A stored idempotency record. ``result_text`` is codec-encoded (COMPLETED only)."""
+
+    key: str
+    status: IdempotencyStatus
+    #: IN_PROGRESS: end of the lease; COMPLETED: when the stored result expires
+    expires_at_ms: int
+    payload_hash: str | None = None
+    result_text: str | None = None
+    #: the claim token (IN_PROGRESS only)
+    token: str | None = None
+
+    @property
+    def expires_at(self) -> float:
+        return self.expires_at_ms / 1000
+
+    @property
+    def completed(self) -> bool:
+        return self.status is IdempotencyStatus.COMPLETED
+
+    @property
+    def result(self) -> Any:
+        """The stored result, decoded (None while in progress)."""
+        return None if self.result_text is None else codec.decode(self.result_text)
+
+    def live(self, now_ms: int) -> bool:
+        return now_ms < self.expires_at_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A held claim on a key: pass it to :meth:`Idempotency.complete` or :meth:`~Idempotency.release`."""
+
+    key: str
+    token: str
+    expires_at_ms: int
+    payload_hash: str | None = None
+
+    @property
+    def expires_at(self) -> float:
+        return self.expires_at_ms / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """The outcome of one claim attempt: our new ``claim``, or the ``existing`` record that refused it.
+
+    ``existing`` may be None on a refusal only if the store could not return the record.
+    """
+
+    claim: Claim | None
+    existing: IdempotencyRecord | None = None
+
+    @property
+    def claimed(self) -> bool:
+        return self.claim is not None
+
+
+class IdempotencyStore(Protocol):
+    """Storage for idempotency records. Every method is one request to the store."""
+
+    def claim(
+        self, key: str, token: str, payload_hash: str | None, lease_ms: int, now_ms: int
+    ) -> ClaimResult:
+        """Write an IN_PROGRESS record if the key is absent or expired; else return the record."""
+        ...
+
+    def complete(self, key: str, token: str, result_text: str, ttl_ms: int, now_ms: int) -> bool:
+        """Turn our IN_PROGRESS record (matching ``token``) into COMPLETED; False if not ours."""
+        ...
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete our IN_PROGRESS record (matching ``token``); False if it is not ours any more."""
+        ...
+
+    def get(self, key: str) -> IdempotencyRecord | None:
+        """The record, read consistently (expired too: the caller decides)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Delete the record whatever its state; True if one existed."""
+        ...
+
+
+def _canonical(value: Any) -> str:
+    # Canonical JSON of a codec value: dict order must not change a key or a payload hash.
+    return json.dumps(
+        json.loads(codec.encode(value)), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def hash_payload(value: Any) -> str:
+    """The payload hash stored with a claim: SHA-256 of the canonical codec encoding of ``value``."""
+    return hashlib.sha256(_canonical(value).encode("utf-8")).hexdigest()
+
+
+def _lambda_context(args: tuple[Any, ...]) -> Any | None:
+    """The context of a Lambda-style call ``handler(event, context)``, else None."""
+    if len(args) >= 2 and callable(getattr(args[1], "get_remaining_time_in_millis", None)):
+        return args[1]
+    return None
+
+
+Selector = Callable[..., Any]
+
+
+def _selector(spec: Any, what: str) -> Selector:
+    """A callable over the function's arguments from a callable or a JMESPath expression."""
+    if callable(spec):
+        return spec  # type: ignore[no-any-return]
+    if isinstance(spec, str):
+        # jmespath ships with botocore; imported by name because it has no type stubs.
+        jmespath = importlib.import_module("jmespath")
+        try:
+            compiled = jmespath.compile(spec)
+        except Exception as exc:  # jmespath's ParseError / LexerError
+            raise ConfigurationError(
+                f"{what} is not a valid JMESPath expression {spec!r}: {exc}"
+            ) from exc
+
+        def search(*args: Any, **kwargs: Any) -> Any:
+            if not args:
+                raise TypeError(
+                    f"idempotency {what} {spec!r} is a JMESPath expression on the event, but the "
+                    "function was called without a positional argument"
+                )
+            return compiled.search(args[0])
+
+        search.__name__ = f"jmespath({spec!r})"
+        return search
+    raise ConfigurationError(
+        f"{what} must be a callable or a JMESPath expression string, got {type(spec).__name__}"
+    )
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (str, list, dict, tuple)) and len(value) == 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Options:
+    key: Selector
+    key_spec: str
+    payload: Selector | None
+    ttl_ms: int
+    in_progress_ms: int | None
+    wait: bool
+    wait_timeout: float
+    raise_on_no_key: bool
+
+
+class Idempotency:
+    """Idempotency records over an :class:`IdempotencyStore`. Reached as ``backend.idempotency``.
+
+    The decorator :meth:`idempotent` (also ``backend.idempotent``) is what most code uses; the
+    claim / complete / release methods are the same steps for code that is not one function call.
+    """
+
+    #: first delay and cap of the polling backoff of ``wait=True`` (seconds)
+    backoff_initial = 0.05
+    backoff_max = 1.0
+
+    def __init__(self, store: IdempotencyStore, *, clock: Clock | None = None) -> None:
+        self._store = store
+        self.clock: Clock = clock or SystemClock()
+
+    # -- store-level API ----------------------------------------------------------------------
+
+    def try_claim(
+        self,
+        key: str,
+        *,
+        lease: float = DEFAULT_IN_PROGRESS_TTL,
+        payload_hash: str | None = None,
+    ) -> ClaimResult:
+        """Claim ``key`` for ``lease`` seconds (one conditional write).
+
+        Returns our :class:`Claim`, or the live record that holds the key (COMPLETED with a result,
+        or IN_PROGRESS by someone else). An expired record of either kind counts as absent.
+        """
+        keys.validate_key(key, "idempotency key")
+        return self._claim(key, ttl_to_ms(lease, "lease"), payload_hash)
+
+    def _claim(self, key: str, lease_ms: int, payload_hash: str | None) -> ClaimResult:
+        token = uuid.uuid4().hex
+        outcome = self._store.claim(key, token, payload_hash, lease_ms, now_ms(self.clock))
+        if outcome.claim is not None:
+            logger.debug("idempotency key %r claimed", key)
+        return outcome
+
+    def complete(self, claim: Claim, result: Any, *, ttl: float = 3600) -> bool:
+        """Store ``result`` for the claimed key for ``ttl`` seconds (one conditional write).
+
+        Raises :class:`IdempotencyValueError` (nothing written) if ``result`` is not a codec value
+        or is too large. Returns False if the claim was lost (its lease expired and another call
+        took the key over): the other call's record is left alone.
+        """
+        return self._complete(claim, result, ttl_to_ms(ttl))
+
+    def _complete(self, claim: Claim, result: Any, ttl_ms: int) -> bool:
+        try:
+            text = codec.encode(result)
+            codec.check_item_size(
+                {
+                    "pk": f"IDEMP#{'x' * keys.MAX_NAMESPACE_CHARS}#{claim.key}",
+                    "sk": "IDEMP",
+                    "status": "COMPLETED",
+                    "result": text,
+                    "payload_hash": claim.payload_hash or "",
+                    "expires_at_ms": 10**15,
+                    "ttl": 10**12,
+                    "created_ms": 10**15,
+                    "completed_ms": 10**15,
+                },
+                key=claim.key,
+            )
+        except InvalidValueError as exc:
+            raise IdempotencyValueError(
+                f"the result for idempotency key {claim.key!r} cannot be stored: {exc}",
+                key=claim.key,
+            ) from exc
+        ok = self._store.complete(claim.key, claim.token, text, ttl_ms, now_ms(self.clock))
+        if not ok:
+            logger.warning(
+                "idempotency claim on %r was lost before completion (lease expired and taken "
+                "over); the result was not stored",
+                claim.key,
+            )
+        return ok
+
+    def release(self, claim: Claim) -> bool:
+        """Give the key up without storing a result (one conditional delete).
+
+        False if the claim had already been lost; another call's claim is never deleted.
+        """
+        return self._store.release(claim.key, claim.token)
+
+    def get(self, key: str) -> IdempotencyRecord | None:
+        """The live record of ``key`` (one consistent read), or None."""
+        keys.validate_key(key, "idempotency key")
+        record = self._store.get(key)
+        if record is None or not record.live(now_ms(self.clock)):
+            return None
+        return record
+
+    def delete(self, key: str) -> bool:
+        """Forget ``key`` whatever its state (operator action); True if a record existed."""
+        keys.validate_key(key, "idempotency key")
+        return self._store.delete(key)
+
+    # -- the decorator ------------------------------------------------------------------------
+
+    def idempotent(
+        self,
+        *,
+        key: str | Callable[..., Any],
+        ttl: float = 3600,
+        in_progress_ttl: float | None = None,
+        payload: str | Callable[..., Any] | None = None,
+        wait: bool = False,
+        wait_timeout: float = 30.0,
+        raise_on_no_key: bool = True,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Make a function (or a Lambda handler ``(event, context)``) run once per key.
+
+        ``key``: a callable taking the function's arguments, or a JMESPath expression applied to
+        the first positional argument (the Lambda event), e.g. ``"body.order_id"``. Non-string
+        values are turned into canonical JSON text. A key that comes out None or empty raises
+        :class:`~dynacoord.errors.InvalidKeyError` (the function does not run unprotected);
+        ``raise_on_no_key=False`` runs it without idempotency instead (logged as a warning).
+        Keys are shared by every function of the namespace: put the operation into the key
+        (``"charge:" + order_id``) when two functions could see the same ids.
+
+        ``ttl``: how long (seconds) a completed result is replayed. ``in_progress_ttl``: the lease
+        of a running call, after which a crashed call's claim can be taken over (default
+        :data:`DEFAULT_IN_PROGRESS_TTL`; in a Lambda handler it is bounded by
+        ``context.get_remaining_time_in_millis()`` and defaults to it).
+
+        ``payload``: a callable or JMESPath selecting what must be the same on a replay; a
+        different payload under the same key raises :class:`IdempotencyKeyMismatchError`.
+
+        A duplicate arriving while the first call runs raises :class:`IdempotencyInProgressError`,
+        or with ``wait=True`` polls (backoff) for the result up to ``wait_timeout`` seconds (and
+        takes over if the first call fails or its lease runs out). An exception in the function
+        releases the claim (errors are not cached) and propagates.
+
+        The result is stored with the codec (JSON-compatible values, bytes, Decimal; tuples come
+        back as lists). A result that cannot be stored is still returned to this caller, but the
+        claim is released and the problem logged as an error: that call was not idempotent.
+        """
+        options = _Options(
+            key=_selector(key, "key"),
+            key_spec=key if isinstance(key, str) else getattr(key, "__name__", repr(key)),
+            payload=None if payload is None else _selector(payload, "payload"),
+            ttl_ms=ttl_to_ms(ttl),
+            in_progress_ms=None
+            if in_progress_ttl is None
+            else ttl_to_ms(in_progress_ttl, "in_progress_ttl"),
+            wait=bool(wait),
+            wait_timeout=non_negative_seconds(wait_timeout, "wait_timeout"),
+            raise_on_no_key=bool(raise_on_no_key),
+        )
+
+        def decorator(func: Callable[P, R]) -> Callable[P, R]:
+            @functools.wraps(func)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                return self._call(func, options, args, kwargs)
+
+            return wrapper
+
+        return decorator
+
+    def _key_of(
+        self, func: Callable[..., Any], options: _Options, args: tuple[Any, ...], kwargs: Any
+    ) -> str | None:
+        raw = options.key(*args, **kwargs)
+        if _is_empty(raw):
+            message = (
+                f"idempotency key {options.key_spec!r} of {getattr(func, '__qualname__', func)!r} "
+                f"is {raw!r} for this call"
+            )
+            if options.raise_on_no_key:
+                raise InvalidKeyError(
+                    message + ": refusing to run it without idempotency "
+                    "(pass raise_on_no_key=False to allow that)",
+                    key=raw,
+                )
+            logger.warning("%s: running it WITHOUT idempotency", message)
+            return None
+        key = raw if isinstance(raw, str) else _canonical(raw)
+        return keys.validate_key(key, "idempotency key")
+
+    def _call(
+        self,
+        func: Callable[..., R],
+        options: _Options,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> R:
+        key = self._key_of(func, options, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        payload_hash = (
+            None if options.payload is None else hash_payload(options.payload(*args, **kwargs))
+        )
+        lease_ms = options.in_progress_ms
+        wait_timeout = options.wait_timeout
+        context = _lambda_context(args)
+        if context is not None:
+            # Lambda ends the invocation at this point, so the claim cannot be live after it.
+            remaining_ms = max(1, int(context.get_remaining_time_in_millis()))
+            lease_ms = remaining_ms if lease_ms is None else min(lease_ms, remaining_ms)
+            wait_timeout = min(wait_timeout, remaining_ms / 1000)
+        if lease_ms is None:
+            lease_ms = ttl_to_ms(DEFAULT_IN_PROGRESS_TTL)
+        deadline = self.clock.monotonic() + wait_timeout
+        delay = self.backoff_initial
+        refusals = 0
+        while True:
+            outcome = self._claim(key, lease_ms, payload_hash)
+            if outcome.claim is not None:
+                return self._run(func, options, args, kwargs, outcome.claim)
+            record = outcome.existing
+            if record is None:
+                # Refused without the record (a store that cannot return it): read it instead.
+                record = self.get(key)
+                if record is None and refusals < 3:
+                    refusals += 1
+                    continue  # freed in between: claim again
+            while True:
+                if record is not None:
+                    self._check_payload(record, payload_hash)
+                    if record.completed:
+                        logger.debug("idempotency key %r replayed", key)
+                        return record.result  # type: ignore[no-any-return]
+                remaining = deadline - self.clock.monotonic()
+                if not options.wait or remaining <= 0:
+                    raise IdempotencyInProgressError(
+                        f"a call with idempotency key {key!r} is already in progress"
+                        + (
+                            f" (its lease ends at {record.expires_at:.3f})"
+                            if record is not None
+                            else ""
+                        ),
+                        key=key,
+                        expires_at=None if record is None else record.expires_at,
+                    )
+                # Equal jitter: waiters poll spread out, but never hammer the item.
+                self.clock.sleep(min(remaining, delay / 2 + random.uniform(0, delay / 2)))
+                delay = min(self.backoff_max, delay * 2)
+                record = self.get(key)
+                if record is None:
+                    break  # released (the call failed) or its lease expired: try to claim it
+
+    def _check_payload(self, record: IdempotencyRecord, payload_hash: str | None) -> None:
+        if (
+            payload_hash is not None
+            and record.payload_hash is not None
+            and record.payload_hash != payload_hash
+        ):
+            raise IdempotencyKeyMismatchError(
+                f"idempotency key {record.key!r} was already used with a different payload",
+                key=record.key,
+            )
+
+    def _run(
+        self,
+        func: Callable[..., R],
+        options: _Options,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        claim: Claim,
+    ) -> R:
+        try:
+            result = func(*args, **kwargs)
+        except BaseException:
+            # Errors are not cached: free the key so that a retry runs the function again.
+            try:
+                self._store.release(claim.key, claim.token)
+            except Exception:
+                logger.exception(
+                    "could not release idempotency claim %r after the function failed; "
+                    "it blocks the key until %r",
+                    claim.key,
+                    claim.expires_at,
+                )
+            raise
+        try:
+            self._complete(claim, result, options.ttl_ms)
+        except IdempotencyValueError:
+            logger.error(
+                "result of %r for idempotency key %r cannot be stored, so this call was not "
+                "idempotent: the claim is released and the result returned uncached",
+                getattr(func, "__qualname__", func),
+                claim.key,
+                exc_info=True,
+            )
+            try:
+                self._store.release(claim.key, claim.token)
+            except Exception:
+                logger.exception("could not release idempotency claim %r", claim.key)
+        except Exception:
+            # The function ran (its side effects happened): its result must reach the caller.
+            # The claim stays IN_PROGRESS until its lease ends, then the key is free again.
+            logger.exception(
+                "could not store the result for idempotency key %r; the key stays in progress "
+                "until %r",
+                claim.key,
+                claim.expires_at,
+            )
+        return result
