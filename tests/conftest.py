@@ -24,6 +24,16 @@ from dynacoord.testing import (  # noqa: F401  (fixtures are registered by impor
     dynamodb_local_client,
     unique_name,
 )
+from tests.backends_fixtures import (  # noqa: F401  (Redis/MongoDB fixtures, issue 7)
+    EXTRA_CONTRACT_BACKENDS,
+    mongo_backend_factory,
+    mongo_database,
+    mongodb_backend_factory,
+    mongodb_database,
+    redis_backend_factory,
+    redis_client,
+    redis_server,
+)
 
 # Never let a test reach real AWS by accident.
 for _name, _value in {
@@ -38,7 +48,7 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 BackendFactory = Callable[..., Backend]
 
 #: Backends every contract suite runs against. Later backends append here.
-CONTRACT_BACKENDS = ["moto", "dynamodb"]
+CONTRACT_BACKENDS = ["moto", "dynamodb", *EXTRA_CONTRACT_BACKENDS]  # + redis, mongo[, mongodb]
 
 
 @pytest.fixture(scope="session")
@@ -102,8 +112,8 @@ def make_backend(request: pytest.FixtureRequest) -> BackendFactory:
 def needs_atomic_store(make_backend: BackendFactory) -> None:
     """Skip a concurrency case on moto: its in-memory store does not make conditional writes
     atomic across threads (that is proven on DynamoDB Local, Redis and MongoDB instead)."""
-    if getattr(make_backend, "kind", None) == "moto":
-        pytest.skip("moto's in-memory store is not atomic across threads")
+    if getattr(make_backend, "kind", None) == "moto" or getattr(make_backend, "mongomock", False):
+        pytest.skip(f"{make_backend.kind}'s in-memory store is not atomic across threads")  # type: ignore[attr-defined]
 
 
 @pytest.fixture()

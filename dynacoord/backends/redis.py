@@ -1,0 +1,79 @@
+"""The Redis backend: the same key schema and primitives as DynamoDB, on one Redis server.
+
+Install the extra: ``pip install 'dynacoord[redis]'``. Pass a ``redis.Redis`` client (with or
+without ``decode_responses``); dynacoord never opens a connection at import time::
+
+    import redis
+    from dynacoord.backends.redis import RedisBackend
+
+    backend = RedisBackend(redis.Redis(host="localhost"), namespace="orders")
+    with backend.locks.hold("nightly-report", ttl=30) as lease:
+        ...
+
+Items are hashes named by their DESIGN.md key strings (``{pk}`` or ``{pk}|{sk}``); listings use
+sorted sets named by the ``gsi1pk`` strings. Compare-and-set operations are Lua scripts, so a
+store method is still one round trip and atomic. Redis Cluster is not supported (scripts touch an
+item and its index key, which may live in different slots): use a single primary (with replicas
+or Sentinel). Redis replication is asynchronous, so a failover can lose the last writes: see the
+README's backend comparison.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+try:
+    import redis as _redis  # noqa: F401  (checked here so the error names the extra)
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError("RedisBackend needs redis-py: pip install 'dynacoord[redis]'") from exc
+
+from .._backend import Backend
+from .._clock import Clock
+from ..errors import ConfigurationError
+from ._redis import RedisConn
+
+if TYPE_CHECKING:
+    from ..locks import LockStore
+
+__all__ = ["RedisBackend"]
+
+
+class RedisBackend(Backend):
+    """dynacoord on Redis (``redis.Redis`` client, Redis >= 6.2).
+
+    ``lock_fence_grace`` (seconds) keeps a released or expired lock's hash that long so fencing
+    tokens keep growing from the stored value; ``gc_grace`` (seconds) is how long other expired
+    items linger before Redis deletes them (they are treated as absent from their expiry on).
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "default",
+        clock: Clock | None = None,
+        lock_fence_grace: int = 3600,
+        gc_grace: int = 60,
+    ) -> None:
+        super().__init__(namespace=namespace, clock=clock)
+        if client is None:
+            raise ConfigurationError("client is required: pass redis.Redis(...)")
+        for name, value in (("lock_fence_grace", lock_fence_grace), ("gc_grace", gc_grace)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0 (seconds), got {value!r}")
+        self.client = client
+        self.lock_fence_grace = lock_fence_grace
+        self.gc_grace = gc_grace
+        self.conn = RedisConn(client, gc_grace_ms=gc_grace * 1000)
+
+    def __repr__(self) -> str:
+        return f"RedisBackend(namespace={self.namespace!r})"
+
+    # -- store factories ------------------------------------------------------------------------
+
+    def _lock_store(self, namespace: str) -> LockStore:
+        from ._redis_locks import RedisLockStore
+
+        return RedisLockStore(self.conn, namespace, fence_grace_s=self.lock_fence_grace)

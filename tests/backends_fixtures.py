@@ -1,0 +1,250 @@
+"""Fixtures for the Redis and MongoDB backends (imported by tests/conftest.py).
+
+* ``redis_server``: a real ``redis-server`` (no persistence) on a free port in a temp dir, one per
+  test session, stopped at the end. Missing binary: skip, or fail under ``CI=true``.
+* ``redis_backend_factory``: ``make(*, clock=None, namespace=None, **kw) -> RedisBackend`` in a
+  fresh namespace per call.
+* ``mongo_backend_factory``: the same on ``mongomock`` (kind ``mongo``).
+* ``mongodb_backend_factory``: the same on a real MongoDB at ``MONGODB_URI`` (kind ``mongodb``,
+  only in the contract parametrization when the variable is set).
+
+A contract module runs on these backends only once its primitive is listed in
+:data:`IMPLEMENTED`; other modules skip with a reason instead of failing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dynacoord._backend import Backend
+from dynacoord._clock import Clock
+from dynacoord.testing import free_port
+
+__all__ = [
+    "EXTRA_CONTRACT_BACKENDS",
+    "IMPLEMENTED",
+    "RedisServer",
+    "mongo_backend_factory",
+    "mongo_database",
+    "mongodb_backend_factory",
+    "mongodb_database",
+    "redis_backend_factory",
+    "redis_client",
+    "redis_server",
+]
+
+#: Contract modules (tests/contract/test_<name>.py) that run on Redis and MongoDB.
+IMPLEMENTED = {"locks"}
+
+#: Kinds appended to the contract parametrization: mongo = mongomock, mongodb = MONGODB_URI.
+EXTRA_CONTRACT_BACKENDS = [
+    "redis",
+    "mongo",
+    *(["mongodb"] if os.environ.get("MONGODB_URI") else []),
+]
+
+BackendFactory = Callable[..., Backend]
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _unavailable(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"{reason} (CI=true: a missing server is a failure)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _namespace() -> str:
+    return f"ns-{uuid.uuid4().hex[:12]}"
+
+
+def _skip_unimplemented(request: pytest.FixtureRequest, kind: str) -> None:
+    module = getattr(request.node, "module", None)
+    name = getattr(module, "__name__", "")
+    if ".contract." not in f".{name}":
+        return
+    primitive = name.rsplit(".", 1)[-1].removeprefix("test_")
+    if primitive not in IMPLEMENTED:
+        pytest.skip(f"{primitive} is not implemented on the {kind} backend yet")
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` process without persistence."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="dynacoord-redis-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> RedisServer:
+        import redis
+
+        self._process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir.name,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout
+        probe = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                if self._process.poll() is not None:
+                    err = self._process.stderr.read().decode() if self._process.stderr else ""
+                    raise RuntimeError(f"redis-server exited at start: {err.strip()}")
+                try:
+                    if probe.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not answer within {timeout}s")
+                time.sleep(0.05)
+        finally:
+            probe.close()
+
+    def client(self, **kwargs: Any) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(5)
+        if self._process is not None and self._process.stderr is not None:
+            self._process.stderr.close()
+        self._process = None
+        self._dir.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the whole session (skip, or fail under CI=true, when missing)."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        _unavailable("redis-py is not installed: pip install 'dynacoord[redis]'")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        _unavailable("redis-server not found on PATH: run `make redis-server`")
+        raise AssertionError("unreachable")
+    server = RedisServer(binary)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        _unavailable(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_server: RedisServer) -> Iterator[Any]:
+    client = redis_server.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def redis_backend_factory(request: pytest.FixtureRequest, redis_client: Any) -> BackendFactory:
+    _skip_unimplemented(request, "redis")
+    from dynacoord.backends.redis import RedisBackend
+
+    def make(*, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any) -> Backend:
+        return RedisBackend(
+            redis_client, namespace=namespace or _namespace(), clock=clock, **kwargs
+        )
+
+    return make
+
+
+# -- MongoDB --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mongo_database() -> Any:
+    """A mongomock database for the whole session (namespaces isolate tests)."""
+    mongomock = pytest.importorskip("mongomock")
+    return mongomock.MongoClient()["dynacoord_test"]
+
+
+@pytest.fixture(scope="session")
+def mongodb_database() -> Iterator[Any]:
+    """A database on the real MongoDB at ``MONGODB_URI``, dropped at the end."""
+    uri = os.environ.get("MONGODB_URI")
+    if not uri:
+        pytest.skip("MONGODB_URI is not set")
+    import pymongo
+
+    client: Any = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
+    name = f"dynacoord_test_{uuid.uuid4().hex[:8]}"
+    try:
+        client.admin.command("ping")
+    except pymongo.errors.PyMongoError as exc:
+        client.close()
+        pytest.fail(f"MONGODB_URI is set but the server does not answer: {exc}", pytrace=False)
+    try:
+        yield client[name]
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
+def _mongo_factory(database: Any) -> BackendFactory:
+    from dynacoord.backends.mongo import MongoBackend
+
+    def make(*, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any) -> Backend:
+        return MongoBackend(database, namespace=namespace or _namespace(), clock=clock, **kwargs)
+
+    return make
+
+
+@pytest.fixture()
+def mongo_backend_factory(request: pytest.FixtureRequest, mongo_database: Any) -> BackendFactory:
+    _skip_unimplemented(request, "mongo")
+    factory = _mongo_factory(mongo_database)
+    factory.mongomock = True  # type: ignore[attr-defined]
+    return factory
+
+
+@pytest.fixture()
+def mongodb_backend_factory(
+    request: pytest.FixtureRequest, mongodb_database: Any
+) -> BackendFactory:
+    _skip_unimplemented(request, "mongodb")
+    factory = _mongo_factory(mongodb_database)
+    factory.mongomock = False  # type: ignore[attr-defined]
+    return factory

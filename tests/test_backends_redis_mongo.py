@@ -1,0 +1,285 @@
+"""Backend-specific checks for Redis and MongoDB (the shared semantics are in tests/contract/)."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from dynacoord import ConfigurationError, ManualClock
+from tests.backends_fixtures import EXTRA_CONTRACT_BACKENDS
+
+#: ["mongodb"] when MONGODB_URI points at a real server, else []
+REAL_MONGO = [k for k in EXTRA_CONTRACT_BACKENDS if k == "mongodb"]
+
+# -- optional imports -----------------------------------------------------------------------------
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "dependency", "extra"),
+    [
+        ("dynacoord.backends.redis", "redis", "redis"),
+        ("dynacoord.backends.mongo", "pymongo", "mongo"),
+    ],
+)
+def test_missing_extra_names_the_pip_command(module, dependency, extra):
+    result = _run(
+        f"""
+        import sys
+        sys.modules[{dependency!r}] = None  # as if the package were not installed
+        try:
+            import {module}
+        except ImportError as exc:
+            print("MESSAGE:", exc)
+            print("CAUSE:", type(exc.__cause__).__name__)
+        else:
+            print("imported anyway")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "MESSAGE: " in result.stdout
+    assert f"pip install 'dynacoord[{extra}]'" in result.stdout
+    assert "CAUSE: ModuleNotFoundError" in result.stdout or "CAUSE: ImportError" in result.stdout
+
+
+def test_import_dynacoord_does_not_import_redis_or_pymongo():
+    result = _run(
+        """
+        import sys
+        import dynacoord
+        import dynacoord.locks, dynacoord.keys, dynacoord.codec
+        from dynacoord import Locks, ManualClock
+        loaded = sorted(m for m in ("redis", "pymongo", "mongomock", "bson") if m in sys.modules)
+        print("LOADED:", loaded)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "LOADED: []" in result.stdout
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+
+
+def test_redis_lock_is_a_hash_under_the_design_key(redis_client, redis_backend_factory):
+    clock = ManualClock(1_700_000_000.123)
+    backend = redis_backend_factory(clock=clock, namespace="keys-redis")
+    lease = backend.locks.acquire("job/1", ttl=5, owner="me")
+    assert lease is not None
+    name = "LOCK#keys-redis#job/1"
+    assert redis_client.type(name) == b"hash"
+    fields = redis_client.hgetall(name)
+    assert fields[b"owner"] == b"me"
+    assert int(fields[b"expires_at_ms"]) == 1_700_000_000_123 + 5000
+    # The first fence is exactly now_ms * 1000 + 1: no Lua float rounding of 16-digit numbers.
+    assert lease.fence == 1_700_000_000_123 * 1000 + 1 == int(fields[b"fence"])
+    assert lease.release()
+    redis_client.delete(name)
+
+
+def test_redis_gc_expiry_is_relative_so_a_fake_clock_never_deletes_live_items(
+    redis_client, redis_backend_factory
+):
+    # A clock years in the past must not make Redis delete the item (absolute PEXPIREAT would).
+    clock = ManualClock(1_000_000_000.0)
+    backend = redis_backend_factory(clock=clock, lock_fence_grace=100)
+    lease = backend.locks.acquire("gc", ttl=5, owner="a")
+    pttl = redis_client.pttl(f"LOCK#{backend.namespace}#gc")
+    assert 100_000 < pttl <= 105_000  # ttl + fence grace, in real milliseconds
+    lease.release()
+    pttl = redis_client.pttl(f"LOCK#{backend.namespace}#gc")
+    assert 90_000 < pttl <= 100_000  # a released lock lingers for the grace only
+
+
+def test_redis_expired_item_is_absent_even_while_redis_still_holds_it(
+    redis_client, redis_backend_factory
+):
+    clock = ManualClock()
+    backend = redis_backend_factory(clock=clock)
+    old = backend.locks.acquire("stale", ttl=1, owner="a")
+    clock.advance(2)
+    assert redis_client.exists(f"LOCK#{backend.namespace}#stale") == 1
+    assert backend.locks.get("stale") is None
+    new = backend.locks.acquire("stale", ttl=1, owner="b")
+    assert new is not None and new.fence == old.fence + 1
+    # The item is swept (as PEXPIRE would): the next fence still grows, from the clock.
+    redis_client.delete(f"LOCK#{backend.namespace}#stale")
+    clock.advance(2)
+    again = backend.locks.acquire("stale", ttl=1, owner="c")
+    assert again is not None and again.fence > new.fence
+
+
+def test_redis_works_with_decode_responses(redis_server):
+    from dynacoord.backends.redis import RedisBackend
+
+    client = redis_server.client(decode_responses=True)
+    try:
+        backend = RedisBackend(client, namespace="decoded")
+        lease = backend.locks.acquire("k", ttl=5, owner="ö-owner")
+        assert lease is not None
+        info = backend.locks.get("k")
+        assert info is not None and info.owner == "ö-owner" and info.fence == lease.fence
+        assert lease.release()
+    finally:
+        client.delete("LOCK#decoded#k")
+        client.close()
+
+
+def test_redis_backend_rejects_bad_configuration(redis_client):
+    from dynacoord.backends.redis import RedisBackend
+
+    with pytest.raises(ConfigurationError):
+        RedisBackend(None)
+    with pytest.raises(ConfigurationError):
+        RedisBackend(redis_client, lock_fence_grace=-1)
+    with pytest.raises(ValueError):
+        RedisBackend(redis_client, namespace="a#b")
+
+
+def test_redis_server_errors_become_backend_errors(redis_server):
+    from dynacoord import BackendError
+    from dynacoord.backends.redis import RedisBackend
+
+    dead = redis_server.client(socket_connect_timeout=0.2)
+    dead.connection_pool.connection_kwargs["port"] = 1  # nothing listens there
+    backend = RedisBackend(dead)
+    with pytest.raises(BackendError) as err:
+        backend.locks.acquire("k", ttl=1)
+    assert err.value.__cause__ is not None
+    dead.close()
+
+
+# -- MongoDB --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["mongo", *REAL_MONGO])
+def any_mongo(request):
+    """(factory, database) on mongomock, and on a real server when MONGODB_URI is set."""
+    if request.param == "mongo":
+        return request.getfixturevalue("mongo_backend_factory"), request.getfixturevalue(
+            "mongo_database"
+        )
+    return request.getfixturevalue("mongodb_backend_factory"), request.getfixturevalue(
+        "mongodb_database"
+    )
+
+
+def test_mongo_ensure_indexes_is_idempotent(any_mongo):
+    make, database = any_mongo
+    backend = make(collection="idx_test")
+    assert sorted(backend.ensure_indexes()) == ["gsi1", "pk_sk", "ttl"]
+    assert sorted(backend.ensure_indexes()) == ["gsi1", "pk_sk", "ttl"]
+    info = database["idx_test"].index_information()
+    assert info["pk_sk"]["key"] == [("pk", 1), ("sk", 1)]
+    assert info["pk_sk"]["unique"] is True
+    assert info["gsi1"]["key"] == [("gsi1pk", 1), ("gsi1sk", 1)]
+    assert info["ttl"]["key"] == [("expires_at", 1)]
+    assert info["ttl"]["expireAfterSeconds"] == 0
+
+
+def test_mongo_lock_document_uses_the_design_keys(any_mongo):
+    make, database = any_mongo
+    clock = ManualClock(1_700_000_000.123)
+    backend = make(clock=clock)
+    lease = backend.locks.acquire("job/1", ttl=5, owner="$not-a-field-path")
+    assert lease is not None
+    doc = database["dynacoord"].find_one({"pk": f"LOCK#{backend.namespace}#job/1"})
+    assert doc["sk"] == "LOCK"
+    assert doc["owner"] == "$not-a-field-path"  # written as a literal, not read as $field
+    assert doc["fence"] == lease.fence == 1_700_000_000_123 * 1000 + 1
+    assert doc["expires_at_ms"] == 1_700_000_000_123 + 5000
+    # The TTL-monitor date is real time + remaining lifetime + grace, never the fake clock's.
+    expires_at = doc["expires_at"].replace(tzinfo=datetime.timezone.utc)
+    assert expires_at.timestamp() > time.time() + 3600
+
+
+def test_mongo_expired_item_is_absent_whatever_the_ttl_monitor_did(any_mongo):
+    make, database = any_mongo
+    clock = ManualClock()
+    backend = make(clock=clock)
+    old = backend.locks.acquire("stale", ttl=1, owner="a")
+    clock.advance(2)
+    assert database["dynacoord"].count_documents({"pk": f"LOCK#{backend.namespace}#stale"}) == 1
+    assert backend.locks.get("stale") is None
+    new = backend.locks.acquire("stale", ttl=1, owner="b")
+    assert new is not None and new.fence == old.fence + 1
+    database["dynacoord"].delete_one({"pk": f"LOCK#{backend.namespace}#stale"})  # swept
+    clock.advance(2)
+    again = backend.locks.acquire("stale", ttl=1, owner="c")
+    assert again is not None and again.fence > new.fence
+
+
+def test_mongo_backend_rejects_bad_configuration(mongo_database):
+    from dynacoord.backends.mongo import MongoBackend
+
+    with pytest.raises(ConfigurationError):
+        MongoBackend(None)
+    with pytest.raises(ConfigurationError):
+        MongoBackend(mongo_database, collection="")
+    with pytest.raises(ConfigurationError):
+        MongoBackend(mongo_database, gc_grace=-5)
+
+
+# -- real-server concurrency ----------------------------------------------------------------------
+
+THREADS = 8
+ROUNDS = 25
+
+
+@pytest.fixture(params=["redis", *REAL_MONGO])
+def server_backend_factory(request):
+    """A factory on a real server: redis-server always, MongoDB when MONGODB_URI is set."""
+    return request.getfixturevalue(f"{request.param}_backend_factory")
+
+
+def test_8_threads_on_one_lock_exclude_each_other_with_increasing_fences(
+    server_backend_factory,
+):
+    locks = server_backend_factory().locks
+    inside = 0
+    guard = threading.Lock()
+    violations: list[int] = []
+    fences: list[int] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS)
+
+    def worker(n: int) -> None:
+        nonlocal inside
+        try:
+            start.wait()
+            for _ in range(ROUNDS):
+                lease = locks.acquire("hot", ttl=10, owner=f"t{n}", timeout=60)
+                assert lease is not None
+                with guard:
+                    inside += 1
+                    if inside != 1:
+                        violations.append(inside)
+                    fences.append(lease.fence)
+                with guard:
+                    inside -= 1
+                assert lease.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert violations == []
+    assert len(fences) == THREADS * ROUNDS
+    assert all(a < b for a, b in zip(fences, fences[1:]))
