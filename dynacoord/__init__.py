@@ -40,6 +40,11 @@ from .errors import (
 from .locks import Lease, LockInfo, Locks
 
 # [exports:cache-breaker]
+# isort: split
+from .breaker import BreakerStatus, CircuitBreaker
+from .breaker import State as BreakerState
+from .cache import Cache
+
 # [exports:checkpoints-idempotency]
 # isort: split
 from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
@@ -55,11 +60,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "BreakerState",
+    "BreakerStatus",
+    "Cache",
     "Checkpoint",
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "CheckpointTask",
     "Checkpoints",
+    "CircuitBreaker",
     "CircuitOpenError",
     "Claim",
     "ClaimResult",

@@ -48,6 +48,22 @@ class Backend(abc.ABC):
     def _lock_store(self, namespace: str) -> LockStore: ...
 
     # [store-factories:cache-breaker]
+    if TYPE_CHECKING:
+        from .breaker import BreakerStore, CircuitBreaker, TransitionCallback
+        from .cache import Cache, CacheStore
+
+    def _cache_store(self, namespace: str) -> CacheStore:
+        """The cache store; backends without one raise NotSupportedError."""
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"the {self.kind} backend has no cache")
+
+    def _breaker_store(self, namespace: str) -> BreakerStore:
+        """The circuit-breaker store; backends without one raise NotSupportedError."""
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"the {self.kind} backend has no circuit breaker")
+
     # [store-factories:checkpoints-idempotency]
     def _checkpoint_store(self, namespace: str) -> CheckpointStore:
         from .errors import NotSupportedError
@@ -90,6 +106,50 @@ class Backend(abc.ABC):
             return self._locks
 
     # [facade:cache-breaker]
+    def cache(self, default_ttl: float | None = None, namespace: str | None = None) -> Cache:
+        """A TTL cache in ``namespace`` (default: the backend's) with stampede protection.
+
+        ``default_ttl`` (seconds) applies to writes without a ``ttl``; None: no expiry.
+        """
+        from .cache import Cache
+        from .locks import Locks
+
+        ns = self.namespace if namespace is None else keys.validate_namespace(namespace)
+        store = self._cache_store(ns)
+        return Cache(
+            store,
+            locks=Locks(self._lock_store(ns), clock=self.clock),
+            default_ttl=default_ttl,
+            clock=self.clock,
+            namespace=ns,
+        )
+
+    def breaker(
+        self,
+        name: str,
+        *,
+        failure_threshold: int = 5,
+        reset_timeout: float = 30.0,
+        success_threshold: int = 1,
+        half_open_max_calls: int = 1,
+        ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
+        on_transition: TransitionCallback | None = None,
+    ) -> CircuitBreaker:
+        """A circuit breaker named ``name`` whose state every process shares (see breaker.py)."""
+        from .breaker import CircuitBreaker
+
+        return CircuitBreaker(
+            self._breaker_store(self.namespace),
+            name,
+            failure_threshold=failure_threshold,
+            reset_timeout=reset_timeout,
+            success_threshold=success_threshold,
+            half_open_max_calls=half_open_max_calls,
+            ignore=ignore,
+            on_transition=on_transition,
+            clock=self.clock,
+        )
+
 
     # [facade:checkpoints-idempotency]
     @property

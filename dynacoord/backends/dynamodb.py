@@ -93,6 +93,19 @@ class DynamoDBBackend(Backend):
         return DynamoDBLockStore(self.table, namespace, fence_grace_s=self.lock_fence_grace)
 
     # [ddb-factories:cache-breaker]
+    if TYPE_CHECKING:
+        from ._ddb_breaker import DynamoDBBreakerStore
+        from ._ddb_cache import DynamoDBCacheStore
+
+    def _cache_store(self, namespace: str) -> DynamoDBCacheStore:
+        from ._ddb_cache import DynamoDBCacheStore
+
+        return DynamoDBCacheStore(self.table, namespace, shards=self.shards)
+
+    def _breaker_store(self, namespace: str) -> DynamoDBBreakerStore:
+        from ._ddb_breaker import DynamoDBBreakerStore
+
+        return DynamoDBBreakerStore(self.table, namespace)
 
     # [ddb-factories:checkpoints-idempotency]
     def _checkpoint_store(self, namespace: str) -> DynamoDBCheckpointStore:

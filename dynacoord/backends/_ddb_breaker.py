@@ -1,0 +1,233 @@
+"""The circuit-breaker store on the single table.
+
+Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``failures``,
+``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
+``updated_ms``. No TTL: the state must outlive every process. An absent item means closed with no
+failures, so ``reset`` is a plain delete.
+
+Every method is one request; every state change is conditional on the state it leaves, so when
+several processes race for the same transition exactly one write succeeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..breaker import BreakerRecord, StartTrialResult, State
+from ..keys import breaker_key
+from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+
+__all__ = ["DynamoDBBreakerStore"]
+
+_NAMES = {"#st": "state"}
+
+
+def _record(item: dict[str, Any] | None) -> BreakerRecord:
+    if not item:
+        return BreakerRecord()
+
+    def opt(name: str) -> int | None:
+        value = item.get(name)
+        return None if value is None else int(value)
+
+    return BreakerRecord(
+        state=State(str(item.get("state", State.CLOSED.value))),
+        failures=int(item.get("failures", 0)),
+        successes=int(item.get("successes", 0)),
+        opened_at_ms=opt("opened_at_ms"),
+        trial_calls=int(item.get("trial_calls", 0)),
+        trial_round=int(item.get("trial_round", 0)),
+        trial_started_ms=opt("trial_started_ms"),
+    )
+
+
+class DynamoDBBreakerStore:
+    def __init__(self, table: DynamoTable, namespace: str) -> None:
+        self._table = table
+        self._ns = namespace
+
+    def _update(
+        self,
+        name: str,
+        *,
+        update: str,
+        condition: str | None,
+        return_values: str = "NONE",
+        old_on_failure: bool = False,
+        **attr_values: Any,
+    ) -> dict[str, Any] | None:
+        """One UpdateItem; the returned attributes (or {}), or None if the condition failed.
+
+        With ``old_on_failure`` a failed condition raises ConditionFailedError carrying the item.
+        """
+        kwargs: dict[str, Any] = {
+            "Key": marshal(breaker_key(self._ns, name).primary),
+            "UpdateExpression": update,
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": values(**attr_values),
+            "ReturnValues": return_values,
+        }
+        if condition is not None:
+            kwargs["ConditionExpression"] = condition
+        if old_on_failure:
+            kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+            response = self._table.call("update_item", **kwargs)
+        else:
+            try:
+                response = self._table.call("update_item", **kwargs)
+            except ConditionFailedError:
+                return None
+        return unmarshal(response.get("Attributes", {}))
+
+    def get(self, name: str) -> BreakerRecord:
+        return _record(self._table.get(breaker_key(self._ns, name).primary))
+
+    def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
+        # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write.
+        attrs = self._update(
+            name,
+            condition="attribute_not_exists(pk) OR #st = :closed",
+            update="SET #st = if_not_exists(#st, :closed), updated_ms = :now ADD failures :one",
+            return_values="ALL_NEW",
+            closed=State.CLOSED.value,
+            now=now_ms,
+            one=1,
+        )
+        return None if attrs is None else _record(attrs)
+
+    def reset_failures(self, name: str, now_ms: int) -> bool:
+        attrs = self._update(
+            name,
+            condition="#st = :closed AND failures > :zero",
+            update="SET failures = :zero, updated_ms = :now",
+            closed=State.CLOSED.value,
+            zero=0,
+            now=now_ms,
+        )
+        return attrs is not None
+
+    def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
+        condition = None
+        extra: dict[str, Any] = {}
+        if min_failures is not None:
+            # Closes the race "many callers saw failures >= threshold": the first write changes
+            # the state to open, so every later one fails this condition and does not re-trip.
+            condition = "#st = :closed AND failures >= :min"
+            extra = {"closed": State.CLOSED.value, "min": min_failures}
+        attrs = self._update(
+            name,
+            condition=condition,
+            update=(
+                "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
+                "updated_ms = :now REMOVE trial_started_ms"
+            ),
+            return_values="ALL_OLD",
+            open=State.OPEN.value,
+            now=now_ms,
+            zero=0,
+            **extra,
+        )
+        return None if attrs is None else _record(attrs)
+
+    def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
+        try:
+            attrs = self._update(
+                name,
+                # Open long enough, or half-open whose last slot lease ran out. Only one caller
+                # can make this write: afterwards the item is half_open with a fresh
+                # trial_started_ms, which fails both branches for everyone else.
+                condition=(
+                    "(#st = :open AND opened_at_ms <= :cutoff) OR "
+                    "(#st = :half AND trial_started_ms <= :cutoff)"
+                ),
+                update=(
+                    "SET #st = :half, trial_calls = :one, successes = :zero, "
+                    "trial_started_ms = :now, updated_ms = :now ADD trial_round :one"
+                ),
+                return_values="ALL_NEW",
+                old_on_failure=True,
+                open=State.OPEN.value,
+                half=State.HALF_OPEN.value,
+                cutoff=cutoff_ms,
+                now=now_ms,
+                one=1,
+                zero=0,
+            )
+        except ConditionFailedError as failed:
+            return StartTrialResult(None, _record(failed.item))
+        return StartTrialResult(_record(attrs))
+
+    def join_trial(
+        self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
+    ) -> BreakerRecord | None:
+        attrs = self._update(
+            name,
+            condition=(
+                "#st = :half AND trial_round = :round AND trial_calls < :max "
+                "AND trial_started_ms > :cutoff"
+            ),
+            update="SET trial_started_ms = :now, updated_ms = :now ADD trial_calls :one",
+            return_values="ALL_NEW",
+            half=State.HALF_OPEN.value,
+            round=trial_round,
+            max=max_calls,
+            cutoff=cutoff_ms,
+            now=now_ms,
+            one=1,
+        )
+        return None if attrs is None else _record(attrs)
+
+    def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
+        attrs = self._update(
+            name,
+            condition="#st = :half AND trial_round = :round",
+            update="SET updated_ms = :now ADD successes :one, trial_calls :minus",
+            return_values="ALL_NEW",
+            half=State.HALF_OPEN.value,
+            round=trial_round,
+            now=now_ms,
+            one=1,
+            minus=-1,
+        )
+        return None if attrs is None else _record(attrs)
+
+    def close(self, name: str, trial_round: int, now_ms: int) -> bool:
+        attrs = self._update(
+            name,
+            condition="#st = :half AND trial_round = :round",
+            update=(
+                "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
+                "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
+            ),
+            half=State.HALF_OPEN.value,
+            closed=State.CLOSED.value,
+            round=trial_round,
+            now=now_ms,
+            zero=0,
+        )
+        return attrs is not None
+
+    def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
+        attrs = self._update(
+            name,
+            condition="#st = :half AND trial_round = :round",
+            update=(
+                "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
+                "updated_ms = :now REMOVE trial_started_ms"
+            ),
+            half=State.HALF_OPEN.value,
+            open=State.OPEN.value,
+            round=trial_round,
+            now=now_ms,
+            zero=0,
+        )
+        return attrs is not None
+
+    def reset(self, name: str) -> BreakerRecord | None:
+        response = self._table.call(
+            "delete_item",
+            Key=marshal(breaker_key(self._ns, name).primary),
+            ReturnValues="ALL_OLD",
+        )
+        old = response.get("Attributes")
+        return _record(unmarshal(old)) if old else None

@@ -1,0 +1,222 @@
+"""The cache store on the single table.
+
+Item: ``pk=CACHE#{ns}#{key}``, ``sk=CACHE``, ``gsi1pk=CACHE#{ns}#{shard}``, ``gsi1sk={key}``, the
+value, and ``expires_at_ms`` + ``ttl`` (epoch seconds, for DynamoDB's sweeper) when it expires.
+
+The value is in exactly one of two attributes:
+
+* ``n`` (number) when the codec text is a plain integer of at most 38 digits (DynamoDB's number
+  precision). Keeping integers numeric is what lets ``incr`` be one atomic ``ADD`` instead of a
+  read-modify-write; on read, ``n`` is turned back into the codec text of that integer, so the
+  cache above never sees the difference and ``get`` returns an ``int``.
+* ``v`` (string) with the codec text for every other value (bool, float, str, bytes, Decimal,
+  lists, dicts, None, and integers over 38 digits).
+
+An ``ADD`` on an item that has ``v`` is refused by its condition, so ``incr`` on a non-integer
+value raises instead of silently creating a second value attribute.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .. import codec
+from ..cache import CacheEntry, KeyPage
+from ..errors import InvalidValueError
+from ..keys import cache_index_pk, cache_key, parse_pk
+from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+
+__all__ = ["DynamoDBCacheStore"]
+
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
+
+#: live: no expiry, or an expiry still ahead of ``:now``
+_LIVE = "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now)"
+#: free for a create: never written, swept, or expired (the sweeper may lag by days)
+_FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
+
+
+class DynamoDBCacheStore:
+    max_batch_get = 100
+    max_batch_write = 25
+
+    def __init__(self, table: DynamoTable, namespace: str, *, shards: int = 1) -> None:
+        self._table = table
+        self._ns = namespace
+        self.partitions = shards
+
+    # -- item layout ----------------------------------------------------------------------------
+
+    def _item(self, key: str, encoded: str, expires_at_ms: int | None) -> dict[str, Any]:
+        item: dict[str, Any] = dict(cache_key(self._ns, key, self.partitions).as_dict())
+        if _INT_TEXT.fullmatch(encoded):
+            item["n"] = int(encoded)
+        else:
+            item["v"] = encoded
+        if expires_at_ms is not None:
+            item["expires_at_ms"] = expires_at_ms
+            item["ttl"] = math.ceil(expires_at_ms / 1000)
+        return item
+
+    @staticmethod
+    def _entry(item: dict[str, Any] | None, now_ms: int) -> CacheEntry | None:
+        if not item:
+            return None
+        expires = item.get("expires_at_ms")
+        if expires is not None and int(expires) <= now_ms:
+            return None
+        encoded = str(int(item["n"])) if "n" in item else str(item.get("v", "null"))
+        return CacheEntry(encoded, None if expires is None else int(expires))
+
+    def _primary(self, key: str) -> dict[str, Any]:
+        return marshal(cache_key(self._ns, key, self.partitions).primary)
+
+    def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        codec.check_item_size(self._item(key, encoded, expires_at_ms), key=key)
+
+    # -- single items ---------------------------------------------------------------------------
+
+    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+        return self._entry(self._table.get(cache_key(self._ns, key).primary), now_ms)
+
+    def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        self._table.call("put_item", Item=marshal(self._item(key, encoded, expires_at_ms)))
+
+    def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        try:
+            self._table.call(
+                "put_item",
+                Item=marshal(self._item(key, encoded, expires_at_ms)),
+                ConditionExpression=_FREE,
+                ExpressionAttributeValues=values(now=now_ms),
+            )
+        except ConditionFailedError:
+            return False
+        return True
+
+    def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
+        return self.add(key, str(value), expires_at_ms, now_ms)
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        response = self._table.call("delete_item", Key=self._primary(key), ReturnValues="ALL_OLD")
+        old = response.get("Attributes")
+        return self._entry(unmarshal(old) if old else None, now_ms) is not None
+
+    def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        if expires_at_ms is None:
+            update = "REMOVE expires_at_ms, #ttl"
+            attr_values = values(now=now_ms)
+        else:
+            update = "SET expires_at_ms = :exp, #ttl = :ttl"
+            attr_values = values(now=now_ms, exp=expires_at_ms, ttl=math.ceil(expires_at_ms / 1000))
+        try:
+            self._table.call(
+                "update_item",
+                Key=self._primary(key),
+                ConditionExpression=f"attribute_exists(pk) AND {_LIVE}",
+                UpdateExpression=update,
+                ExpressionAttributeNames={"#ttl": "ttl"},
+                ExpressionAttributeValues=attr_values,
+            )
+        except ConditionFailedError:
+            return False
+        return True
+
+    def incr(self, key: str, by: int, now_ms: int) -> int | None:
+        try:
+            response = self._table.call(
+                "update_item",
+                Key=self._primary(key),
+                # Only a live numeric entry: an expired counter must restart from 0 (the caller
+                # then creates it conditionally), and a string value must not grow an `n`.
+                ConditionExpression=f"attribute_exists(n) AND {_LIVE}",
+                UpdateExpression="ADD n :by",
+                ExpressionAttributeValues=values(now=now_ms, by=by),
+                ReturnValues="UPDATED_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            if self._entry(failed.item, now_ms) is not None:
+                raise InvalidValueError(
+                    f"cache key {key!r} holds a value that is not an integer: incr needs an "
+                    "int (set it with an int, or delete it first)"
+                ) from None
+            return None
+        return int(unmarshal(response["Attributes"])["n"])
+
+    # -- listing and batches --------------------------------------------------------------------
+
+    def keys_page(self, partition: int, prefix: str, now_ms: int, cursor: Any) -> KeyPage:
+        condition = "gsi1pk = :p"
+        attr_values: dict[str, Any] = {":p": cache_index_pk(self._ns, partition)}
+        if prefix:
+            condition += " AND begins_with(gsi1sk, :prefix)"
+            attr_values[":prefix"] = prefix
+        kwargs: dict[str, Any] = {
+            "IndexName": "gsi1",
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeValues": marshal(attr_values),
+            # Only what listing needs; DynamoDB still cuts pages at 1 MB of items read.
+            "ProjectionExpression": "gsi1sk, expires_at_ms",
+        }
+        if cursor is not None:
+            kwargs["ExclusiveStartKey"] = cursor
+        page = self._table.call("query", **kwargs)
+        live: list[str] = []
+        expired: list[str] = []
+        for raw in page.get("Items", []):
+            item = unmarshal(raw)
+            exp = item.get("expires_at_ms")
+            (expired if exp is not None and int(exp) <= now_ms else live).append(
+                str(item["gsi1sk"])
+            )
+        return KeyPage(live, expired, page.get("LastEvaluatedKey") or None)
+
+    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+        name = self._table.name
+        response = self._table.call(
+            "batch_get_item",
+            RequestItems={name: {"Keys": [self._primary(k) for k in keys], "ConsistentRead": True}},
+        )
+        found: dict[str, CacheEntry] = {}
+        for raw in response.get("Responses", {}).get(name, []):
+            item = unmarshal(raw)
+            entry = self._entry(item, now_ms)
+            if entry is not None:
+                found[parse_pk(str(item["pk"])).key] = entry
+        unprocessed = response.get("UnprocessedKeys", {}).get(name, {}).get("Keys", [])
+        return found, [parse_pk(str(unmarshal(k)["pk"])).key for k in unprocessed]
+
+    def _batch_write(self, requests: dict[str, dict[str, Any]]) -> list[str]:
+        """One BatchWriteItem of ``{pk: request}``; returns the pks left unprocessed."""
+        name = self._table.name
+        response = self._table.call(
+            "batch_write_item", RequestItems={name: list(requests.values())}
+        )
+        left: list[str] = []
+        for request in response.get("UnprocessedItems", {}).get(name, []):
+            body = request.get("PutRequest", {}).get("Item") or request["DeleteRequest"]["Key"]
+            left.append(str(unmarshal(body)["pk"]))
+        return left
+
+    def set_batch(
+        self, entries: list[tuple[str, str, int | None]]
+    ) -> list[tuple[str, str, int | None]]:
+        by_pk: dict[str, tuple[str, str, int | None]] = {}
+        requests: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            item = self._item(*entry)
+            by_pk[item["pk"]] = entry
+            requests[item["pk"]] = {"PutRequest": {"Item": marshal(item)}}
+        return [by_pk[pk] for pk in self._batch_write(requests)]
+
+    def delete_batch(self, keys: list[str]) -> list[str]:
+        by_pk: dict[str, str] = {}
+        requests: dict[str, dict[str, Any]] = {}
+        for key in keys:
+            primary = cache_key(self._ns, key).primary
+            by_pk[primary["pk"]] = key
+            requests[primary["pk"]] = {"DeleteRequest": {"Key": marshal(primary)}}
+        return [by_pk[pk] for pk in self._batch_write(requests)]

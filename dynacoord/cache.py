@@ -1,0 +1,528 @@
+"""A shared TTL cache with stampede protection.
+
+Policy lives here (TTLs, value encoding, batching and retries of unprocessed batch entries, the
+fill lock of :meth:`Cache.get_or_set`, the ``@cached`` decorator); a backend supplies a
+:class:`CacheStore` whose methods are one request each.
+
+Expiry is decided by the injected clock: an entry whose ``expires_at_ms`` has passed is never
+returned, listed or counted, whatever the store's own expiry sweeper (DynamoDB TTL, which can lag
+by days) has or has not removed yet. Every conditional write treats an expired entry as absent.
+
+Values are encoded with :mod:`dynacoord.codec` (JSON-compatible values, bytes, Decimal; no
+pickle), so they round-trip exactly and are readable from every backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from . import codec, keys
+from ._clock import Clock, SystemClock, now_ms
+from ._validate import check_int, ttl_to_ms
+from .errors import BackendError, InvalidValueError
+
+if TYPE_CHECKING:
+    from .locks import Locks
+
+__all__ = ["Cache", "CacheEntry", "CacheStore", "KeyPage"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Characters that make a glob pattern more than a literal prefix.
+_GLOB_CHARS = "*?["
+
+#: Attempts at resending the unprocessed part of one batch before giving up.
+_BATCH_ATTEMPTS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """A live entry as a store returns it: the codec text and the expiry (None: never)."""
+
+    encoded: str
+    expires_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPage:
+    """One page of listed keys: ``live`` ones, ``expired`` ones, and where to continue."""
+
+    live: list[str]
+    expired: list[str]
+    cursor: Any = None
+
+
+class CacheStore(Protocol):
+    """Storage for cache entries. Every method is one request to the store (``check_entry`` none).
+
+    ``now_ms`` is passed in so that expiry is decided by the caller's clock on every backend.
+    Values arrive and leave as :func:`dynacoord.codec.encode` text; how they are laid out (for
+    example integers in a numeric attribute so that ``incr`` can be atomic) is the store's choice.
+    """
+
+    #: number of listing partitions :meth:`keys_page` walks (DynamoDB: the gsi1 shards)
+    partitions: int
+    #: most keys one :meth:`get_batch` / one :meth:`set_batch` or :meth:`delete_batch` may carry
+    max_batch_get: int
+    max_batch_write: int
+
+    def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        """No request: raise ValueTooLargeError / InvalidKeyError if the entry cannot be stored."""
+        ...
+
+    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+        """The live entry, read consistently; None if absent or expired."""
+        ...
+
+    def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        """Write the entry unconditionally (replacing any old one)."""
+        ...
+
+    def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        """Write the entry only if the key is absent or expired; False if a live entry exists."""
+        ...
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        """Remove the entry; True if a live entry was removed."""
+        ...
+
+    def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        """Set a live entry's expiry (None: never expires); False if absent or expired."""
+        ...
+
+    def incr(self, key: str, by: int, now_ms: int) -> int | None:
+        """Atomically add ``by`` to a live integer entry and return the new value.
+
+        None if the key is absent or expired; :class:`InvalidValueError` if the live value is not
+        an integer. The entry keeps its expiry.
+        """
+        ...
+
+    def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
+        """Write integer ``value`` only if the key is absent or expired (like :meth:`add`)."""
+        ...
+
+    def keys_page(self, partition: int, prefix: str, now_ms: int, cursor: Any) -> KeyPage:
+        """One page of the keys in ``partition`` that start with ``prefix`` (``""``: all)."""
+        ...
+
+    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+        """Read up to ``max_batch_get`` distinct keys consistently: (live entries, unprocessed)."""
+        ...
+
+    def set_batch(
+        self, entries: list[tuple[str, str, int | None]]
+    ) -> list[tuple[str, str, int | None]]:
+        """Write up to ``max_batch_write`` (key, encoded, expires_at_ms); return the unprocessed."""
+        ...
+
+    def delete_batch(self, keys: list[str]) -> list[str]:
+        """Delete up to ``max_batch_write`` distinct keys; return the unprocessed ones."""
+        ...
+
+
+def _literal_prefix(pattern: str) -> str:
+    """The part of a glob before its first wildcard (``"user:*"`` -> ``"user:"``)."""
+    cut = min((i for i in (pattern.find(c) for c in _GLOB_CHARS) if i >= 0), default=len(pattern))
+    return pattern[:cut]
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Cache:
+    """A TTL cache over a :class:`CacheStore`. Reached as ``backend.cache(default_ttl=...)``.
+
+    ``default_ttl`` (seconds) applies to every write that gives no ``ttl``; None means entries
+    never expire unless a ``ttl`` is given.
+    """
+
+    #: first delay and cap of the backoff used while waiting for a fill or resending a batch
+    backoff_initial = 0.02
+    backoff_max = 0.5
+
+    def __init__(
+        self,
+        store: CacheStore,
+        *,
+        locks: Locks | None = None,
+        default_ttl: float | None = None,
+        clock: Clock | None = None,
+        namespace: str = "default",
+    ) -> None:
+        self._store = store
+        self._locks = locks
+        self.clock: Clock = clock or SystemClock()
+        self.namespace = namespace
+        self._default_ttl_ms = (
+            None if default_ttl is None else ttl_to_ms(default_ttl, "default_ttl")
+        )
+
+    @property
+    def default_ttl(self) -> float | None:
+        """The default TTL in seconds, or None."""
+        return None if self._default_ttl_ms is None else self._default_ttl_ms / 1000
+
+    def __repr__(self) -> str:
+        return f"Cache(namespace={self.namespace!r}, default_ttl={self.default_ttl!r})"
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _expiry(self, ttl: float | None, now: int) -> int | None:
+        ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)
+        return None if ttl_ms is None else now + ttl_ms
+
+    def _prepare(self, key: str, value: Any, ttl: float | None) -> tuple[str, int | None]:
+        """Validate key, TTL and value, and size-check the entry; nothing is sent."""
+        keys.validate_key(key, "cache key")
+        now = now_ms(self.clock)
+        expires = self._expiry(ttl, now)
+        encoded = codec.encode(value)
+        self._store.check_entry(key, encoded, expires)
+        return encoded, expires
+
+    def _sleep(self, delay: float, deadline: float | None = None) -> float:
+        """Sleep a fully jittered ``delay`` (never past ``deadline``); return the next delay."""
+        pause = random.uniform(0, delay)
+        if deadline is not None:
+            pause = min(pause, max(0.0, deadline - self.clock.monotonic()))
+        self.clock.sleep(pause)
+        return min(self.backoff_max, delay * 2)
+
+    # -- single keys ----------------------------------------------------------------------------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` when it is absent or expired (one read)."""
+        keys.validate_key(key, "cache key")
+        entry = self._store.get(key, now_ms(self.clock))
+        return default if entry is None else codec.decode(entry.encoded)
+
+    def has(self, key: str) -> bool:
+        """True if ``key`` holds a live entry (a stored None counts)."""
+        keys.validate_key(key, "cache key")
+        return self._store.get(key, now_ms(self.clock)) is not None
+
+    def set(self, key: str, value: Any, ttl: float | None = None) -> None:
+        """Store ``value`` under ``key`` for ``ttl`` seconds (default: the cache's default TTL).
+
+        Raises before anything is written: :class:`InvalidKeyError` for a bad key,
+        :class:`InvalidValueError` for a value the codec cannot store, :class:`ValueTooLargeError`
+        for an entry over the item limit, ``ValueError``/``TypeError`` for a bad ``ttl``.
+        """
+        encoded, expires = self._prepare(key, value, ttl)
+        self._store.set(key, encoded, expires)
+
+    def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
+        """Store ``value`` only if ``key`` is absent or expired (atomic); True if it was stored."""
+        encoded, expires = self._prepare(key, value, ttl)
+        return self._store.add(key, encoded, expires, now_ms(self.clock))
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; True if a live entry was removed."""
+        keys.validate_key(key, "cache key")
+        return self._store.delete(key, now_ms(self.clock))
+
+    def touch(self, key: str, ttl: float | None) -> bool:
+        """Give a live entry a new TTL from now (None: never expire); False if absent/expired."""
+        keys.validate_key(key, "cache key")
+        now = now_ms(self.clock)
+        expires = None if ttl is None else now + ttl_to_ms(ttl)
+        return self._store.touch(key, expires, now)
+
+    def incr(self, key: str, by: int = 1, *, ttl: float | None = None) -> int:
+        """Atomically add ``by`` to the integer under ``key`` and return the new value.
+
+        An absent or expired key starts from 0 (and gets ``ttl``, default: the cache's default
+        TTL); an existing counter keeps its expiry. A live non-integer value raises
+        :class:`InvalidValueError`. Integers are limited to 38 digits (DynamoDB's precision).
+        """
+        keys.validate_key(key, "cache key")
+        check_int(by, "by", minimum=-(10**38) + 1, maximum=10**38 - 1)
+        # Two steps because "add to the live counter" and "start a new counter from 0 on an
+        # expired one" are different writes, and a store cannot tell an expired item from a live
+        # one inside a single atomic ADD:
+        #   1. ADD to a live integer entry (one conditional write; the common case).
+        #   2. If it was absent or expired, create it with value ``by``, conditionally on it still
+        #      being absent or expired. If someone else created it between 1 and 2, the create
+        #      fails and we go back to 1, where our increment lands on top of theirs. No
+        #      increment is ever lost or applied twice.
+        for _ in range(_BATCH_ATTEMPTS):
+            now = now_ms(self.clock)
+            value = self._store.incr(key, by, now)
+            if value is not None:
+                return value
+            expires = self._expiry(ttl, now)
+            self._store.check_entry(key, codec.encode(by), expires)
+            if self._store.create_counter(key, by, expires, now):
+                return by
+        raise BackendError(
+            f"incr of cache key {key!r} kept racing with concurrent deletes/creates; giving up",
+            code="IncrContention",
+        )
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def _walk(self, pattern: str) -> Iterator[KeyPage]:
+        prefix = _literal_prefix(pattern)
+        for partition in range(self._store.partitions):
+            cursor: Any = None
+            while True:
+                page = self._store.keys_page(partition, prefix, now_ms(self.clock), cursor)
+                yield page
+                if page.cursor is None:
+                    break
+                cursor = page.cursor
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        """Live keys matching the glob ``pattern`` (``fnmatch`` rules, case-sensitive), sorted.
+
+        The literal prefix of the pattern (``"user:"`` in ``"user:*"``) is matched by the store
+        (DynamoDB: ``begins_with`` on gsi1, every shard, every page); the rest of the pattern is
+        applied here. On DynamoDB the index is eventually consistent: an entry written a moment
+        ago may be missing.
+        """
+        if not isinstance(pattern, str):
+            raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+        import fnmatch
+
+        full = pattern == "*"
+        found: list[str] = []
+        for page in self._walk(pattern):
+            found.extend(k for k in page.live if full or fnmatch.fnmatchcase(k, pattern))
+        return sorted(found)
+
+    def clear(self) -> int:
+        """Remove every entry of this namespace; return how many live entries were removed.
+
+        Expired entries still stored are removed too (not counted). Entries written while
+        ``clear`` runs may survive it.
+        """
+        removed = 0
+        for page in self._walk("*"):
+            batch = page.live + page.expired
+            if batch:
+                self._delete_keys(batch)
+            removed += len(page.live)
+        return removed
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def get_many(self, keys_: Iterable[str]) -> dict[str, Any]:
+        """The live entries among ``keys_`` as a dict (absent/expired keys are left out).
+
+        Consistent batch reads of ``max_batch_get`` keys (DynamoDB: 100) per request; keys the
+        store leaves unprocessed are resent with backoff.
+        """
+        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in keys_))
+        out: dict[str, Any] = {}
+        for chunk in _chunks(wanted, self._store.max_batch_get):
+            pending = chunk
+            delay = self.backoff_initial
+            for attempt in range(_BATCH_ATTEMPTS):
+                found, pending = self._store.get_batch(pending, now_ms(self.clock))
+                for k, entry in found.items():
+                    out[k] = codec.decode(entry.encoded)
+                if not pending:
+                    break
+                logger.debug("get_many: %d keys unprocessed (attempt %d)", len(pending), attempt)
+                delay = self._sleep(delay)
+            else:
+                raise BackendError(
+                    f"get_many: {len(pending)} keys stayed unprocessed after {_BATCH_ATTEMPTS} "
+                    "attempts (throttled?)",
+                    code="UnprocessedKeys",
+                )
+        return {k: out[k] for k in wanted if k in out}
+
+    def set_many(self, mapping: Mapping[str, Any], ttl: float | None = None) -> None:
+        """Store every (key, value) of ``mapping`` with the same TTL.
+
+        Every key and value is validated and size-checked before the first write; then batch
+        writes of ``max_batch_write`` entries (DynamoDB: 25) per request, unprocessed entries
+        resent with backoff. Not atomic as a whole: after a store error some entries may be
+        written and others not.
+        """
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"mapping must be a Mapping, got {type(mapping).__name__}")
+        now = now_ms(self.clock)
+        expires = self._expiry(ttl, now)
+        entries: list[tuple[str, str, int | None]] = []
+        for key, value in mapping.items():
+            keys.validate_key(key, "cache key")
+            encoded = codec.encode(value)
+            self._store.check_entry(key, encoded, expires)
+            entries.append((key, encoded, expires))
+        for chunk in _chunks(entries, self._store.max_batch_write):
+            pending = chunk
+            delay = self.backoff_initial
+            for _ in range(_BATCH_ATTEMPTS):
+                pending = self._store.set_batch(pending)
+                if not pending:
+                    break
+                delay = self._sleep(delay)
+            else:
+                raise BackendError(
+                    f"set_many: {len(pending)} entries stayed unprocessed after "
+                    f"{_BATCH_ATTEMPTS} attempts (throttled?)",
+                    code="UnprocessedItems",
+                )
+
+    def delete_many(self, keys_: Iterable[str]) -> None:
+        """Remove every key of ``keys_`` (batch deletes, unprocessed ones resent)."""
+        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in keys_))
+        self._delete_keys(wanted)
+
+    def _delete_keys(self, wanted: list[str]) -> None:
+        for chunk in _chunks(wanted, self._store.max_batch_write):
+            pending = chunk
+            delay = self.backoff_initial
+            for _ in range(_BATCH_ATTEMPTS):
+                pending = self._store.delete_batch(pending)
+                if not pending:
+                    break
+                delay = self._sleep(delay)
+            else:
+                raise BackendError(
+                    f"delete: {len(pending)} keys stayed unprocessed after {_BATCH_ATTEMPTS} "
+                    "attempts (throttled?)",
+                    code="UnprocessedItems",
+                )
+
+    # -- stampede protection --------------------------------------------------------------------
+
+    def get_or_set(
+        self,
+        key: str,
+        fn: Callable[[], Any],
+        ttl: float | None = None,
+        *,
+        lock_timeout: float = 10.0,
+    ) -> Any:
+        """The value of ``key``; on a miss, compute it with ``fn()``, store it and return it.
+
+        Stampede protection: on a miss the caller takes a short lock ``cache-fill:{key}`` (a
+        distributed lock in this cache's namespace, TTL ``lock_timeout``). Only the holder calls
+        ``fn``; every other caller, in any process, polls for the value with jittered backoff
+        instead of calling ``fn`` too. If the holder fails (``fn`` raised, the process died) the
+        lock is released or expires and one waiter takes it over.
+
+        Decision: a waiter does not wait forever. After ``lock_timeout`` seconds without a value
+        it calls ``fn`` itself and stores the result (liveness beats strict once-only when the
+        filler is stuck); this is logged at WARNING level. Pick a ``lock_timeout`` above the
+        normal run time of ``fn``.
+        """
+        keys.validate_key(key, "cache key")
+        lock_ttl_ms = ttl_to_ms(lock_timeout, "lock_timeout")
+        if ttl is not None:
+            ttl_to_ms(ttl)  # validate before calling fn
+        entry = self._store.get(key, now_ms(self.clock))
+        if entry is not None:
+            return codec.decode(entry.encoded)
+        if self._locks is None:  # a store without locks: no stampede protection
+            return self._fill(key, fn, ttl)
+        lock_key = f"cache-fill:{key}"
+        deadline = self.clock.monotonic() + lock_ttl_ms / 1000
+        delay = self.backoff_initial
+        while True:
+            lease = self._locks.acquire(lock_key, lock_ttl_ms / 1000)
+            if lease is not None:
+                try:
+                    # Re-check under the lock: the previous holder may have filled it between our
+                    # miss and our acquisition (without this, fn would run twice).
+                    entry = self._store.get(key, now_ms(self.clock))
+                    if entry is not None:
+                        return codec.decode(entry.encoded)
+                    return self._fill(key, fn, ttl)
+                finally:
+                    lease.release()
+            delay = self._sleep(delay, deadline)
+            entry = self._store.get(key, now_ms(self.clock))
+            if entry is not None:
+                return codec.decode(entry.encoded)
+            if self.clock.monotonic() >= deadline:
+                logger.warning(
+                    "get_or_set(%r): no value after waiting %.3fs for the filler; computing here",
+                    key,
+                    lock_ttl_ms / 1000,
+                )
+                return self._fill(key, fn, ttl)
+
+    def _fill(self, key: str, fn: Callable[[], Any], ttl: float | None) -> Any:
+        value = fn()
+        self.set(key, value, ttl)
+        return value
+
+    def cached(
+        self,
+        ttl: float | None = None,
+        key: str | Callable[..., str] | None = None,
+        *,
+        lock_timeout: float = 10.0,
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator: cache a function's result with :meth:`get_or_set` (stampede protected).
+
+        The cache key is, by default, ``"{module}.{qualname}:{digest}"`` where ``digest`` is a
+        SHA-256 of the call's arguments bound to the signature with defaults applied (so
+        ``f(1)`` and ``f(x=1)`` share an entry) and encoded with the codec, dict keys sorted: the
+        same call gives the same key in every process. Arguments the codec cannot encode (``self``
+        of a method, objects) raise :class:`InvalidValueError`; pass ``key`` then: a str (used as
+        the prefix instead of the qualified name, the arguments still hashed) or a callable that
+        takes the function's arguments and returns the whole key. The wrapper has
+        ``.cache_key(*args, **kwargs)`` and ``.invalidate(*args, **kwargs)``.
+        """
+        if ttl is not None:
+            ttl_to_ms(ttl)
+        ttl_to_ms(lock_timeout, "lock_timeout")
+        if key is not None and not (isinstance(key, str) or callable(key)):
+            raise TypeError(f"key must be a str, a callable or None, got {type(key).__name__}")
+        if isinstance(key, str):
+            keys.validate_key(key, "cache key")
+
+        def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+            signature = inspect.signature(fn)
+            prefix = key if isinstance(key, str) else f"{fn.__module__}.{fn.__qualname__}"
+
+            def cache_key(*args: Any, **kwargs: Any) -> str:
+                if callable(key):
+                    return keys.validate_key(key(*args, **kwargs), "cache key")
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                try:
+                    encoded = codec.encode(dict(bound.arguments))
+                except InvalidValueError as exc:
+                    raise InvalidValueError(
+                        f"cannot build a cache key for {prefix}: its arguments are not "
+                        f"encodable ({exc}); pass key=... to @cache.cached"
+                    ) from exc
+                canonical = json.dumps(json.loads(encoded), sort_keys=True, ensure_ascii=False)
+                digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+                return f"{prefix}:{digest}"
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> T:
+                k = cache_key(*args, **kwargs)
+                result: T = self.get_or_set(
+                    k, lambda: fn(*args, **kwargs), ttl, lock_timeout=lock_timeout
+                )
+                return result
+
+            def invalidate(*args: Any, **kwargs: Any) -> bool:
+                return self.delete(cache_key(*args, **kwargs))
+
+            wrapper.cache_key = cache_key  # type: ignore[attr-defined]
+            wrapper.invalidate = invalidate  # type: ignore[attr-defined]
+            return wrapper
+
+        return decorate
