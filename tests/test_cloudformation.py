@@ -243,14 +243,15 @@ def test_redeploy_without_changes_succeeds(aws: tuple[Any, Any]) -> None:
     assert second.outputs == first.outputs
     assert lines == ["stack dc-again is up to date"]
     # A real change is an update of the same stack and table.
-    third = deploy_stack(cfn, "dc-again", parameters={"ReadCapacity": 9}, poll_interval=0)
+    third = deploy_stack(cfn, "dc-again", parameters={"DeletionProtection": True}, poll_interval=0)
     assert third.changed is True
     assert third.status == "UPDATE_COMPLETE"
     assert third.outputs["TableName"] == first.outputs["TableName"]
     stack = cfn.describe_stacks(StackName="dc-again")["Stacks"][0]
     params = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
-    assert params["DeletionProtection"] == "false"
-    assert params["ReadCapacity"] == "9"
+    assert params["DeletionProtection"] == "true"
+    assert params["ReadCapacity"] == "5"  # kept
+    assert params["BillingMode"] == "PROVISIONED"  # kept
     table = ddb.describe_table(TableName=first.outputs["TableName"])["Table"]
     assert table["TableStatus"] == "ACTIVE"
 
