@@ -52,6 +52,17 @@ from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, Ide
 
 # [exports:outbox-transaction]
 # [exports:counters-runs]
+# isort: split
+from .counters import CounterItem, Counters, JoinResult
+from .errors import (
+    CounterTypeError,
+    JobQueueError,
+    JobSendError,
+    JoinMismatchError,
+    RunNotRunningError,
+)
+from .jobs import ConsumeStats, SQSJobQueue
+from .runs import ReconcileStats, Run, Runs, RunStatus
 
 if TYPE_CHECKING:
     from .backends.dynamodb import DynamoDBBackend
@@ -74,6 +85,10 @@ __all__ = [
     "ClaimResult",
     "Clock",
     "ConfigurationError",
+    "ConsumeStats",
+    "CounterItem",
+    "CounterTypeError",
+    "Counters",
     "DynacoordError",
     "DynamoDBBackend",
     "EventNotFoundError",
@@ -86,6 +101,10 @@ __all__ = [
     "IdempotencyValueError",
     "InvalidKeyError",
     "InvalidValueError",
+    "JobQueueError",
+    "JobSendError",
+    "JoinMismatchError",
+    "JoinResult",
     "Lease",
     "LockError",
     "LockInfo",
@@ -96,9 +115,15 @@ __all__ = [
     "ManualClock",
     "NotSupportedError",
     "OutboxError",
+    "ReconcileStats",
+    "Run",
     "RunError",
     "RunExistsError",
     "RunNotFoundError",
+    "RunNotRunningError",
+    "RunStatus",
+    "Runs",
+    "SQSJobQueue",
     "StackDeploymentError",
     "SystemClock",
     "TableNotReadyError",

@@ -1,0 +1,293 @@
+"""Coordination counters, set-if-absent flags and idempotent fan-in joins.
+
+The coordination store a queue-driven workflow engine keeps next to its queues: atomic counters
+(``increment``), flags that only the first writer sets (``set_if_absent``) and fan-in joins that
+count each member once however often it is redelivered (``join``). Policy lives here; a backend
+supplies a :class:`CounterStore` whose methods are one request each.
+
+Every item kind lives under the same key (``COUNTER#{ns}#{key}``), so one key holds either a
+counter, a flag or a join; using a key as another kind than it holds raises
+:class:`~dynacoord.errors.CounterTypeError`. An expired item (``now >= expires_at``) is absent for
+every operation, whether or not the store's TTL sweeper has removed it yet.
+
+Restarting an expired counter takes two conditional writes, and the second one is conditional so
+that racing callers never lose an increment::
+
+    A: add   (item live or absent?) -> no, expired
+    B: add   (item live or absent?) -> no, expired
+    A: restart (absent or expired?) -> yes: n = by_A, new expiry
+    B: restart (absent or expired?) -> no, A's restart made it live again
+    B: add   (item live or absent?) -> yes: n = by_A + by_B
+
+An unconditional restart would let B overwrite A's restart (n = by_B, A's increment lost); an
+unconditional add would continue counting from the stale value of the expired counter.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import codec, keys
+from ._clock import Clock, SystemClock, now_ms
+from ._validate import check_int, ttl_to_ms
+from .errors import BackendError, CounterTypeError, InvalidKeyError, JoinMismatchError
+
+__all__ = [
+    "MAX_JOIN_EXPECTED",
+    "MAX_JOIN_MEMBER_BYTES",
+    "CounterItem",
+    "CounterStore",
+    "Counters",
+    "JoinResult",
+    "WriteOutcome",
+]
+
+logger = logging.getLogger(__name__)
+
+#: A join keeps its member set in one item (DynamoDB: 400 KB), so it is bounded: at most this
+#: many distinct members, each at most :data:`MAX_JOIN_MEMBER_BYTES` of UTF-8 (256 KB in all).
+#: For a larger fan-in, count with :meth:`Counters.increment` and make each member idempotent.
+MAX_JOIN_EXPECTED = 2000
+MAX_JOIN_MEMBER_BYTES = 128
+
+#: How often an increment or join retries after finding the item expired and losing the restart
+#: race (each loss means another caller made the item live, so the next add succeeds unless the
+#: item expired again in between: only possible with TTLs of a few milliseconds).
+_MAX_RESTARTS = 8
+
+COUNTER = "counter"
+FLAG = "flag"
+JOIN = "join"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterItem:
+    """A live item under a counter key, as a store read it."""
+
+    kind: str
+    #: int for a counter and a join (its count), the decoded value for a flag
+    value: Any
+    expires_at_ms: int | None = None
+    #: joins only
+    expected: int | None = None
+    members: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """What one conditional write of a counter or join returned."""
+
+    ok: bool
+    #: the item after a successful write
+    item: CounterItem | None = None
+    #: the live item that made the condition fail; None when it failed on an expired item
+    current: CounterItem | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    """The state of a join after one arrival.
+
+    ``fired`` is True for exactly one caller: the one whose arrival completed the join. A repeated
+    arrival of a member that was already counted reports the current state with ``fired=False``.
+    """
+
+    count: int
+    complete: bool
+    fired: bool
+    expected: int = 0
+
+
+class CounterStore(Protocol):
+    """Storage for counters, flags and joins. Every method is one request to the store.
+
+    ``now_ms`` is the caller's clock; an item with ``expires_at_ms <= now_ms`` is absent.
+    ``ttl_ms`` None means "no expiry" on creation.
+    """
+
+    def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        """Add ``by`` to a live counter or create it at ``by``; fail on an expired or other item.
+
+        The expiry is set only when the counter has none (on creation, or ``ttl_ms`` given for a
+        counter created without one); a live counter keeps its expiry.
+        """
+        ...
+
+    def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        """Replace an absent or expired item with a counter at ``by``; fail on a live item."""
+        ...
+
+    def put_if_absent(
+        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+    ) -> bool:
+        """Create a counter (int ``value``) or a flag (codec-encodable ``value``) if absent or
+        expired."""
+        ...
+
+    def get(self, key: str, now_ms: int) -> CounterItem | None:
+        """The live item, read consistently."""
+        ...
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        """Delete the item; True if it was live."""
+        ...
+
+    def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
+        """Set the expiry of a live item to ``now + ttl``; False if missing or expired."""
+        ...
+
+    def join_add(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        """Add ``member`` to a live join (or create it); fail if the member is already in, the
+        join has another ``expected``, the item is another kind, or it expired."""
+        ...
+
+    def join_restart(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        """Replace an absent or expired item with a join holding only ``member``."""
+        ...
+
+
+class Counters:
+    """Counters, flags and joins over a :class:`CounterStore`. Reached as ``backend.counters``."""
+
+    def __init__(self, store: CounterStore, *, clock: Clock | None = None) -> None:
+        self._store = store
+        self.clock: Clock = clock or SystemClock()
+
+    # -- counters --------------------------------------------------------------------------------
+
+    def increment(self, key: str, by: int = 1, *, ttl: float | None = None) -> int:
+        """Add ``by`` (may be negative) atomically and return the new value.
+
+        A missing or expired counter starts from 0. ``ttl`` (seconds) applies when the counter is
+        created or restarted after expiry (and to a live counter that has no expiry yet); it does
+        not slide on later increments, so ``increment(key, ttl=60)`` counts in fixed windows. Use
+        :meth:`extend_ttl` to push an expiry. One request unless the counter has expired.
+        """
+        keys.validate_key(key, "counter key")
+        check_int(by, "by")
+        ttl_ms = None if ttl is None else ttl_to_ms(ttl)
+        now = now_ms(self.clock)
+        for _ in range(_MAX_RESTARTS):
+            outcome = self._store.add(key, by, ttl_ms, now)
+            if not outcome.ok:
+                self._refuse_other_kind(key, outcome.current, COUNTER)
+                # Expired: restart it, unless another caller restarted it first (then add again).
+                outcome = self._store.restart(key, by, ttl_ms, now)
+                if not outcome.ok:
+                    self._refuse_other_kind(key, outcome.current, COUNTER)
+                    continue
+                logger.debug("counter %r restarted after expiry", key)
+            assert outcome.item is not None
+            return int(outcome.item.value)
+        raise BackendError(  # pragma: no cover - needs an item expiring again on every attempt
+            f"counter {key!r} kept expiring while being incremented ({_MAX_RESTARTS} attempts)"
+        )
+
+    def set_if_absent(self, key: str, value: Any, *, ttl: float | None = None) -> bool:
+        """Store ``value`` unless the key holds a live item; True if this call stored it.
+
+        An expired item counts as absent. An int ``value`` creates a counter (so
+        ``set_if_absent(key, 0)`` followed by ``increment(key)`` works); any other
+        JSON-compatible value (str, bool, float, None, bytes, Decimal, list, dict) creates a flag.
+        """
+        keys.validate_key(key, "counter key")
+        ttl_ms = None if ttl is None else ttl_to_ms(ttl)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return self._store.put_if_absent(key, COUNTER, value, ttl_ms, now_ms(self.clock))
+        encoded = codec.encode(value)  # refuses unsupported values before anything is written
+        codec.check_item_size({"pk": key, "v": encoded}, key=key)
+        return self._store.put_if_absent(key, FLAG, value, ttl_ms, now_ms(self.clock))
+
+    def get(self, key: str) -> Any:
+        """The counter's int, the flag's value or the join's count; None if missing or expired."""
+        keys.validate_key(key, "counter key")
+        item = self._store.get(key, now_ms(self.clock))
+        return None if item is None else item.value
+
+    def item(self, key: str) -> CounterItem | None:
+        """The live item with its kind, expiry and (for joins) members, or None."""
+        keys.validate_key(key, "counter key")
+        return self._store.get(key, now_ms(self.clock))
+
+    def delete(self, key: str) -> bool:
+        """Delete a counter, flag or join; True if a live item was deleted."""
+        keys.validate_key(key, "counter key")
+        return self._store.delete(key, now_ms(self.clock))
+
+    def extend_ttl(self, key: str, ttl: float) -> bool:
+        """Set the expiry of a live item to now + ``ttl``; False if it is missing or expired."""
+        keys.validate_key(key, "counter key")
+        return self._store.extend(key, ttl_to_ms(ttl), now_ms(self.clock))
+
+    # -- joins -------------------------------------------------------------------------------------
+
+    def join(self, key: str, member: str, *, expected: int, ttl: float | None = None) -> JoinResult:
+        """Record that ``member`` arrived at the fan-in ``key`` that waits for ``expected`` members.
+
+        Idempotent per member: a redelivered arrival is counted once. ``fired`` is True for
+        exactly one caller, the one whose arrival made the count reach ``expected``; that caller
+        runs the continuation. Every caller must pass the same ``expected`` (the first arrival
+        stores it; a different value raises :class:`JoinMismatchError`). Extra distinct members
+        beyond ``expected`` are counted but never fire again. ``ttl`` applies from the first
+        arrival. Bounded by :data:`MAX_JOIN_EXPECTED` members of at most
+        :data:`MAX_JOIN_MEMBER_BYTES` bytes. One request unless the join has expired.
+        """
+        keys.validate_key(key, "join key")
+        check_int(expected, "expected", minimum=1, maximum=MAX_JOIN_EXPECTED)
+        if not isinstance(member, str) or not member:
+            raise InvalidKeyError("join member must be a non-empty str", key=member)
+        size = len(keys.validate_key(member, "join member").encode("utf-8"))
+        if size > MAX_JOIN_MEMBER_BYTES:
+            raise InvalidKeyError(
+                f"join member is {size} bytes, the limit is {MAX_JOIN_MEMBER_BYTES} bytes of UTF-8 "
+                "(the member set must fit in one item)",
+                key=member,
+            )
+        ttl_ms = None if ttl is None else ttl_to_ms(ttl)
+        now = now_ms(self.clock)
+        for _ in range(_MAX_RESTARTS):
+            outcome = self._store.join_add(key, member, expected, ttl_ms, now)
+            if outcome.ok:
+                assert outcome.item is not None
+                count = int(outcome.item.value)
+                # Exactly one add makes the count equal expected: the counts of successful adds
+                # are distinct (1, 2, 3, ...) because each add is atomic and counts a new member.
+                return JoinResult(count, count >= expected, count == expected, expected)
+            current = outcome.current
+            if current is not None:
+                self._refuse_other_kind(key, current, JOIN)
+                stored = current.expected if current.expected is not None else expected
+                if stored != expected:
+                    raise JoinMismatchError(
+                        f"join {key!r} was created with expected={stored}, this arrival says "
+                        f"expected={expected}",
+                        key=key,
+                        expected=expected,
+                        stored_expected=stored,
+                    )
+                if member in current.members:
+                    count = int(current.value)
+                    logger.debug("join %r: member %r arrived again", key, member)
+                    return JoinResult(count, count >= expected, False, expected)
+                continue  # pragma: no cover - the condition cannot fail otherwise
+            outcome = self._store.join_restart(key, member, expected, ttl_ms, now)
+            if outcome.ok:
+                logger.debug("join %r restarted after expiry", key)
+                return JoinResult(1, expected == 1, expected == 1, expected)
+            # Another arrival restarted it first: add to its join.
+        raise BackendError(  # pragma: no cover
+            f"join {key!r} kept expiring while being joined ({_MAX_RESTARTS} attempts)"
+        )
+
+    @staticmethod
+    def _refuse_other_kind(key: str, current: CounterItem | None, wanted: str) -> None:
+        if current is not None and current.kind != wanted:
+            raise CounterTypeError(
+                f"key {key!r} holds a {current.kind}, not a {wanted}", key=key, kind=current.kind
+            )
