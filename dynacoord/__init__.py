@@ -51,6 +51,12 @@ from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
 from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, IdempotencyStatus
 
 # [exports:outbox-transaction]
+# isort: split
+from .errors import DuplicateEventError, RelayError
+from .outbox import Event, EventRecord, EventStatus, Outbox, OutboxStats, OutboxWorker, RetryReport
+from .relays import EventBridgeRelay, SNSRelay, SQSRelay
+from .transaction import Transaction
+
 # [exports:counters-runs]
 # isort: split
 from .counters import CounterItem, Counters, JoinResult
@@ -89,9 +95,14 @@ __all__ = [
     "CounterItem",
     "CounterTypeError",
     "Counters",
+    "DuplicateEventError",
     "DynacoordError",
     "DynamoDBBackend",
+    "Event",
+    "EventBridgeRelay",
     "EventNotFoundError",
+    "EventRecord",
+    "EventStatus",
     "Idempotency",
     "IdempotencyError",
     "IdempotencyInProgressError",
@@ -114,8 +125,13 @@ __all__ = [
     "Locks",
     "ManualClock",
     "NotSupportedError",
+    "Outbox",
     "OutboxError",
+    "OutboxStats",
+    "OutboxWorker",
     "ReconcileStats",
+    "RelayError",
+    "RetryReport",
     "Run",
     "RunError",
     "RunExistsError",
@@ -123,10 +139,13 @@ __all__ = [
     "RunNotRunningError",
     "RunStatus",
     "Runs",
+    "SNSRelay",
     "SQSJobQueue",
+    "SQSRelay",
     "StackDeploymentError",
     "SystemClock",
     "TableNotReadyError",
+    "Transaction",
     "TransactionCancelledError",
     "TransactionTooLargeError",
     "ValueTooLargeError",

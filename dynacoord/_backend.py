@@ -76,6 +76,22 @@ class Backend(abc.ABC):
         raise NotSupportedError(f"{type(self).__name__} does not support idempotency")
 
     # [store-factories:outbox-transaction]
+    if TYPE_CHECKING:
+        from .outbox import Outbox, OutboxStore
+        from .transaction import Transaction
+
+    def _outbox_store(self, namespace: str) -> OutboxStore:
+        """The outbox store; backends without one raise NotSupportedError."""
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"the {self.kind} backend has no outbox")
+
+    def _begin_transaction(self, client_request_token: str | None) -> Transaction:
+        """A transaction collector; backends without multi-item transactions raise."""
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"the {self.kind} backend has no transactions")
+
     # [store-factories:counters-runs]
     if TYPE_CHECKING:
         from .counters import Counters, CounterStore
@@ -201,6 +217,24 @@ class Backend(abc.ABC):
 
 
     # [facade:outbox-transaction]
+    @property
+    def outbox(self) -> Outbox:
+        """The transactional outbox of this backend's namespace (publish, workers, management)."""
+        from .outbox import Outbox
+
+        with self._facade_lock:
+            existing: Outbox | None = self.__dict__.get("_outbox")
+            if existing is None:
+                existing = Outbox(self._outbox_store(self.namespace), clock=self.clock)
+                self.__dict__["_outbox"] = existing
+            return existing
+
+    def transaction(self, *, client_request_token: str | None = None) -> Transaction:
+        """``with backend.transaction() as tx:`` collects writes (``tx.put/update/delete/
+        condition_check`` on any table) and outbox events (``tx.publish``) and commits them in
+        one atomic write when the block ends; nothing is written if the block raises. See
+        :class:`dynacoord.transaction.Transaction`."""
+        return self._begin_transaction(client_request_token)
 
     # [facade:counters-runs]
     @property

@@ -123,6 +123,28 @@ class DynamoDBBackend(Backend):
         from ._ddb_idempotency import DynamoDBIdempotencyStore
 
     # [ddb-factories:outbox-transaction]
+    if TYPE_CHECKING:
+        from ..transaction import Transaction
+        from ._ddb_outbox import DynamoDBOutboxStore
+
+    def _outbox_store(self, namespace: str) -> DynamoDBOutboxStore:
+        from ._ddb_outbox import DynamoDBOutboxStore
+
+        return DynamoDBOutboxStore(self.table, namespace, shards=self.shards)
+
+    def _begin_transaction(self, client_request_token: str | None) -> Transaction:
+        from ..transaction import Transaction
+
+        if client_request_token is not None and (
+            not isinstance(client_request_token, str) or not 1 <= len(client_request_token) <= 36
+        ):
+            raise ConfigurationError(
+                f"client_request_token must be a str of 1 to 36 characters, got "
+                f"{client_request_token!r}"
+            )
+        return Transaction(
+            self.table, outbox=self.outbox, client_request_token=client_request_token
+        )
 
     # [ddb-factories:counters-runs]
     def _counter_store(self, namespace: str) -> DynamoDBCounterStore:
