@@ -2,8 +2,12 @@
 
 Key layout (DESIGN.md section 2): an item is a Redis hash named after its ``pk`` (single-item
 kinds) or ``{pk}|{sk}`` (checkpoints); what DynamoDB does with ``gsi1`` is done with sorted sets
-named after the ``gsi1pk`` string. Every field value is a string; numbers are written as decimal
-strings computed in Python (never by Lua ``tostring``, which rounds above 14 digits).
+named ``idx|{gsi1pk}`` (and ``idx|{pk}`` for a task's checkpoints by sequence). The ``idx|``
+prefix matters: item names start with a kind (``CACHE#``...) and contain user keys, so an index
+named by the bare ``gsi1pk`` (``CACHE#{ns}#0``) would collide with the item of cache key ``"0"``;
+nothing that starts with ``idx|`` can be an item. Every field value is a string; numbers are
+written as decimal strings computed in Python (never by Lua ``tostring``, which rounds above 14
+digits).
 
 Expiry: the truth is the ``expires_at_ms`` field compared with the caller's ``now_ms``, exactly
 as on DynamoDB. ``PEXPIRE`` is only garbage collection: it is set *relative* (remaining lifetime
@@ -23,7 +27,7 @@ from typing import Any
 
 from ..errors import BackendError
 
-__all__ = ["RedisConn", "as_int", "as_str", "item_key", "translate_errors"]
+__all__ = ["RedisConn", "as_int", "as_str", "index_key", "item_key", "translate_errors"]
 
 logger = logging.getLogger("dynacoord.backends.redis")
 
@@ -49,6 +53,11 @@ def as_int(value: Any, default: int = 0) -> int:
 def item_key(pk: str, sk: str | None = None) -> str:
     """The Redis key of an item: ``pk`` or ``pk|sk``."""
     return pk if sk is None else f"{pk}|{sk}"
+
+
+def index_key(name: str) -> str:
+    """The Redis key of the sorted set that plays the part of a gsi1 partition ``name``."""
+    return f"idx|{name}"
 
 
 @contextmanager

@@ -32,6 +32,8 @@ from ..errors import ConfigurationError
 from ._mongo import MongoCollection, translate_errors
 
 if TYPE_CHECKING:
+    from ..checkpoints import CheckpointStore
+    from ..idempotency import IdempotencyStore
     from ..locks import LockStore
 
 __all__ = ["INDEXES", "MongoBackend"]
@@ -114,3 +116,13 @@ class MongoBackend(Backend):
         from ._mongo_locks import MongoLockStore
 
         return MongoLockStore(self._ready(), namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _checkpoint_store(self, namespace: str) -> CheckpointStore:
+        from ._mongo_checkpoints import MongoCheckpointStore
+
+        return MongoCheckpointStore(self._ready(), namespace)
+
+    def _idempotency_store(self, namespace: str) -> IdempotencyStore:
+        from ._mongo_idempotency import MongoIdempotencyStore
+
+        return MongoIdempotencyStore(self._ready(), namespace)

@@ -33,6 +33,8 @@ from ..errors import ConfigurationError
 from ._redis import RedisConn
 
 if TYPE_CHECKING:
+    from ..checkpoints import CheckpointStore
+    from ..idempotency import IdempotencyStore
     from ..locks import LockStore
 
 __all__ = ["RedisBackend"]
@@ -77,3 +79,13 @@ class RedisBackend(Backend):
         from ._redis_locks import RedisLockStore
 
         return RedisLockStore(self.conn, namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _checkpoint_store(self, namespace: str) -> CheckpointStore:
+        from ._redis_checkpoints import RedisCheckpointStore
+
+        return RedisCheckpointStore(self.conn, namespace)
+
+    def _idempotency_store(self, namespace: str) -> IdempotencyStore:
+        from ._redis_idempotency import RedisIdempotencyStore
+
+        return RedisIdempotencyStore(self.conn, namespace)
