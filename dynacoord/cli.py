@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "checkpoints",
     # [cli:outbox]
     # [cli:counters-runs]
+    "counters",
+    "runs",
 )
 
 
