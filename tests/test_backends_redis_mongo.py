@@ -162,6 +162,49 @@ def test_redis_server_errors_become_backend_errors(redis_server):
     dead.close()
 
 
+def test_redis_cache_layout_and_listing_never_uses_keys(redis_client, redis_backend_factory):
+    backend = redis_backend_factory(namespace="cache-layout")
+    cache = backend.cache()
+    cache.set("0", "zero")  # the cache key "0" must not collide with the index of shard 0
+    cache.set("user:1", 5, ttl=60)
+    assert redis_client.hgetall("CACHE#cache-layout#user:1").keys() == {b"n", b"expires_at_ms"}
+    assert redis_client.type("idx|CACHE#cache-layout#0") == b"zset"
+    assert sorted(redis_client.zrange("idx|CACHE#cache-layout#0", 0, -1)) == [b"0", b"user:1"]
+    cache.set_many({f"k{i}": i for i in range(30)})
+    redis_client.config_resetstat()
+    assert len(cache.keys()) == 32
+    assert cache.keys("user:*") == ["user:1"]
+    assert cache.clear() == 32
+    stats = redis_client.info("commandstats")
+    assert "cmdstat_keys" not in stats  # never KEYS: it blocks the server on big keyspaces
+    assert "cmdstat_zrangebylex" in stats  # the sorted-set index is what lists
+    assert redis_client.exists("idx|CACHE#cache-layout#0") == 0
+
+
+def test_redis_cache_index_drops_entries_redis_expired(redis_client, redis_backend_factory):
+    backend = redis_backend_factory()
+    cache = backend.cache()
+    cache.set("a", 1)
+    cache.set("b", 2)
+    redis_client.delete(f"CACHE#{backend.namespace}#b")  # as PEXPIRE would
+    assert cache.keys() == ["a"]
+    assert redis_client.zrange(f"idx|CACHE#{backend.namespace}#0", 0, -1) == [b"a"]
+
+
+def test_redis_incr_beyond_64_bits_is_a_clear_error(redis_backend_factory):
+    from dynacoord import InvalidValueError
+
+    cache = redis_backend_factory().cache()
+    cache.set("big", 2**63 - 1)
+    with pytest.raises(InvalidValueError, match="64-bit"):
+        cache.incr("big")
+    assert cache.get("big") == 2**63 - 1
+    cache.set("huge", 2**70)  # stored as text: round-trips, but is not a counter
+    assert cache.get("huge") == 2**70
+    with pytest.raises(InvalidValueError):
+        cache.incr("huge")
+
+
 # -- MongoDB --------------------------------------------------------------------------------------
 
 
@@ -220,6 +263,22 @@ def test_mongo_expired_item_is_absent_whatever_the_ttl_monitor_did(any_mongo):
     clock.advance(2)
     again = backend.locks.acquire("stale", ttl=1, owner="c")
     assert again is not None and again.fence > new.fence
+
+
+def test_mongo_cache_document_and_listing(any_mongo):
+    make, database = any_mongo
+    backend = make()
+    cache = backend.cache()
+    cache.set("user:1", 5, ttl=60)
+    cache.set("user:2", "two")
+    cache.set("other", 1)
+    doc = database["dynacoord"].find_one({"pk": f"CACHE#{backend.namespace}#user:1"})
+    assert doc["sk"] == "CACHE"
+    assert doc["gsi1pk"] == f"CACHE#{backend.namespace}#0" and doc["gsi1sk"] == "user:1"
+    assert doc["n"] == 5 and "v" not in doc and "expires_at" in doc
+    assert cache.keys("user:*") == ["user:1", "user:2"]
+    assert cache.keys("us.r*") == []  # the prefix is matched literally, not as a regex
+    assert cache.clear() == 3
 
 
 def test_mongo_backend_rejects_bad_configuration(mongo_database):

@@ -32,6 +32,8 @@ from ..errors import ConfigurationError
 from ._mongo import MongoCollection, translate_errors
 
 if TYPE_CHECKING:
+    from ..breaker import BreakerStore
+    from ..cache import CacheStore
     from ..checkpoints import CheckpointStore
     from ..idempotency import IdempotencyStore
     from ..locks import LockStore
@@ -126,3 +128,13 @@ class MongoBackend(Backend):
         from ._mongo_idempotency import MongoIdempotencyStore
 
         return MongoIdempotencyStore(self._ready(), namespace)
+
+    def _cache_store(self, namespace: str) -> CacheStore:
+        from ._mongo_cache import MongoCacheStore
+
+        return MongoCacheStore(self._ready(), namespace, self.clock)
+
+    def _breaker_store(self, namespace: str) -> BreakerStore:
+        from ._mongo_breaker import MongoBreakerStore
+
+        return MongoBreakerStore(self._ready(), namespace)

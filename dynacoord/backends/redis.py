@@ -33,6 +33,8 @@ from ..errors import ConfigurationError
 from ._redis import RedisConn
 
 if TYPE_CHECKING:
+    from ..breaker import BreakerStore
+    from ..cache import CacheStore
     from ..checkpoints import CheckpointStore
     from ..idempotency import IdempotencyStore
     from ..locks import LockStore
@@ -89,3 +91,13 @@ class RedisBackend(Backend):
         from ._redis_idempotency import RedisIdempotencyStore
 
         return RedisIdempotencyStore(self.conn, namespace)
+
+    def _cache_store(self, namespace: str) -> CacheStore:
+        from ._redis_cache import RedisCacheStore
+
+        return RedisCacheStore(self.conn, namespace, self.clock)
+
+    def _breaker_store(self, namespace: str) -> BreakerStore:
+        from ._redis_breaker import RedisBreakerStore
+
+        return RedisBreakerStore(self.conn, namespace)
