@@ -1,9 +1,9 @@
 """Outbox delivery under real contention on Amazon DynamoDB Local.
 
 Four worker threads (500 events each on average) poll the same namespace while events are still
-being published: every event
-must be delivered exactly once (no worker crashes or overruns its lease here, so at-least-once
-must not produce duplicates), and nothing may be left pending, in flight or failed.
+being published: every event must be delivered exactly once (no worker crashes or overruns its
+lease here, so at-least-once must not produce duplicates), and nothing may be left pending, in
+flight or failed.
 """
 
 from __future__ import annotations
