@@ -164,6 +164,7 @@ class Backend(abc.ABC):
             ignore=ignore,
             on_transition=on_transition,
             clock=self.clock,
+            namespace=self.namespace,
         )
 
 

@@ -203,8 +203,11 @@ class CircuitBreaker:
         ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
         on_transition: TransitionCallback | None = None,
         clock: Clock | None = None,
+        namespace: str = "default",
     ) -> None:
-        self.name = keys.validate_key(name, "breaker name")
+        keys.breaker_key(namespace, name)  # empty, not a str, or too long: InvalidKeyError now
+        self.name: str = name
+        self.namespace = namespace
         self.failure_threshold = check_int(failure_threshold, "failure_threshold", minimum=1)
         self._reset_ms = ttl_to_ms(reset_timeout, "reset_timeout")
         self.success_threshold = check_int(success_threshold, "success_threshold", minimum=1)

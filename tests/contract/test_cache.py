@@ -1,0 +1,429 @@
+"""Cache contract: every backend must pass these unchanged (public API only)."""
+
+from __future__ import annotations
+
+import decimal
+import threading
+import time
+
+import pytest
+
+from dynacoord import InvalidKeyError, InvalidValueError, ManualClock, ValueTooLargeError
+from tests.conftest import needs_atomic_store
+
+ROUND_TRIP_VALUES = [
+    0,
+    -7,
+    12345678901234567890123456789012345678,  # 38 digits: the numeric limit
+    123456789012345678901234567890123456789012345,  # longer: still exact
+    1.5,
+    0.1,
+    -0.0,
+    True,
+    False,
+    None,
+    "",
+    "héllo ✓",
+    b"\x00\xffbytes",
+    decimal.Decimal("3.14159265358979323846264338327950288419"),
+    [1, "two", [3.0, None]],
+    {"a": {"b": [1, 2]}, "$b": "looks like a tag"},
+    {"$d": "1"},
+]
+
+
+@pytest.mark.parametrize("value", ROUND_TRIP_VALUES, ids=repr)
+def test_values_round_trip_exactly(make_backend, value):
+    cache = make_backend().cache()
+    cache.set("k", value)
+    got = cache.get("k", default="MISSING")
+    assert got == value
+    assert type(got) is type(value)
+    assert cache.get_many(["k"]) == {"k": value}
+    assert type(cache.get_many(["k"])["k"]) is type(value)
+
+
+def test_get_set_delete_has(make_backend):
+    cache = make_backend().cache()
+    assert cache.get("x") is None
+    assert cache.get("x", default=5) == 5
+    assert cache.has("x") is False
+    cache.set("x", {"n": 1})
+    assert cache.get("x") == {"n": 1}
+    assert cache.has("x")
+    cache.set("x", "replaced")
+    assert cache.get("x") == "replaced"
+    assert cache.delete("x") is True
+    assert cache.delete("x") is False
+    assert cache.get("x", default="gone") == "gone"
+
+
+def test_stored_none_is_a_hit(make_backend):
+    cache = make_backend().cache()
+    cache.set("none", None)
+    assert cache.has("none")
+    assert cache.get("none", default="d") is None
+    assert cache.get_or_set("none", lambda: pytest.fail("fn must not run on a hit")) is None
+
+
+def test_ttl_expiry_at_ms_scale(make_backend):
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache()
+    cache.set("t", "v", ttl=0.25)
+    clock.advance(0.249)
+    assert cache.get("t") == "v"
+    assert cache.has("t")
+    assert cache.keys() == ["t"]
+    assert cache.get_many(["t"]) == {"t": "v"}
+    clock.advance(0.001)  # now == expires_at: expired
+    assert cache.get("t", default="gone") == "gone"
+    assert not cache.has("t")
+    assert cache.keys() == []
+    assert cache.get_many(["t"]) == {}
+    assert cache.touch("t", 10) is False
+    assert cache.delete("t") is False  # an expired entry does not count as removed
+
+
+def test_default_ttl_and_explicit_ttl(make_backend):
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache(default_ttl=1)
+    cache.set("d", 1)
+    cache.set("long", 2, ttl=5)
+    clock.advance(1.0)
+    assert cache.get("d") is None
+    assert cache.get("long") == 2
+    forever = make_backend(clock=clock).cache()
+    forever.set("p", 3)
+    clock.advance(10 * 365 * 24 * 3600)
+    assert forever.get("p") == 3
+
+
+def test_add_is_set_if_absent_and_expired_counts_as_absent(make_backend):
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache()
+    assert cache.add("a", 1, ttl=1) is True
+    assert cache.add("a", 2, ttl=1) is False
+    assert cache.get("a") == 1
+    clock.advance(1)
+    assert cache.add("a", 3) is True
+    assert cache.get("a") == 3
+
+
+def test_add_races_exactly_one_wins(make_backend):
+    needs_atomic_store(make_backend)
+    cache = make_backend().cache()
+    barrier = threading.Barrier(8)
+    results: list[bool] = []
+
+    def contend(i):
+        barrier.wait()
+        results.append(cache.add("race", i))
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 1
+
+
+def test_touch(make_backend):
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache()
+    assert cache.touch("missing", 5) is False
+    cache.set("t", "v", ttl=1)
+    clock.advance(0.9)
+    assert cache.touch("t", 1) is True
+    clock.advance(0.9)
+    assert cache.get("t") == "v"  # would have expired without the touch
+    assert cache.touch("t", None) is True  # persist
+    clock.advance(1000)
+    assert cache.get("t") == "v"
+
+
+def test_incr(make_backend):
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache()
+    assert cache.incr("c") == 1
+    assert cache.incr("c", 5) == 6
+    assert cache.incr("c", -10) == -4
+    assert cache.get("c") == -4
+    assert type(cache.get("c")) is int
+    cache.set("s", 10, ttl=1)
+    assert cache.incr("s") == 11
+    clock.advance(0.5)
+    assert cache.incr("s") == 12  # keeps its expiry
+    clock.advance(0.5)
+    assert cache.get("s") is None
+    assert cache.incr("s") == 1  # an expired counter restarts from 0
+    assert cache.incr("new", 3, ttl=2) == 3
+    clock.advance(2)
+    assert cache.get("new") is None
+    listed = cache.keys()
+    assert "c" in listed and "s" in listed
+
+
+def test_incr_on_non_integer_raises(make_backend):
+    cache = make_backend().cache()
+    cache.set("str", "abc")
+    cache.set("float", 1.5)
+    cache.set("bool", True)
+    for key in ("str", "float", "bool"):
+        with pytest.raises(InvalidValueError):
+            cache.incr(key)
+    assert cache.get("str") == "abc" and cache.get("float") == 1.5 and cache.get("bool") is True
+    with pytest.raises(TypeError):
+        cache.incr("x", 1.5)
+    with pytest.raises(TypeError):
+        cache.incr("x", True)
+    assert not cache.has("x")
+
+
+def test_incr_from_8_threads_sums_exactly(make_backend):
+    needs_atomic_store(make_backend)
+    cache = make_backend().cache()
+    barrier = threading.Barrier(8)
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def bump():
+        barrier.wait()
+        for _ in range(10):
+            value = cache.incr("hits")
+            with lock:
+                results.append(value)
+
+    threads = [threading.Thread(target=bump) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache.get("hits") == 80
+    assert sorted(results) == list(range(1, 81))  # every increment saw a distinct value
+
+
+def test_keys_glob_and_prefix(make_backend):
+    cache = make_backend().cache()
+    cache.set_many({"user:1": 1, "user:2": 2, "user:10": 10, "order:1": "o", "u": 0, "User:3": 3})
+    assert cache.keys() == sorted(["user:1", "user:2", "user:10", "order:1", "u", "User:3"])
+    assert cache.keys("user:*") == ["user:1", "user:10", "user:2"]
+    assert cache.keys("user:?") == ["user:1", "user:2"]
+    assert cache.keys("*:1") == ["order:1", "user:1"]
+    assert cache.keys("[uU]ser:[13]*") == ["User:3", "user:1", "user:10"]
+    assert cache.keys("u") == ["u"]
+    assert cache.keys("nothing*") == []
+
+
+def test_keys_follows_every_page_over_1mb(make_backend):
+    # ~6 MB of entries: more than one 1 MB query page in every listing partition.
+    cache = make_backend().cache()
+    blob = "x" * 100_000
+    wanted = {f"big:{i:03d}": blob for i in range(60)}
+    cache.set_many(wanted)
+    cache.set("small", 1)
+    assert cache.keys("big:*") == sorted(wanted)
+    assert len(cache.keys()) == 61
+    assert cache.clear() == 61
+    assert cache.keys() == []
+
+
+def test_clear_more_than_25_items(make_backend):
+    clock = ManualClock()
+    backend = make_backend(clock=clock)
+    cache = backend.cache()
+    cache.set_many({f"k{i}": i for i in range(60)})
+    cache.set("short", 1, ttl=1)
+    other = backend.cache(namespace=backend.namespace + "-other")
+    other.set("k1", "kept")
+    clock.advance(1)  # "short" is expired: removed but not counted
+    assert cache.clear() == 60
+    assert cache.keys() == []
+    assert cache.get("k59") is None
+    assert other.get("k1") == "kept"  # another namespace is untouched
+    assert cache.clear() == 0
+
+
+def test_get_many_150_keys_and_set_many(make_backend):
+    cache = make_backend().cache()
+    mapping = {f"key-{i}": {"i": i} for i in range(150)}
+    cache.set_many(mapping)
+    wanted = [*mapping, "absent-1", "key-3", "absent-2"]  # duplicates and misses are fine
+    got = cache.get_many(wanted)
+    assert got == mapping
+    assert list(got) == list(mapping)  # in request order
+    cache.delete_many([f"key-{i}" for i in range(100)])
+    assert cache.get_many(mapping) == {f"key-{i}": {"i": i} for i in range(100, 150)}
+
+
+def test_set_many_ttl(make_backend):
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache()
+    cache.set_many({"a": 1, "b": 2}, ttl=0.5)
+    clock.advance(0.5)
+    assert cache.get_many(["a", "b"]) == {}
+
+
+def test_get_or_set_computes_once_and_then_hits(make_backend):
+    cache = make_backend().cache()
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"computed": True}
+
+    assert cache.get_or_set("gos", compute, ttl=30) == {"computed": True}
+    assert cache.get_or_set("gos", compute, ttl=30) == {"computed": True}
+    assert len(calls) == 1
+
+
+def test_get_or_set_error_is_not_cached(make_backend):
+    cache = make_backend().cache()
+
+    def boom():
+        raise RuntimeError("upstream down")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_set("err", boom)
+    assert not cache.has("err")
+    assert cache.get_or_set("err", lambda: 7) == 7  # the fill lock was released
+
+
+def test_stampede_8_threads_cold_key_call_fn_once(make_backend):
+    needs_atomic_store(make_backend)
+    cache = make_backend().cache()
+    barrier = threading.Barrier(8)
+    calls = []
+    results = []
+
+    def expensive():
+        calls.append(threading.get_ident())
+        time.sleep(0.3)
+        return "fresh"
+
+    def worker():
+        barrier.wait()
+        results.append(cache.get_or_set("cold", expensive, ttl=30, lock_timeout=10))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert results == ["fresh"] * 8
+
+
+def test_cached_decorator(make_backend):
+    cache = make_backend().cache()
+    calls = []
+
+    @cache.cached(ttl=30)
+    def price(item, qty=1, *, currency="EUR"):
+        calls.append((item, qty, currency))
+        return {"item": item, "total": qty * 2, "currency": currency}
+
+    first = price("apple", 2)
+    assert first == {"item": "apple", "total": 4, "currency": "EUR"}
+    assert price("apple", 2) == first
+    assert price("apple", qty=2) == first  # same bound arguments, same key
+    assert price(item="apple", qty=2, currency="EUR") == first
+    assert len(calls) == 1
+    price("apple", 3)
+    price("apple", 2, currency="USD")
+    assert len(calls) == 3
+    key = price.cache_key("apple", 2)
+    assert key.startswith(f"{price.__module__}.{price.__qualname__}:")
+    assert key == price.cache_key(item="apple", qty=2)
+    assert cache.get(key) == first
+    assert price.invalidate("apple", 2) is True
+    price("apple", 2)
+    assert len(calls) == 4
+
+
+def test_cached_custom_key_and_unencodable_args(make_backend):
+    cache = make_backend().cache()
+
+    @cache.cached(key=lambda user: f"profile:{user.name}")
+    def profile(user):
+        return {"name": user.name}
+
+    class User:
+        name = "ada"
+
+    assert profile(User()) == {"name": "ada"}
+    assert cache.get("profile:ada") == {"name": "ada"}
+
+    @cache.cached()
+    def plain(obj):
+        return 1
+
+    with pytest.raises(InvalidValueError, match="key="):
+        plain(object())
+
+
+def test_namespaces_isolate(make_backend):
+    backend = make_backend()
+    one = backend.cache(namespace=backend.namespace + "-one")
+    two = backend.cache(namespace=backend.namespace + "-two")
+    one.set("shared", 1)
+    two.set("shared", 2)
+    assert one.get("shared") == 1 and two.get("shared") == 2
+    assert one.keys() == ["shared"]
+
+
+def test_value_too_large_raises_before_writing(make_backend):
+    cache = make_backend().cache()
+    with pytest.raises(ValueTooLargeError) as err:
+        cache.set("huge", "x" * 500_000)
+    assert err.value.size > err.value.limit
+    assert not cache.has("huge")
+    with pytest.raises(ValueTooLargeError):
+        cache.set_many({"fine": 1, "huge": b"x" * 400_000})
+    assert cache.get_many(["fine", "huge"]) == {}  # nothing of the batch was written
+    with pytest.raises(ValueTooLargeError):
+        cache.add("huge", "x" * 500_000)
+    assert not cache.has("huge")
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda c: c.set("bad", object()), InvalidValueError),
+        (lambda c: c.set("bad", {1: "int key"}), InvalidValueError),
+        (lambda c: c.set("bad", float("nan")), InvalidValueError),
+        (lambda c: c.set("bad", {"s": {1, 2}}), InvalidValueError),
+        (lambda c: c.set("bad", 1, ttl=0), ValueError),
+        (lambda c: c.set("bad", 1, ttl=-1), ValueError),
+        (lambda c: c.set("bad", 1, ttl=float("inf")), ValueError),
+        (lambda c: c.set("bad", 1, ttl="5"), TypeError),
+        (lambda c: c.add("bad", 1, ttl=0), ValueError),
+        (lambda c: c.add("bad", object()), InvalidValueError),
+        (lambda c: c.set_many({"bad": 1, "other": object()}), InvalidValueError),
+        (lambda c: c.set_many({"bad": 1, "": 2}), InvalidKeyError),
+        (lambda c: c.set_many({"bad": 1}, ttl=0), ValueError),
+        (lambda c: c.touch("bad", 0), ValueError),
+        (lambda c: c.get_or_set("bad", lambda: 1, ttl=-1), ValueError),
+        (lambda c: c.get_or_set("bad", lambda: object()), InvalidValueError),
+        (lambda c: c.set("", 1), InvalidKeyError),
+        (lambda c: c.get(""), InvalidKeyError),
+        (lambda c: c.set(5, 1), InvalidKeyError),
+        (lambda c: c.set("x" * 3000, 1), InvalidKeyError),
+        (lambda c: c.incr(""), InvalidKeyError),
+        (lambda c: c.get_many(["ok", ""]), InvalidKeyError),
+    ],
+)
+def test_bad_input_raises_clearly_and_writes_nothing(make_backend, call, error):
+    cache = make_backend().cache()
+    with pytest.raises(error) as err:
+        call(cache)
+    assert str(err.value)  # a message, not a bare exception
+    assert cache.keys() == []
+    assert not cache.has("bad")
+
+
+def test_bad_default_ttl(make_backend):
+    backend = make_backend()
+    with pytest.raises(ValueError):
+        backend.cache(default_ttl=0)
+    with pytest.raises(InvalidKeyError):
+        backend.cache(namespace="has#hash")
