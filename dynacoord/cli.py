@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     # [cli:provision]
     "provision",
     # [cli:cache-breaker]
+    "cache",
+    "breaker",
     # [cli:checkpoints-idempotency]
     "checkpoints",
     # [cli:outbox]
