@@ -51,9 +51,16 @@ class DynamoDBOutboxStore:
         assert k.gsi1pk is not None and k.gsi1sk is not None
         return k.gsi1pk, k.gsi1sk
 
-    def _item(self, event: Event, now_ms: int) -> dict[str, Any]:
+    @staticmethod
+    def _publish_due(event: Event, now_ms: int) -> int:
+        # Due when it occurred (never later than now). The stored item then depends only on the
+        # event, not on the moment of publishing, so a retried TransactWriteItems with the same
+        # ClientRequestToken is the identical request DynamoDB recognises.
+        return min(event.occurred_at_ms, now_ms)
+
+    def _item(self, event: Event, due_ms: int) -> dict[str, Any]:
         k = outbox_key(
-            self._ns, event.id, status=EventStatus.PENDING.value, due_ms=now_ms, shards=self._shards
+            self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms, shards=self._shards
         )
         item: dict[str, Any] = {
             **k.as_dict(),
@@ -63,8 +70,7 @@ class DynamoDBOutboxStore:
             "occurred_at_ms": event.occurred_at_ms,
             "status": EventStatus.PENDING.value,
             "attempts": 0,
-            "due_ms": now_ms,
-            "updated_ms": now_ms,
+            "due_ms": due_ms,
         }
         if event.metadata:
             item["metadata"] = codec.encode(dict(event.metadata))
@@ -74,11 +80,14 @@ class DynamoDBOutboxStore:
         return item
 
     def _put(self, event: Event, now_ms: int) -> dict[str, Any]:
+        due = self._publish_due(event, now_ms)
         return {
             "TableName": self._table.name,
-            "Item": marshal(self._item(event, now_ms)),
+            "Item": marshal(self._item(event, due)),
+            # An expired completed event (retention over, not swept yet) counts as absent. ``due``
+            # (<= now) keeps the request independent of the publishing moment; see _publish_due.
             "ConditionExpression": _NEW_EVENT_CONDITION,
-            "ExpressionAttributeValues": values(now=now_ms),
+            "ExpressionAttributeValues": values(now=due),
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 

@@ -1,0 +1,223 @@
+"""``backend.transaction()``: business writes and outbox events in one TransactWriteItems.
+
+Runs on moto and on Amazon DynamoDB Local (a DynamoDB-only feature: not part of the contract
+suites that other backends run).
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dynacoord import (
+    DuplicateEventError,
+    DynamoDBBackend,
+    Event,
+    EventStatus,
+    InvalidValueError,
+    TransactionCancelledError,
+    TransactionTooLargeError,
+)
+from dynacoord.testing import unique_name
+
+
+def _create_orders(client: Any, name: str) -> None:
+    client.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    client.get_waiter("table_exists").wait(TableName=name)
+
+
+@pytest.fixture(params=["moto", "dynamodb"])
+def env(request: pytest.FixtureRequest) -> Iterator[tuple[DynamoDBBackend, Any, str]]:
+    """(backend, client, business table) on moto or DynamoDB Local."""
+    fixture = "moto_table" if request.param == "moto" else "ddb_table"
+    client, table = request.getfixturevalue(fixture)
+    orders = unique_name("orders")
+    _create_orders(client, orders)
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"))
+    backend.kind_for_tests = request.param  # type: ignore[attr-defined]
+    yield backend, client, orders
+    if request.param == "dynamodb":
+        client.delete_table(TableName=orders)
+
+
+def _order(client: Any, table: str, pk: str) -> dict[str, Any] | None:
+    item = client.get_item(TableName=table, Key={"pk": {"S": pk}}, ConsistentRead=True).get("Item")
+    if item is None:
+        return None
+    from boto3.dynamodb.types import TypeDeserializer
+
+    return {k: TypeDeserializer().deserialize(v) for k, v in item.items()}
+
+
+def test_business_write_and_event_commit_together(env):
+    backend, client, orders = env
+    event = Event("order.created", {"order": "o-1"})
+    with backend.transaction() as tx:
+        tx.put(orders, {"pk": "o-1", "total": decimal.Decimal("9.90"), "note": None})
+        ids = tx.publish(event)
+        assert len(tx) == 2
+    assert ids == [event.id]
+    assert tx.committed
+    assert _order(client, orders, "o-1") == {
+        "pk": "o-1",
+        "total": decimal.Decimal("9.90"),
+        "note": None,
+    }
+    assert backend.outbox.get(event.id).status is EventStatus.PENDING
+    received = []
+    assert backend.outbox.worker(received.append).run_once() == 1
+    assert [e.payload for e in received] == [{"order": "o-1"}]
+
+
+def test_block_that_raises_writes_nothing(env):
+    backend, client, orders = env
+    event = Event("order.created", {"order": "o-2"})
+    with pytest.raises(RuntimeError, match="business rule"):
+        with backend.transaction() as tx:
+            tx.put(orders, {"pk": "o-2"})
+            backend.outbox.publish(event, tx=tx)
+            raise RuntimeError("business rule violated")
+    assert not tx.committed
+    assert _order(client, orders, "o-2") is None
+    assert backend.outbox.get(event.id) is None
+    assert backend.outbox.stats().pending == 0
+    with pytest.raises(RuntimeError):
+        tx.put(orders, {"pk": "late"})  # a finished transaction takes nothing more
+
+
+def test_cancelled_transaction_reports_per_item_reasons(env):
+    backend, client, orders = env
+    client.put_item(TableName=orders, Item={"pk": {"S": "o-3"}, "state": {"S": "paid"}})
+    event = Event("order.created", {"order": "o-3"})
+    with pytest.raises(TransactionCancelledError) as info:
+        with backend.transaction() as tx:
+            tx.put(orders, {"pk": "o-3", "state": "new"}, condition="attribute_not_exists(pk)")
+            tx.publish(event)
+    assert not isinstance(info.value, DuplicateEventError)
+    reasons = info.value.reasons
+    assert len(reasons) == 2
+    assert reasons[0]["Code"] == "ConditionalCheckFailed"
+    assert reasons[0]["Operation"] == f"put into {orders!r}"
+    assert reasons[1]["Code"] == "None"
+    assert "ConditionalCheckFailed" in str(info.value)
+    assert _order(client, orders, "o-3") == {"pk": "o-3", "state": "paid"}
+    assert backend.outbox.get(event.id) is None
+
+
+def test_101st_item_raises_while_collecting_and_nothing_is_written(env):
+    backend, client, orders = env
+    with pytest.raises(TransactionTooLargeError) as info:
+        with backend.transaction() as tx:
+            for i in range(99):
+                tx.put(orders, {"pk": f"bulk-{i}"})
+            with pytest.raises(TransactionTooLargeError):
+                tx.publish([Event("t", 1), Event("t", 2)])  # would be 101: neither is added
+            assert len(tx) == 99
+            tx.publish(Event("t", 0, id="the-100th"))
+            tx.put(orders, {"pk": "bulk-100"})  # the 101st
+    assert info.value.size == 101 and info.value.limit == 100
+    assert _order(client, orders, "bulk-0") is None
+    assert backend.outbox.get("the-100th") is None
+
+
+def test_exactly_100_items_commit(env):
+    backend, client, orders = env
+    with backend.transaction() as tx:
+        for i in range(50):
+            tx.put(orders, {"pk": f"hundred-{i}"})
+        tx.publish([Event("t", i) for i in range(50)])
+    assert _order(client, orders, "hundred-49") is not None
+    assert backend.outbox.stats().pending == 50
+
+
+def test_update_delete_and_condition_check(env):
+    backend, client, orders = env
+    client.put_item(TableName=orders, Item={"pk": {"S": "stock"}, "qty": {"N": "5"}})
+    client.put_item(TableName=orders, Item={"pk": {"S": "cart"}})
+    client.put_item(TableName=orders, Item={"pk": {"S": "flag"}, "open": {"BOOL": True}})
+    with backend.transaction() as tx:
+        tx.update(
+            orders,
+            {"pk": "stock"},
+            "SET qty = qty - :n",
+            condition="qty >= :n",
+            values={":n": 2},
+        )
+        tx.delete(orders, {"pk": "cart"}, condition="attribute_exists(pk)")
+        tx.condition_check(
+            orders, {"pk": "flag"}, "#o = :yes", names={"#o": "open"}, values={":yes": True}
+        )
+        tx.publish(Event("stock.reserved", {"qty": 2}))
+    assert _order(client, orders, "stock")["qty"] == 3
+    assert _order(client, orders, "cart") is None
+    # A false condition check cancels everything, the update included.
+    with pytest.raises(TransactionCancelledError) as info:
+        with backend.transaction() as tx:
+            tx.update(orders, {"pk": "stock"}, "SET qty = qty - :n", values={":n": 1})
+            tx.condition_check(
+                orders, {"pk": "flag"}, "#o = :no", names={"#o": "open"}, values={":no": False}
+            )
+    assert [r["Code"] for r in info.value.reasons] == ["None", "ConditionalCheckFailed"]
+    assert info.value.reasons[1]["Operation"] == f"condition check in {orders!r}"
+    assert _order(client, orders, "stock")["qty"] == 3
+
+
+def test_duplicate_event_id_cancels_the_transaction(env):
+    backend, client, orders = env
+    backend.outbox.publish(Event("t", 1, id="dup"))
+    with pytest.raises(DuplicateEventError) as info:
+        with backend.transaction() as tx:
+            tx.put(orders, {"pk": "o-dup"})
+            tx.publish(Event("t", 1, id="dup"))
+    assert info.value.event_ids == ["dup"]
+    assert isinstance(info.value, TransactionCancelledError)
+    assert _order(client, orders, "o-dup") is None
+
+
+def test_bad_input_fails_at_the_line_that_adds_it(env):
+    backend, _, orders = env
+    tx = backend.transaction()
+    with pytest.raises(InvalidValueError, match="Decimal"):
+        tx.put(orders, {"pk": "f", "price": 1.5})
+    with pytest.raises(InvalidValueError):
+        tx.put("", {"pk": "x"})
+    with pytest.raises(InvalidValueError):
+        tx.put(orders, {})
+    with pytest.raises(InvalidValueError):
+        tx.update(orders, {"pk": "x"}, "SET a = :a", values={"a": 1})  # placeholder without ':'
+    with pytest.raises(InvalidValueError):
+        tx.condition_check(orders, {"pk": "x"}, "a = :a", names={"a": "b"})
+    assert len(tx) == 0
+
+
+def test_empty_transaction_commits_without_a_request(env):
+    backend, _, _ = env
+    with backend.transaction() as tx:
+        pass
+    assert tx.committed and len(tx) == 0
+
+
+def test_client_request_token_makes_a_retried_commit_idempotent(env):
+    backend, client, orders = env
+    if backend.kind_for_tests == "moto":  # type: ignore[attr-defined]
+        pytest.skip("moto ignores ClientRequestToken")
+    client.put_item(TableName=orders, Item={"pk": {"S": "counter"}, "n": {"N": "0"}})
+    event = Event("counted", {}, id="counted-42")
+
+    def bump() -> None:
+        with backend.transaction(client_request_token="order-42-attempt") as tx:
+            tx.update(orders, {"pk": "counter"}, "ADD n :one", values={":one": 1})
+            tx.publish(event)
+
+    bump()
+    bump()  # the same request again within 10 minutes: DynamoDB does not apply it twice
+    assert _order(client, orders, "counter")["n"] == 1
+    assert backend.outbox.stats().pending == 1
