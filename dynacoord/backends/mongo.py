@@ -35,8 +35,10 @@ if TYPE_CHECKING:
     from ..breaker import BreakerStore
     from ..cache import CacheStore
     from ..checkpoints import CheckpointStore
+    from ..counters import CounterStore
     from ..idempotency import IdempotencyStore
     from ..locks import LockStore
+    from ..runs import RunStore
 
 __all__ = ["INDEXES", "MongoBackend"]
 
@@ -138,3 +140,13 @@ class MongoBackend(Backend):
         from ._mongo_breaker import MongoBreakerStore
 
         return MongoBreakerStore(self._ready(), namespace)
+
+    def _counter_store(self, namespace: str) -> CounterStore:
+        from ._mongo_counters import MongoCounterStore
+
+        return MongoCounterStore(self._ready(), namespace)
+
+    def _run_store(self, namespace: str) -> RunStore:
+        from ._mongo_runs import MongoRunStore
+
+        return MongoRunStore(self._ready(), namespace)

@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from ..breaker import BreakerStore
     from ..cache import CacheStore
     from ..checkpoints import CheckpointStore
+    from ..counters import CounterStore
     from ..idempotency import IdempotencyStore
     from ..locks import LockStore
+    from ..runs import RunStore
 
 __all__ = ["RedisBackend"]
 
@@ -101,3 +103,13 @@ class RedisBackend(Backend):
         from ._redis_breaker import RedisBreakerStore
 
         return RedisBreakerStore(self.conn, namespace)
+
+    def _counter_store(self, namespace: str) -> CounterStore:
+        from ._redis_counters import RedisCounterStore
+
+        return RedisCounterStore(self.conn, namespace)
+
+    def _run_store(self, namespace: str) -> RunStore:
+        from ._redis_runs import RedisRunStore
+
+        return RedisRunStore(self.conn, namespace)
