@@ -30,7 +30,9 @@ def ttl_to_ms(value: Any, name: str = "ttl") -> int:
         raise ValueError(
             f"{name} must be at most {MAX_TTL_SECONDS} seconds (10 years), got {value!r}"
         )
-    return max(1, math.ceil(seconds * 1000))
+    # round() first: 2.007 * 1000 is 2007.0000000000002 in binary floating point, and a bare ceil
+    # would turn a 2007 ms TTL into 2008 ms.
+    return max(1, math.ceil(round(seconds * 1000, 6)))
 
 
 def non_negative_seconds(value: Any, name: str) -> float:

@@ -1,0 +1,43 @@
+"""Shared helpers of the reliability suite (model-based tests, stress, faults, hostile input, skew).
+
+Hypothesis settings: every test here builds its settings with :func:`hsettings`, which is
+derandomized under ``CI=true`` (the same examples every run, no example database) and random
+otherwise, always without deadlines (DynamoDB Local answers in milliseconds but boto3's CPU cost
+varies on busy machines).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+CI = os.environ.get("CI", "").lower() == "true"
+
+
+def hsettings(**kwargs: Any) -> settings:
+    """Hypothesis settings for this suite: no deadline, derandomized in CI."""
+    kwargs.setdefault("deadline", None)
+    kwargs.setdefault("derandomize", CI)
+    kwargs.setdefault(
+        "suppress_health_check",
+        [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+    )
+    if kwargs["derandomize"]:
+        kwargs.setdefault("database", None)
+    return settings(**kwargs)
+
+
+def scan_all(client: Any, table: str) -> list[dict[str, Any]]:
+    """Every item of ``table`` (all pages), sorted, for before/after comparisons."""
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
+    while True:
+        page = client.scan(**kwargs)
+        items.extend(page.get("Items", []))
+        last = page.get("LastEvaluatedKey")
+        if not last:
+            break
+        kwargs["ExclusiveStartKey"] = last
+    return sorted(items, key=lambda item: (item["pk"]["S"], item["sk"]["S"]))
