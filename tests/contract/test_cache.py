@@ -427,3 +427,54 @@ def test_bad_default_ttl(make_backend):
         backend.cache(default_ttl=0)
     with pytest.raises(InvalidKeyError):
         backend.cache(namespace="has#hash")
+
+
+class _HalfProcessed:
+    """Wraps a backend's cache store: the first batch request of each kind processes only half
+    of its items and reports the rest unprocessed, as DynamoDB does under throttling."""
+
+    def __init__(self, store):
+        self._store = store
+        self.calls = {"get": [], "set": [], "delete": []}
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def get_batch(self, keys, now_ms):
+        self.calls["get"].append(len(keys))
+        if len(self.calls["get"]) == 1:
+            found, left = self._store.get_batch(keys[: len(keys) // 2], now_ms)
+            return found, left + keys[len(keys) // 2 :]
+        return self._store.get_batch(keys, now_ms)
+
+    def set_batch(self, entries):
+        self.calls["set"].append(len(entries))
+        if len(self.calls["set"]) == 1:
+            return self._store.set_batch(entries[:10]) + entries[10:]
+        return self._store.set_batch(entries)
+
+    def delete_batch(self, keys):
+        self.calls["delete"].append(len(keys))
+        if len(self.calls["delete"]) == 1:
+            return self._store.delete_batch(keys[:10]) + keys[10:]
+        return self._store.delete_batch(keys)
+
+
+def test_unprocessed_batch_items_are_resent(make_backend):
+    from dynacoord.cache import Cache
+
+    clock = ManualClock()
+    backend = make_backend(clock=clock)
+    store = _HalfProcessed(backend._cache_store(backend.namespace))
+    cache = Cache(store, clock=clock, namespace=backend.namespace)
+    write, read = store.max_batch_write, store.max_batch_get
+    n = write + 5  # two write batches; the first leaves all but 10 of its entries unprocessed
+    mapping = {f"u{i}": i for i in range(n)}
+    cache.set_many(mapping)
+    assert store.calls["set"] == [write, write - 10, 5]  # the leftovers were resent
+    assert cache.get_many(mapping) == mapping
+    first_get = min(n, read)
+    assert store.calls["get"][:2] == [first_get, first_get - first_get // 2]
+    cache.delete_many(list(mapping))
+    assert store.calls["delete"] == [write, write - 10, 5]
+    assert backend.cache().get_many(mapping) == {}
