@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     # [cli:checkpoints-idempotency]
     "checkpoints",
     # [cli:outbox]
+    "outbox",
     # [cli:counters-runs]
     "counters",
     "runs",

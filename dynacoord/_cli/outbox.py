@@ -1,0 +1,172 @@
+"""``dynacoord outbox stats|failed|pending|show|retry|work``."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+from typing import Any
+
+from .common import Context, UsageError, add_command
+
+
+def register(subparsers: Any) -> None:
+    group = subparsers.add_parser("outbox", help="inspect the outbox, retry failed events, work")
+    sub = group.add_subparsers(dest="outbox_command", required=True, metavar="COMMAND")
+
+    add_command(sub, "stats", _stats, "count pending (and due), in-flight and failed events")
+
+    failed = add_command(sub, "failed", _failed, "list failed events, oldest failure first")
+    failed.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+
+    pending = add_command(sub, "pending", _pending, "list pending events, earliest due first")
+    pending.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    pending.add_argument("--due", action="store_true", help="only events due now")
+
+    show = add_command(sub, "show", _show, "show one event and its delivery state")
+    show.add_argument("event_id")
+
+    retry = add_command(
+        sub, "retry", _retry, "put failed events back to pending (unknown ids are reported)"
+    )
+    retry.add_argument("event_ids", nargs="+", metavar="EVENT_ID")
+
+    work = add_command(
+        sub,
+        "work",
+        _work,
+        "deliver due events to handlers or a relay; loops until SIGINT/SIGTERM unless --once",
+    )
+    work.add_argument("--once", action="store_true", help="one poll, then exit (cron, Lambda)")
+    work.add_argument(
+        "--handler",
+        dest="handler_specs",
+        action="append",
+        default=[],
+        metavar="[TYPE=]MODULE:FUNCTION",
+        help="a handler to import; TYPE= limits it to one event type (repeatable)",
+    )
+    work.add_argument("--sqs-queue-url", help="relay every event to this SQS queue")
+    work.add_argument("--sns-topic-arn", help="relay every event to this SNS topic")
+    work.add_argument("--event-bus", help="relay every event to this EventBridge bus")
+    work.add_argument("--event-source", default="dynacoord", help="EventBridge source")
+    work.add_argument("--batch-size", type=int, default=25)
+    work.add_argument("--lease", type=float, default=30.0, help="claim lease in seconds")
+    work.add_argument("--max-attempts", type=int, default=5)
+    work.add_argument("--poll-interval", type=float, default=1.0)
+    work.add_argument("--on-missing-handler", choices=("fail", "retry", "skip"), default="fail")
+
+
+def _stats(ctx: Context) -> Any:
+    return ctx.backend().outbox.stats().as_dict()
+
+
+def _failed(ctx: Context) -> Any:
+    return [r.as_dict() for r in ctx.backend().outbox.failed(limit=ctx.args.limit)]
+
+
+def _pending(ctx: Context) -> Any:
+    outbox = ctx.backend().outbox
+    return [r.as_dict() for r in outbox.pending(limit=ctx.args.limit, due_only=ctx.args.due)]
+
+
+def _show(ctx: Context) -> Any:
+    record = ctx.backend().outbox.get(ctx.args.event_id)
+    if record is None:
+        raise LookupError(f"no event {ctx.args.event_id!r} (never published, or expired)")
+    return record.as_dict()
+
+
+def _retry(ctx: Context) -> Any:
+    report = ctx.backend().outbox.retry_report(ctx.args.event_ids)
+    if report.not_found or report.not_failed:
+        parts = [f"retried {len(report.retried)}"]
+        if report.not_found:
+            parts.append(f"not found: {', '.join(report.not_found)}")
+        if report.not_failed:
+            parts.append(f"not failed: {', '.join(report.not_failed)}")
+        raise RuntimeError("; ".join(parts))
+    return {"retried": report.retried}
+
+
+def _import(spec: str) -> Any:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"--handler needs MODULE:FUNCTION, got {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot import handler {spec!r}: {exc}") from exc
+    if not callable(target):
+        raise UsageError(f"handler {spec!r} is not callable")
+    return target
+
+
+def _handlers(ctx: Context) -> Any:
+    args = ctx.args
+    relays: list[Any] = []
+    if args.sqs_queue_url:
+        from ..relays import SQSRelay
+
+        relays.append(SQSRelay(ctx.client("sqs"), args.sqs_queue_url))
+    if args.sns_topic_arn:
+        from ..relays import SNSRelay
+
+        relays.append(SNSRelay(ctx.client("sns"), args.sns_topic_arn))
+    if args.event_bus:
+        from ..relays import EventBridgeRelay
+
+        relays.append(
+            EventBridgeRelay(ctx.client("events"), args.event_bus, source=args.event_source)
+        )
+    if len(relays) + (1 if args.handler_specs else 0) != 1:
+        raise UsageError(
+            "give either --handler (repeatable) or exactly one of --sqs-queue-url, "
+            "--sns-topic-arn, --event-bus"
+        )
+    if relays:
+        return relays[0]
+    mapping: dict[str, Any] = {}
+    for spec in args.handler_specs:
+        event_type, sep, target = spec.partition("=")
+        if not sep:
+            event_type, target = "*", spec
+        if event_type in mapping:
+            raise UsageError(f"two handlers for event type {event_type!r}")
+        mapping[event_type] = _import(target)
+    return mapping
+
+
+def _work(ctx: Context) -> Any:
+    args = ctx.args
+    handlers = _handlers(ctx)
+    worker = ctx.backend().outbox.worker(
+        handlers,
+        batch_size=args.batch_size,
+        lease=args.lease,
+        max_attempts=args.max_attempts,
+        poll_interval=args.poll_interval,
+        on_missing_handler=args.on_missing_handler,
+    )
+    if args.once:
+        handled = worker.run_once()
+    else:
+        ctx.progress(f"{worker.name}: working (SIGINT/SIGTERM to stop after the current event)")
+        previous = {
+            sig: signal.signal(sig, lambda signum, frame: worker.stop())
+            for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            worker.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        handled = worker.delivered + worker.retried + worker.failed + worker.lost
+    return {
+        "handled": handled,
+        "delivered": worker.delivered,
+        "retried": worker.retried,
+        "failed": worker.failed,
+        "lost_leases": worker.lost,
+    }

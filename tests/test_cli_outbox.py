@@ -1,0 +1,123 @@
+"""``dynacoord outbox stats|failed|pending|show|retry|work`` through ``main`` on DynamoDB Local."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dynacoord import DynamoDBBackend, Event
+from dynacoord.cli import main
+from dynacoord.testing import DynamoDBLocal, unique_name
+
+#: events seen by the importable handlers below (``--handler tests.test_cli_outbox:record``)
+RECEIVED: list[Event] = []
+
+
+def record(event: Event) -> None:
+    RECEIVED.append(event)
+
+
+def explode(event: Event) -> None:
+    raise RuntimeError(f"cannot handle {event.id}")
+
+
+@pytest.fixture()
+def env(
+    ddb_table: tuple[Any, str], dynamodb_local: DynamoDBLocal, capsys: pytest.CaptureFixture[str]
+) -> Any:
+    """(run, outbox): run the CLI in a fresh namespace; the outbox of that namespace."""
+    client, table = ddb_table
+    namespace = unique_name("cli")
+    base = [
+        "--endpoint-url",
+        dynamodb_local.endpoint_url,
+        "--region",
+        "us-east-1",
+        "--table",
+        table,
+        "--namespace",
+        namespace,
+    ]
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main([*base, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    RECEIVED.clear()
+    return run, DynamoDBBackend(client, table_name=table, namespace=namespace).outbox
+
+
+def test_stats_work_once_and_show(env):
+    run, outbox = env
+    outbox.publish([Event("a", 1, id="c1"), Event("b", 2, id="c2")])
+    code, out, _ = run("--json", "outbox", "stats")
+    assert code == 0
+    assert json.loads(out) == {"pending": 2, "due": 2, "in_flight": 0, "failed": 0}
+    code, out, _ = run("--json", "outbox", "pending")
+    assert code == 0 and sorted(e["id"] for e in json.loads(out)) == ["c1", "c2"]
+
+    code, out, _ = run(
+        "--json", "outbox", "work", "--once", "--handler", "a=tests.test_cli_outbox:record"
+    )
+    assert code == 0
+    result = json.loads(out)
+    # c1 delivered; c2 has no handler: failed by the default policy
+    assert result["handled"] == 2 and result["delivered"] == 1 and result["failed"] == 1
+    assert [e.id for e in RECEIVED] == ["c1"]
+
+    code, out, _ = run("--json", "outbox", "show", "c1")
+    assert code == 0 and json.loads(out)["status"] == "completed"
+    code, _, err = run("outbox", "show", "nope")
+    assert code == 1 and "no event 'nope'" in err
+
+
+def test_failed_and_retry(env):
+    run, outbox = env
+    outbox.publish(Event("x", {"k": 1}, id="f1"))
+    code, _, _ = run(
+        "outbox",
+        "work",
+        "--once",
+        "--max-attempts",
+        "1",
+        "--handler",
+        "tests.test_cli_outbox:explode",
+    )
+    assert code == 0
+    code, out, _ = run("--json", "outbox", "failed")
+    failed = json.loads(out)
+    assert [f["id"] for f in failed] == ["f1"]
+    assert "cannot handle f1" in failed[0]["last_error"]
+
+    code, _, err = run("outbox", "retry", "f1", "ghost")
+    assert code == 1
+    assert "retried 1" in err and "not found: ghost" in err
+    assert outbox.get("ghost") is None
+    code, out, _ = run("--json", "outbox", "stats")
+    assert json.loads(out)["pending"] == 1
+    code, out, _ = run("outbox", "work", "--once", "--handler", "tests.test_cli_outbox:record")
+    assert code == 0 and [e.id for e in RECEIVED] == ["f1"]
+    code, out, _ = run("--json", "outbox", "retry", "f1")
+    assert code == 1  # completed now: not failed, left alone
+
+
+def test_work_usage_errors(env):
+    run, _ = env
+    assert run("outbox", "work", "--once")[0] == 2  # no handler and no relay
+    code, _, err = run("outbox", "work", "--once", "--handler", "no_such_module_xyz:f")
+    assert code == 2 and "cannot import handler" in err
+    code, _, _ = run(
+        "outbox",
+        "work",
+        "--once",
+        "--handler",
+        "tests.test_cli_outbox:record",
+        "--sqs-queue-url",
+        "https://example/q",
+    )
+    assert code == 2
+    assert run("outbox", "work", "--once", "--handler", "missing-colon")[0] == 2
