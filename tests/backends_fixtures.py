@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Contract modules (tests/contract/test_<name>.py) that run on Redis and MongoDB.
-IMPLEMENTED = {"locks", "checkpoints", "idempotency", "cache", "breaker", "counters", "runs"}
+IMPLEMENTED = {"locks", "checkpoints", "idempotency", "cache", "breaker", "counters", "runs", "outbox"}
 
 #: Kinds appended to the contract parametrization: mongo = mongomock, mongodb = MONGODB_URI.
 EXTRA_CONTRACT_BACKENDS = [

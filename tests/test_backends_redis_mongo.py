@@ -342,3 +342,56 @@ def test_8_threads_on_one_lock_exclude_each_other_with_increasing_fences(
     assert violations == []
     assert len(fences) == THREADS * ROUNDS
     assert all(a < b for a, b in zip(fences, fences[1:]))
+
+
+# -- transactions and the remaining layouts -------------------------------------------------------
+
+
+@pytest.fixture(params=["redis", "mongo", *REAL_MONGO])
+def any_backend_factory(request):
+    return request.getfixturevalue(f"{request.param}_backend_factory")
+
+
+def test_transaction_is_refused_clearly_never_a_silent_fallback(any_backend_factory):
+    from dynacoord import NotSupportedError
+    from dynacoord.outbox import Event
+
+    backend = any_backend_factory()
+    with pytest.raises(NotSupportedError, match="DynamoDB-only"):
+        with backend.transaction():
+            pytest.fail("the block must not run")  # pragma: no cover
+    # The outbox itself works: a multi-event publish is all or nothing.
+    outbox = backend.outbox
+    outbox.publish(Event("t", 1, id="e-1"))
+    from dynacoord.errors import DuplicateEventError
+
+    with pytest.raises(DuplicateEventError):
+        outbox.publish([Event("t", 2, id="e-2"), Event("t", "other", id="e-1")])
+    assert outbox.get("e-2") is None
+    assert outbox.get("e-1").event.payload == 1
+
+
+def test_redis_outbox_and_runs_use_lex_sorted_status_indexes(redis_client, redis_backend_factory):
+    from dynacoord.outbox import Event
+
+    clock = ManualClock(1_700_000_000.0)
+    backend = redis_backend_factory(clock=clock, namespace="idx-layout")
+    backend.outbox.publish(Event("t", 1, id="ev", occurred_at=1_700_000_000.0))
+    assert redis_client.zrange("idx|OUTBOX#idx-layout#pending#0", 0, -1) == [b"001700000000000#ev"]
+    assert redis_client.hget("OUTBOX#idx-layout#ev", "status") == b"pending"
+    backend.runs.start("run-1")
+    assert redis_client.zrange("idx|RUN#idx-layout#running", 0, -1) == [b"001700000000000#run-1"]
+    clock.advance(1)
+    backend.runs.complete("run-1", result={"ok": True})
+    assert redis_client.exists("idx|RUN#idx-layout#running") == 0
+    assert redis_client.zrange("idx|RUN#idx-layout#completed", 0, -1) == [b"001700000001000#run-1"]
+
+
+def test_mongo_run_context_field_names_with_dots_and_dollars_round_trip(any_mongo):
+    make, _database = any_mongo
+    runs = make().runs
+    context = {"a.b": 1, "$where": 2, "50%": 3, "%2E": 4}
+    runs.start("r", context=context)
+    assert runs.get("r").context == context
+    runs.patch("r", set={"x.y": 5}, remove=["a.b"])
+    assert runs.get("r").context == {"$where": 2, "50%": 3, "%2E": 4, "x.y": 5}

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from .._backend import Backend
 from .._clock import Clock
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, NotSupportedError
 from ._mongo import MongoCollection, translate_errors
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from ..counters import CounterStore
     from ..idempotency import IdempotencyStore
     from ..locks import LockStore
+    from ..outbox import OutboxStore
     from ..runs import RunStore
+    from ..transaction import Transaction
 
 __all__ = ["INDEXES", "MongoBackend"]
 
@@ -150,3 +152,15 @@ class MongoBackend(Backend):
         from ._mongo_runs import MongoRunStore
 
         return MongoRunStore(self._ready(), namespace)
+
+    def _outbox_store(self, namespace: str) -> OutboxStore:
+        from ._mongo_outbox import MongoOutboxStore
+
+        return MongoOutboxStore(self._ready(), namespace)
+
+    def _begin_transaction(self, client_request_token: str | None) -> Transaction:
+        # Never a silent non-atomic fallback: refuse clearly instead.
+        raise NotSupportedError(
+            "backend.transaction() is DynamoDB-only: "
+            "the collector commits DynamoDB TransactWriteItems (writes to other DynamoDB tables with DynamoDB condition expressions), which have no MongoDB equivalent; use a pymongo session transaction for your own documents and backend.outbox.publish() for events"
+        )

@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from .._backend import Backend
 from .._clock import Clock
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, NotSupportedError
 from ._redis import RedisConn
 
 if TYPE_CHECKING:
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from ..counters import CounterStore
     from ..idempotency import IdempotencyStore
     from ..locks import LockStore
+    from ..outbox import OutboxStore
     from ..runs import RunStore
+    from ..transaction import Transaction
 
 __all__ = ["RedisBackend"]
 
@@ -113,3 +115,15 @@ class RedisBackend(Backend):
         from ._redis_runs import RedisRunStore
 
         return RedisRunStore(self.conn, namespace)
+
+    def _outbox_store(self, namespace: str) -> OutboxStore:
+        from ._redis_outbox import RedisOutboxStore
+
+        return RedisOutboxStore(self.conn, namespace)
+
+    def _begin_transaction(self, client_request_token: str | None) -> Transaction:
+        # Never a silent non-atomic fallback: refuse clearly instead.
+        raise NotSupportedError(
+            "backend.transaction() is DynamoDB-only: "
+            "a Redis MULTI/EXEC cannot carry DynamoDB's conditional writes to other tables, and Lua scripts are not a general transaction API; publish events with backend.outbox.publish() (one atomic script for the whole batch)"
+        )
