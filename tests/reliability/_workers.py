@@ -1,0 +1,142 @@
+"""Worker functions of the multi-process stress and fault tests.
+
+They run in child processes started with the ``spawn`` context, so they must be importable
+top-level functions that build their own boto3 client (nothing is inherited from the parent
+except the arguments).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from dynacoord.testing import DUMMY_CREDENTIALS
+
+
+def make_backend(endpoint: str, table: str, namespace: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    from dynacoord.backends.dynamodb import DynamoDBBackend
+
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint,
+        config=Config(retries={"max_attempts": 8, "mode": "standard"}),
+        **DUMMY_CREDENTIALS,
+    )
+    return DynamoDBBackend(client, table_name=table, namespace=namespace)
+
+
+def lock_worker(
+    endpoint: str,
+    table: str,
+    namespace: str,
+    lock_keys: list[str],
+    rounds: int,
+    inside: dict[str, Any],
+    last_fence: dict[str, Any],
+    violations: Any,
+    sections: Any,
+    barrier: Any,
+) -> None:
+    """Take the locks ``rounds`` times; inside each critical section check that nobody else is in
+    it (a shared per-key counter) and that the fence is above every earlier fence of the key."""
+    locks = make_backend(endpoint, table, namespace).locks
+    owner = f"proc-{os.getpid()}"
+    barrier.wait()
+    for i in range(rounds):
+        key = lock_keys[(i + os.getpid()) % len(lock_keys)]
+        lease = locks.acquire(key, ttl=15, owner=owner, timeout=60)
+        if lease is None:
+            with violations.get_lock():
+                violations.value += 1000  # starvation is a failure too
+            continue
+        with inside[key].get_lock():
+            inside[key].value += 1
+            if inside[key].value != 1:
+                with violations.get_lock():
+                    violations.value += 1
+        with last_fence[key].get_lock():
+            if lease.fence <= last_fence[key].value:
+                with violations.get_lock():
+                    violations.value += 1
+            last_fence[key].value = lease.fence
+        time.sleep(0.001)  # widen the window an overlap would need
+        with inside[key].get_lock():
+            inside[key].value -= 1
+        with sections.get_lock():
+            sections.value += 1
+        if not lease.release():
+            with violations.get_lock():
+                violations.value += 1
+
+
+def outbox_worker(
+    endpoint: str,
+    table: str,
+    namespace: str,
+    total: int,
+    delivered: Any,
+    results: Any,
+    barrier: Any,
+    deadline_s: float,
+) -> None:
+    """Deliver events until ``total`` deliveries were counted by all workers together; put the
+    ids this process handled on ``results``."""
+    outbox = make_backend(endpoint, table, namespace).outbox
+    seen: list[str] = []
+
+    def handle(event: Any) -> None:
+        seen.append(event.id)
+        with delivered.get_lock():
+            delivered.value += 1
+
+    worker = outbox.worker(handle, batch_size=25, lease=60, heartbeat=False, poll_interval=0.05)
+    barrier.wait()
+    deadline = time.monotonic() + deadline_s
+    while delivered.value < total and time.monotonic() < deadline:
+        if worker.run_once() == 0:
+            time.sleep(0.05)
+    results.put((os.getpid(), seen))
+
+
+def idempotency_worker(
+    endpoint: str,
+    table: str,
+    namespace: str,
+    idem_keys: list[str],
+    runs: dict[str, Any],
+    results: Any,
+    barrier: Any,
+) -> None:
+    """Call one idempotent function for every key (racing the other processes); count body runs
+    in ``runs`` and put (pid, {key: result}) on ``results``."""
+    backend = make_backend(endpoint, table, namespace)
+    pid = os.getpid()
+
+    @backend.idempotent(key=lambda k: k, in_progress_ttl=30, wait=True, wait_timeout=60)
+    def body(k: str) -> str:
+        with runs[k].get_lock():
+            runs[k].value += 1
+        time.sleep(0.005)
+        return f"{k}:{pid}"
+
+    got: dict[str, str] = {}
+    barrier.wait()
+    order = idem_keys if pid % 2 else list(reversed(idem_keys))
+    for k in order:
+        got[k] = body(k)
+    results.put((pid, got))
+
+
+def outbox_victim(endpoint: str, table: str, namespace: str, started: Any) -> None:
+    """Claim one event and hang in its handler until killed (SIGKILL from the parent)."""
+    outbox = make_backend(endpoint, table, namespace).outbox
+
+    def hang(event: Any) -> None:
+        started.set()
+        time.sleep(600)
+
+    outbox.worker(hang, lease=2, heartbeat=False, batch_size=1).run_once()

@@ -1,0 +1,166 @@
+"""Separate processes (spawn) against the session's DynamoDB Local: locks, outbox, idempotency.
+
+``make test`` runs short versions; ``make stress`` (``-m stress``) runs the long ones. Processes,
+not threads: each has its own boto3 client, connection pool and GIL, like real service instances.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from dynacoord.outbox import Event
+from dynacoord.testing import DynamoDBLocal, unique_name
+from tests.reliability import _workers
+
+PROCESSES = 4
+CTX = multiprocessing.get_context("spawn")
+
+
+def _run(target: Any, args_for: Any) -> list[Any]:
+    procs = [CTX.Process(target=target, args=args_for(i), daemon=True) for i in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def _join(procs: list[Any], timeout: float) -> None:
+    for p in procs:
+        p.join(timeout)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+        p.join()
+    assert not alive, f"{len(alive)} worker processes did not finish in time"
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+def _collect(results: Any, procs: list[Any], timeout: float) -> list[Any]:
+    out = []
+    for _ in procs:
+        try:
+            out.append(results.get(timeout=timeout))
+        except queue.Empty:
+            break
+    return out
+
+
+def _locks(endpoint: str, table: str, lock_keys: list[str], rounds: int) -> None:
+    namespace = unique_name("stress")
+    inside = {k: CTX.Value("i", 0) for k in lock_keys}
+    last_fence = {k: CTX.Value("q", 0) for k in lock_keys}
+    violations = CTX.Value("i", 0)
+    sections = CTX.Value("i", 0)
+    barrier = CTX.Barrier(PROCESSES)
+    procs = _run(
+        _workers.lock_worker,
+        lambda i: (
+            endpoint,
+            table,
+            namespace,
+            lock_keys,
+            rounds,
+            inside,
+            last_fence,
+            violations,
+            sections,
+            barrier,
+        ),
+    )
+    _join(procs, timeout=240)
+    assert violations.value == 0, "overlapping critical sections or non-increasing fences"
+    assert sections.value == PROCESSES * rounds
+    assert all(v.value == 0 for v in inside.values())
+
+
+def _outbox(endpoint: str, table: str, client: Any, total: int) -> None:
+    from dynacoord.backends.dynamodb import DynamoDBBackend
+
+    namespace = unique_name("stress")
+    outbox = DynamoDBBackend(client, table_name=table, namespace=namespace).outbox
+    published: list[str] = []
+    for start in range(0, total, 100):
+        published += outbox.publish([Event("stress", i) for i in range(start, start + 100)])
+    assert outbox.stats().pending == total
+    delivered = CTX.Value("i", 0)
+    results = CTX.Queue()
+    barrier = CTX.Barrier(PROCESSES)
+    deadline = 60 + total * 0.05
+    procs = _run(
+        _workers.outbox_worker,
+        lambda i: (endpoint, table, namespace, total, delivered, results, barrier, deadline),
+    )
+    per_process = _collect(results, procs, timeout=deadline + 60)
+    _join(procs, timeout=30)
+    counts = Counter(event_id for _, ids in per_process for event_id in ids)
+    duplicates = {k: n for k, n in counts.items() if n > 1}
+    assert duplicates == {}, f"{len(duplicates)} events delivered more than once"
+    assert set(counts) == set(published), "some events were never delivered"
+    assert len([1 for _, ids in per_process if ids]) >= 2, "only one process did the work"
+    stats = outbox.stats()
+    assert (stats.pending, stats.in_flight, stats.failed) == (0, 0, 0)
+
+
+def _idempotency(endpoint: str, table: str, n_keys: int) -> None:
+    namespace = unique_name("stress")
+    idem_keys = [f"order-{i}" for i in range(n_keys)]
+    runs = {k: CTX.Value("i", 0) for k in idem_keys}
+    results = CTX.Queue()
+    barrier = CTX.Barrier(PROCESSES)
+    procs = _run(
+        _workers.idempotency_worker,
+        lambda i: (endpoint, table, namespace, idem_keys, runs, results, barrier),
+    )
+    per_process = _collect(results, procs, timeout=240)
+    _join(procs, timeout=30)
+    assert len(per_process) == PROCESSES
+    assert {k: v.value for k, v in runs.items()} == dict.fromkeys(idem_keys, 1)
+    for k in idem_keys:
+        answers = {got[k] for _, got in per_process}
+        assert len(answers) == 1, f"processes saw different results for {k!r}: {answers}"
+
+
+@pytest.mark.integration
+def test_4_processes_locks_no_overlap_fences_increase(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+) -> None:
+    _locks(dynamodb_local.endpoint_url, ddb_table[1], ["p0", "p1"], rounds=15)
+
+
+@pytest.mark.stress
+def test_stress_4_processes_locks(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+) -> None:
+    _locks(dynamodb_local.endpoint_url, ddb_table[1], ["s0", "s1", "s2"], rounds=250)
+
+
+@pytest.mark.integration
+def test_4_processes_outbox_each_event_once(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+) -> None:
+    _outbox(dynamodb_local.endpoint_url, ddb_table[1], ddb_table[0], total=300)
+
+
+@pytest.mark.stress
+def test_stress_4_processes_outbox_5000_events(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+) -> None:
+    _outbox(dynamodb_local.endpoint_url, ddb_table[1], ddb_table[0], total=5000)
+
+
+@pytest.mark.integration
+def test_4_processes_idempotency_body_runs_once_per_key(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+) -> None:
+    _idempotency(dynamodb_local.endpoint_url, ddb_table[1], n_keys=10)
+
+
+@pytest.mark.stress
+def test_stress_4_processes_idempotency(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+) -> None:
+    _idempotency(dynamodb_local.endpoint_url, ddb_table[1], n_keys=200)
