@@ -478,3 +478,31 @@ def test_unprocessed_batch_items_are_resent(make_backend):
     cache.delete_many(list(mapping))
     assert store.calls["delete"] == [write, write - 10, 5]
     assert backend.cache().get_many(mapping) == {}
+
+
+def test_get_or_set_waiter_takes_over_when_the_filler_dies(make_backend):
+    clock = ManualClock()  # the waiter's backoff sleeps advance it: no real waiting
+    backend = make_backend(clock=clock)
+    cache = backend.cache()
+    # Another process took the fill lock (documented name) and died: it expires after 0.5 s.
+    assert backend.locks.acquire("cache-fill:k", ttl=0.5, owner="dead-filler") is not None
+    start = clock.monotonic()
+    calls = []
+    assert cache.get_or_set("k", lambda: calls.append(1) or "v", lock_timeout=5) == "v"
+    assert calls == [1]
+    assert 0.5 <= clock.monotonic() - start < 5  # took over when the lock expired, not later
+    assert cache.get("k") == "v"
+    assert backend.locks.get("cache-fill:k") is None  # released after filling
+
+
+def test_get_or_set_waiter_computes_itself_after_lock_timeout(make_backend):
+    clock = ManualClock()
+    backend = make_backend(clock=clock)
+    cache = backend.cache()
+    # A live filler that is stuck: it holds the lock far longer than the waiter's lock_timeout.
+    assert backend.locks.acquire("cache-fill:k", ttl=100, owner="stuck-filler") is not None
+    start = clock.monotonic()
+    assert cache.get_or_set("k", lambda: "mine", lock_timeout=2) == "mine"
+    assert clock.monotonic() - start == pytest.approx(2, abs=0.01)
+    assert cache.get("k") == "mine"
+    assert backend.locks.get("cache-fill:k").owner == "stuck-filler"  # never stolen
