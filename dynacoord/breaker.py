@@ -401,7 +401,9 @@ class CircuitBreaker:
         record = self._store.get(self.name)
         now = now_ms(self.clock)
         retry_after: float | None = None
-        if record.state is not State.CLOSED:
+        if record.state is State.HALF_OPEN and record.trial_calls < self.half_open_max_calls:
+            retry_after = 0.0  # a trial slot is free now
+        elif record.state is not State.CLOSED:
             retry_after = self._open_error(record, now).retry_after
         return BreakerStatus(
             name=self.name,

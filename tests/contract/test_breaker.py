@@ -123,7 +123,10 @@ def test_success_threshold_and_several_trial_slots(make_backend):
     clock.advance(5)
     with breaker:
         assert breaker.state is HALF_OPEN
+        assert breaker.status().retry_after == 0  # one of the two slots is still free
         with breaker:  # the second slot
+            assert breaker.status().trial_calls == 2
+            assert breaker.status().retry_after == pytest.approx(5)
             with pytest.raises(CircuitOpenError):
                 breaker.call(lambda: "third")  # both slots taken
         assert breaker.state is HALF_OPEN  # one success of the two needed
