@@ -55,6 +55,7 @@ stress: dev dynamodb-local redis-server
 	$(BIN)/python -m pytest -m stress $(PYTEST_ARGS)
 
 bench: dev dynamodb-local redis-server
+	$(BIN)/pip install --quiet -e '.[dev,redis,mongo,bench]'
 	$(BIN)/python -m bench
 
 clean:

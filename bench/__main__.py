@@ -1,0 +1,40 @@
+"""``python -m bench [--scale full|tiny] [--out DIR] [--only SECTION ...]``"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import FULL, RESULTS_DIR, SECTIONS, TINY, run_all
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--scale", choices=("full", "tiny"), default="full")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where REPORT.md goes")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # the peers log every lock at INFO; keep the console to the bench's own progress
+    for noisy in ("python_dynamodb_lock", "aws_lambda_powertools", "botocore", "pybreaker"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    command = "python -m bench" + ("" if args.scale == "full" else f" --scale {args.scale}")
+    if args.only != list(SECTIONS):
+        command += " --only " + " ".join(args.only)
+    results = run_all(
+        FULL if args.scale == "full" else TINY,
+        out_dir=args.out,
+        sections=args.only,
+        command="make bench" if command == "python -m bench" else command,
+    )
+    failed = [k for k, v in results["sections"].items() if v.get("status") == "error"]
+    print(f"report: {args.out / 'REPORT.md'} ({results['meta']['duration_s']} s)")
+    if failed:
+        print(f"sections with errors: {', '.join(failed)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""Section 5: import time and first-operation latency (cold start).
+
+Import time comes from ``python -X importtime`` in fresh subprocesses (median of several runs): the
+cumulative microseconds of the top-level ``dynacoord`` import versus ``boto3`` alone, and the
+cost of the first use of the DynamoDB backend (which is when dynacoord loads boto3).
+
+First-operation latency is measured in a fresh subprocess too: import, client creation, the first
+lock acquire (which pays botocore's lazy loading of the service model) and a second one, against
+the same steps done with raw boto3 (``update_item`` of the same shape).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from ._harness import BenchEnv, unique
+
+__all__ = ["parse_importtime", "run"]
+
+IMPORT_CASES = {
+    "import dynacoord": ("import dynacoord", "dynacoord"),
+    "import boto3": ("import boto3", "boto3"),
+    "import dynacoord + DynamoDBBackend (loads boto3)": (
+        "import dynacoord; dynacoord.DynamoDBBackend",
+        "dynacoord",
+    ),
+}
+
+
+def parse_importtime(stderr: str, package: str) -> tuple[float, list[str]]:
+    """Cumulative import time (ms) of the top-level entries of ``package`` and its submodules.
+
+    ``-X importtime`` prints ``import time: self | cumulative | name`` with the name indented by
+    nesting depth; a module imported lazily later (``dynacoord.backends.dynamodb`` on first use)
+    is its own top-level entry, so all top-level entries of the package are added up. Also returns
+    the names of the heaviest nested modules (for the report).
+    """
+    total_us = 0
+    nested: list[tuple[int, str]] = []
+    children: list[tuple[int, str]] = []  # direct children seen since the last top-level entry
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        parts = line[len("import time:") :].split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        cumulative = int(parts[1].strip())
+        raw_name = parts[2].rstrip()
+        name = raw_name.strip()
+        depth = len(raw_name) - len(raw_name.lstrip())
+        if depth > 1:  # importtime prints children before their parent
+            if depth <= 3:
+                children.append((cumulative, name))
+            continue
+        if name == package or name.startswith(package + "."):
+            total_us += cumulative
+            nested.extend(children)
+        children = []
+    nested.sort(reverse=True)
+    return total_us / 1000, [name for _, name in nested[:3]]
+
+
+def _import_times(runs: int) -> list[dict[str, Any]]:
+    rows = []
+    env = dict(os.environ)
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    for label, (code, package) in IMPORT_CASES.items():
+        values: list[float] = []
+        heaviest: list[str] = []
+        for _ in range(runs):
+            done = subprocess.run(
+                [sys.executable, "-X", "importtime", "-c", code],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+                check=True,
+            )
+            ms, heaviest = parse_importtime(done.stderr, package)
+            values.append(ms)
+        rows.append(
+            {
+                "case": label,
+                "code": code,
+                "runs": runs,
+                "median_ms": round(statistics.median(values), 2),
+                "min_ms": round(min(values), 2),
+                "heaviest_children": heaviest,
+            }
+        )
+    return rows
+
+
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+mode, endpoint, table, ns = sys.argv[1:5]
+creds = dict(aws_access_key_id="dynacoord", aws_secret_access_key="dynacoord", region_name="us-east-1")
+if mode == "dynacoord":
+    import dynacoord
+    from dynacoord import DynamoDBBackend
+    import boto3
+else:
+    import boto3
+t1 = time.perf_counter()
+client = boto3.client("dynamodb", endpoint_url=endpoint, **creds)
+if mode == "dynacoord":
+    locks = DynamoDBBackend(client, table_name=table, namespace=ns).locks
+    def op(key):
+        assert locks.acquire(key, ttl=60) is not None
+else:
+    def op(key):
+        now = int(time.time() * 1000)
+        exp = now + 60000
+        client.update_item(
+            TableName=table,
+            Key={"pk": {"S": "LOCK#" + ns + "#" + key}, "sk": {"S": "LOCK"}},
+            ConditionExpression="attribute_not_exists(pk) OR expires_at_ms <= :now",
+            UpdateExpression="SET #owner = :owner, expires_at_ms = :exp, #ttl = :ttl, "
+            "fence = if_not_exists(fence, :base) + :one",
+            ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
+            ExpressionAttributeValues={
+                ":now": {"N": str(now)}, ":owner": {"S": "raw"}, ":exp": {"N": str(exp)},
+                ":ttl": {"N": str(exp // 1000 + 3601)}, ":base": {"N": str(now * 1000)},
+                ":one": {"N": "1"},
+            },
+            ReturnValues="ALL_NEW",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+t2 = time.perf_counter()
+op("first")
+t3 = time.perf_counter()
+op("second")
+t4 = time.perf_counter()
+print(json.dumps({"import_ms": (t1 - t0) * 1000, "client_ms": (t2 - t1) * 1000,
+                  "first_op_ms": (t3 - t2) * 1000, "second_op_ms": (t4 - t3) * 1000,
+                  "to_first_result_ms": (t3 - t0) * 1000}))
+"""
+
+
+def _first_op(env: BenchEnv, runs: int) -> list[dict[str, Any]]:
+    results: dict[str, list[dict[str, float]]] = {"dynacoord": [], "raw boto3": []}
+    for i in range(runs):
+        # alternate which goes first so that a warmer page cache does not favour one side
+        order = ["dynacoord", "raw boto3"] if i % 2 == 0 else ["raw boto3", "dynacoord"]
+        for mode in order:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    _CHILD,
+                    "dynacoord" if mode == "dynacoord" else "raw",
+                    env.ddb.endpoint_url,
+                    env.table,
+                    unique("cold"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            results[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    rows = []
+    for mode, samples in results.items():
+        row: dict[str, Any] = {"mode": mode, "runs": len(samples)}
+        for field in (
+            "import_ms",
+            "client_ms",
+            "first_op_ms",
+            "second_op_ms",
+            "to_first_result_ms",
+        ):
+            row[field] = round(statistics.median(s[field] for s in samples), 2)
+        rows.append(row)
+    return rows
+
+
+def run(env: BenchEnv) -> dict[str, Any]:
+    imports = _import_times(env.scale.import_runs)
+    first = _first_op(env, env.scale.first_op_runs)
+    by_case = {r["case"]: r["median_ms"] for r in imports}
+    by_mode = {r["mode"]: r for r in first}
+    boto3_ms = by_case.get("import boto3") or float("nan")
+    return {
+        "status": "ok",
+        "imports": imports,
+        "first_operation": first,
+        "import_ratio_dynacoord_vs_boto3": round(by_case["import dynacoord"] / boto3_ms, 3),
+        "import_ratio_with_backend_vs_boto3": round(
+            by_case["import dynacoord + DynamoDBBackend (loads boto3)"] / boto3_ms, 3
+        ),
+        "first_result_ratio": round(
+            by_mode["dynacoord"]["to_first_result_ms"] / by_mode["raw boto3"]["to_first_result_ms"],
+            3,
+        ),
+    }

@@ -1,0 +1,372 @@
+"""Render the results of one run as ``REPORT.md`` (and write ``results.json``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SECTION_TITLES", "render", "write"]
+
+SECTION_TITLES = {
+    "requests": "1. Requests per operation",
+    "overhead": "2. Overhead over the raw boto3 floor",
+    "outbox": "3. Outbox throughput",
+    "contention": "4. Lock contention",
+    "coldstart": "5. Import time and cold start",
+    "peers": "6. Peers in the same run",
+}
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        out.append("| " + " | ".join(_fmt(c) if not isinstance(c, str) else c for c in row) + " |")
+    return out
+
+
+def _not_measured(section: dict[str, Any] | None) -> list[str]:
+    if section is None:
+        return ["**Not measured in this run** (section not selected)."]
+    status = section.get("status", "error")
+    return [f"**Not measured in this run** ({status}): `{section.get('error', 'no reason given')}`"]
+
+
+def _missing(section: dict[str, Any]) -> list[str]:
+    missing = section.get("missing") or {}
+    if not missing:
+        return []
+    lines = ["", "Primitives not measured (not in this checkout, or their setup failed):", ""]
+    lines += [f"* {name}: `{reason}`" for name, reason in sorted(missing.items())]
+    return lines
+
+
+# -- sections ---------------------------------------------------------------------------------------
+
+
+def _requests(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "Counted on the wire with a botocore `before-send` hook (so a retried request counts "
+        "twice). *min* is the fewest requests the operation can take with its semantics; "
+        "**above** flags an operation that takes more.",
+        "",
+    ]
+    rows = []
+    for r in s.get("rows", []):
+        if "error" in r:
+            rows.append(
+                [r["primitive"], r["operation"], "error", _fmt(r.get("minimum")), "", r["error"]]
+            )
+            continue
+        apis = ", ".join(f"{k} x{v}" if v != 1 else k for k, v in r["apis"].items())
+        count = f"{r['requests']}" + (" (varies)" if r.get("varies") else "")
+        flag = "**above**" if r["above_minimum"] else "ok"
+        rows.append(
+            [
+                r["primitive"],
+                r["operation"],
+                count,
+                r["minimum"],
+                flag,
+                f"{apis}; {r['why']}" if r["why"] else apis,
+            ]
+        )
+    lines += _table(
+        ["primitive", "operation", "requests", "min", "", "requests sent; why the minimum"], rows
+    )
+    flagged = s.get("flagged") or []
+    lines += ["", f"Operations above their minimum: {', '.join(flagged) if flagged else 'none'}."]
+    return lines + _missing(s)
+
+
+def _overhead(s: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Each single-request operation against the same request made with the raw boto3 client "
+        f"(same API, expressions and return options, parameters written by hand), "
+        f"{s.get('samples')} samples per side after {s.get('warmup')} warm-up, interleaved A/B. "
+        f"Ratio = median dynacoord / median raw; target ≤ {s.get('target')}.",
+        "",
+    ]
+    rows = []
+    for r in s.get("rows", []):
+        if "error" in r:
+            rows.append([r["primitive"], r["operation"], "error", "", "", "", "", "", r["error"]])
+            continue
+        d, w = r["dynacoord"], r["raw"]
+        rows.append(
+            [
+                r["primitive"],
+                r["operation"],
+                r["raw_api"],
+                d["median_ms"],
+                w["median_ms"],
+                d["p95_ms"],
+                w["p95_ms"],
+                f"**{r['ratio_median']:.3f}**"
+                if not r["within_target"]
+                else f"{r['ratio_median']:.3f}",
+                f"{r['ratio_p95']:.3f}",
+            ]
+        )
+    lines += _table(
+        [
+            "primitive",
+            "operation",
+            "raw call",
+            "median ms",
+            "raw median ms",
+            "p95 ms",
+            "raw p95 ms",
+            "ratio (median)",
+            "ratio (p95)",
+        ],
+        rows,
+    )
+    above = s.get("above_target") or []
+    lines += [
+        "",
+        f"Above the {s.get('target')} target (bold): {', '.join(above) if above else 'none'}.",
+    ]
+    return lines + _missing(s)
+
+
+def _outbox(s: dict[str, Any]) -> list[str]:
+    lines = [
+        f"{s.get('events')} events per configuration, no-op handler. Publish: "
+        f"{_fmt(s.get('publish_events_per_s'))} events/s with `publish_many` "
+        f"({_fmt(s.get('publish_requests_per_event'))} requests per event).",
+        "",
+    ]
+    rows = []
+    for r in s.get("rows", []):
+        if "error" in r:
+            rows.append([r["workers"], "error", "", "", "", "", r["error"]])
+            continue
+        rows.append(
+            [
+                r["workers"],
+                r["delivered"],
+                r["seconds"],
+                r["events_per_s"],
+                r["requests_per_event"],
+                r["lost"],
+                r["duplicates"],
+            ]
+        )
+    lines += _table(
+        [
+            "workers",
+            "delivered",
+            "seconds",
+            "events/s",
+            "requests per delivered event",
+            "lost",
+            "duplicates",
+        ],
+        rows,
+    )
+    if s.get("note"):
+        lines += ["", s["note"]]
+    return lines
+
+
+def _contention(s: dict[str, Any]) -> list[str]:
+    lines = [
+        f"{s['threads']} threads, one key, {s['seconds']} s; each loop: blocking `acquire` "
+        f"(ttl {s['ttl_s']} s, backoff with jitter), {s['critical_section_ms']:.0f} ms critical "
+        "section, `release`. Exclusion is checked in-process by each holder.",
+        "",
+    ]
+    lines += _table(
+        ["metric", "value"],
+        [
+            ["successful acquisitions", s["acquisitions"]],
+            ["acquisitions per second", s["acquisitions_per_s"]],
+            ["per thread", ", ".join(str(x) for x in s["per_thread"])],
+            ["fairness (min / max per thread)", s["fairness_min_max"]],
+            ["mutual-exclusion violations (must be 0)", s["mutual_exclusion_violations"]],
+            ["fence-order violations (must be 0)", s["fence_order_violations"]],
+            ["releases that found the lock lost", s["lost_releases"]],
+            ["acquire calls that timed out (1 s)", s["acquire_timeouts"]],
+            ["requests per successful acquisition", s["requests_per_acquisition"]],
+            ["errors", s["error_count"]],
+        ],
+    )
+    if s.get("errors"):
+        lines += ["", "First errors: " + "; ".join(f"`{e}`" for e in s["errors"])]
+    return lines
+
+
+def _coldstart(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "`python -X importtime` in fresh subprocesses, median of the runs (cumulative time of the top-level package entries):",
+        "",
+    ]
+    lines += _table(
+        ["case", "runs", "median ms", "min ms", "heaviest children"],
+        [
+            [r["case"], r["runs"], r["median_ms"], r["min_ms"], ", ".join(r["heaviest_children"])]
+            for r in s["imports"]
+        ],
+    )
+    lines += [
+        "",
+        f"`import dynacoord` / `import boto3`: **{_fmt(s['import_ratio_dynacoord_vs_boto3'], 3)}**; "
+        f"with the DynamoDB backend loaded (which imports boto3): "
+        f"**{_fmt(s['import_ratio_with_backend_vs_boto3'], 3)}**.",
+        "",
+        "First operation in a fresh process (a lock acquire vs a raw `update_item` of the same shape), "
+        "median of the runs:",
+        "",
+    ]
+    lines += _table(
+        [
+            "",
+            "runs",
+            "imports ms",
+            "client ms",
+            "first op ms",
+            "second op ms",
+            "start to first result ms",
+        ],
+        [
+            [
+                r["mode"],
+                r["runs"],
+                r["import_ms"],
+                r["client_ms"],
+                r["first_op_ms"],
+                r["second_op_ms"],
+                r["to_first_result_ms"],
+            ]
+            for r in s["first_operation"]
+        ],
+    )
+    lines += [
+        "",
+        f"Start to first result, dynacoord / raw boto3: **{_fmt(s['first_result_ratio'], 3)}**.",
+    ]
+    return lines
+
+
+def _peer_rows(name: str, case: str, r: dict[str, Any]) -> list[Any]:
+    d, p = r["dynacoord_stats"], r["peer_stats"]
+    return [
+        name,
+        case,
+        d["median_ms"],
+        p["median_ms"],
+        d["p95_ms"],
+        p["p95_ms"],
+        f"**{r['ratio_median']:.3f}**",
+        f"{r['ratio_p95']:.3f}",
+        f"{r['requests_dynacoord']} / {r['requests_peer']}",
+    ]
+
+
+def _peers(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "Same server, same run, interleaved A/B. Ratio = dynacoord / peer (below 1: dynacoord is "
+        "faster). Requests: dynacoord / peer, for one call (DynamoDB requests, or Redis round trips "
+        "for the Redis comparison).",
+        "",
+    ]
+    rows: list[list[Any]] = []
+    failures: list[str] = []
+    notes: list[str] = []
+    for r in s.get("rows", []):
+        label = f"{r['name']} — {r.get('peer', '')}"
+        if r.get("status") != "ok":
+            failures.append(f"* {label}: **{r.get('status')}**: `{r.get('error')}`")
+            continue
+        if "rows" in r:
+            for sub in r["rows"]:
+                rows.append(_peer_rows(label, sub["case"], sub))
+        else:
+            rows.append(_peer_rows(label, "", r))
+        if r.get("note"):
+            notes.append(f"* {r['name']}: {r['note']}")
+    lines += _table(
+        [
+            "comparison",
+            "case",
+            "dynacoord median ms",
+            "peer median ms",
+            "dynacoord p95 ms",
+            "peer p95 ms",
+            "ratio (median)",
+            "ratio (p95)",
+            "requests",
+        ],
+        rows,
+    )
+    if failures:
+        lines += ["", "Not compared:", "", *failures]
+    if notes:
+        lines += ["", "Notes:", "", *notes]
+    return lines
+
+
+RENDERERS = {
+    "requests": _requests,
+    "overhead": _overhead,
+    "outbox": _outbox,
+    "contention": _contention,
+    "coldstart": _coldstart,
+    "peers": _peers,
+}
+
+
+def render(results: dict[str, Any]) -> str:
+    meta = results.get("meta", {})
+    lines = [
+        "# dynacoord benchmark report",
+        "",
+        f"Generated {meta.get('generated_at', '?')} by `{meta.get('command', 'make bench')}` "
+        f"(scale: {meta.get('scale', {}).get('name', '?')}, {_fmt(meta.get('duration_s'), 0)} s).",
+        "",
+        "Numbers come from one run on a shared machine against Amazon DynamoDB Local and a local "
+        "redis-server: absolute milliseconds say little about AWS; **only ratios measured in the "
+        "same run are meaningful**.",
+        "",
+        "**How to reproduce:** `make bench` (installs `.[dev,redis,mongo,bench]`, fetches DynamoDB "
+        "Local, runs `python -m bench`; `python -m bench --scale tiny` for a quick look).",
+        "",
+        "## Machine and versions",
+        "",
+    ]
+    lines += _table(["", ""], [[k, _fmt(v)] for k, v in meta.get("versions", {}).items()])
+    sections = results.get("sections", {})
+    for key, title in SECTION_TITLES.items():
+        lines += ["", f"## {title}", ""]
+        section = sections.get(key)
+        if section is None or section.get("status") != "ok":
+            lines += _not_measured(section)
+            continue
+        try:
+            lines += RENDERERS[key](section)
+        except (KeyError, TypeError, ValueError) as exc:
+            lines += [f"**Could not render this section**: `{type(exc).__name__}: {exc}`"]
+    return "\n".join(lines) + "\n"
+
+
+def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = out_dir / "REPORT.md"
+    data = out_dir / "results.json"
+    data.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+    report.write_text(render(results))
+    return report, data

@@ -1,0 +1,160 @@
+"""Smoke tests of the benchmark harness (``bench/``): counting is right, every section renders.
+
+No timing is asserted anywhere: benchmarks measure, tests check behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import TINY, run_all
+from bench._harness import RedisCommandCounter, RedisServer, RequestCounter, interleaved, stats
+from bench.coldstart import parse_importtime
+from bench.report import SECTION_TITLES, render
+from dynacoord.testing import DynamoDBLocal, free_port, unique_name
+
+
+def test_request_counter_counts_each_request_by_operation(dynamodb_local: DynamoDBLocal) -> None:
+    from dynacoord.provision import create_table
+
+    client = dynamodb_local.client()
+    table = unique_name("cnt")
+    create_table(client, table)
+    counter = RequestCounter()
+    counter.attach(client)
+    key = {"pk": {"S": "a"}, "sk": {"S": "b"}}
+    with counter.measure() as ops:
+        client.put_item(TableName=table, Item={**key, "v": {"N": "1"}})
+        client.get_item(TableName=table, Key=key, ConsistentRead=True)
+        client.get_item(TableName=table, Key=key)
+        with pytest.raises(client.exceptions.ConditionalCheckFailedException):
+            client.put_item(
+                TableName=table, Item=key, ConditionExpression="attribute_not_exists(pk)"
+            )
+    assert dict(ops) == {"PutItem": 2, "GetItem": 2}
+    assert counter.total == 4
+    # a second client is not counted until attached; detach stops counting
+    other = dynamodb_local.client()
+    other.get_item(TableName=table, Key=key)
+    assert counter.total == 4
+    counter.detach()
+    client.get_item(TableName=table, Key=key)
+    assert counter.total == 4
+
+
+def test_request_counter_counts_retries_on_the_wire() -> None:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import EndpointConnectionError
+
+    # nothing listens on this port: botocore sends, fails to connect, retries once
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        config=Config(retries={"total_max_attempts": 2, "mode": "standard"}, connect_timeout=1),
+    )
+    counter = RequestCounter()
+    counter.attach(client)
+    with pytest.raises(EndpointConnectionError):
+        client.list_tables()
+    assert counter.total == 2
+    assert counter.by_operation == {"ListTables": 2}
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_redis_counter_counts_round_trips() -> None:
+    server = RedisServer().start()
+    try:
+        counter = RedisCommandCounter()
+        client = counter.attach(server_client(server))
+        client.ping()  # a new connection's handshake (HELLO, CLIENT SETINFO) is not the ops'
+        with counter.measure() as n:
+            client.set("a", "1")
+            client.get("a")
+            pipe = client.pipeline()
+            pipe.incr("b")
+            pipe.incr("b")
+            pipe.execute()
+        assert n[0] == 3
+        client.close()
+    finally:
+        server.stop()
+
+
+def server_client(server: RedisServer) -> Any:
+    import redis
+
+    return redis.Redis.from_url(server.url)
+
+
+def test_interleaved_alternates_and_keeps_indexes() -> None:
+    calls: list[tuple[str, int]] = []
+    a, b = interleaved(
+        lambda i: calls.append(("a", i)), lambda i: calls.append(("b", i)), n=4, warmup=1
+    )
+    assert len(a) == len(b) == 4
+    assert calls == [
+        ("a", 0), ("b", 0),  # warm-up
+        ("b", 1), ("a", 1),
+        ("a", 2), ("b", 2),
+        ("b", 3), ("a", 3),
+        ("a", 4), ("b", 4),
+    ]  # fmt: skip
+    s = stats([0.001, 0.002, 0.003, 0.004])
+    assert s.n == 4
+    assert s.median_ms == pytest.approx(2.5)
+    assert s.min_ms == pytest.approx(1.0)
+
+
+def test_parse_importtime_adds_top_level_entries_of_the_package() -> None:
+    stderr = "\n".join(
+        [
+            "import time: self [us] | cumulative | imported package",
+            "import time:       100 |        100 |   json.decoder",
+            "import time:       200 |        300 | json",
+            "import time:        50 |         50 |     pkg.deep",
+            "import time:       400 |        450 |   pkg.child",
+            "import time:      1000 |       1450 | pkg",
+            "import time:       700 |        700 | pkg.lazy",
+            "import time:       900 |        900 | other",
+        ]
+    )
+    ms, heaviest = parse_importtime(stderr, "pkg")
+    assert ms == pytest.approx(2.15)
+    assert heaviest == ["pkg.child"]
+
+
+def test_report_marks_every_missing_section() -> None:
+    text = render({"meta": {}, "sections": {"outbox": {"status": "error", "error": "boom"}}})
+    for title in SECTION_TITLES.values():
+        assert f"## {title}" in text
+    assert "`boom`" in text
+    assert text.count("Not measured in this run") == len(SECTION_TITLES)
+
+
+def test_tiny_run_writes_every_section(dynamodb_local: DynamoDBLocal, tmp_path: Path) -> None:
+    results = run_all(TINY, out_dir=tmp_path, ddb=dynamodb_local, command="test")
+    report = (tmp_path / "REPORT.md").read_text()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data["sections"]) == set(SECTION_TITLES)
+    for title in SECTION_TITLES.values():
+        assert f"## {title}" in report
+    assert data["meta"]["versions"]["DynamoDB Local"]
+    # the sections that need only locks always measure something
+    for key in ("requests", "overhead", "contention", "coldstart"):
+        assert results["sections"][key]["status"] == "ok", results["sections"][key]
+    rows = {r["operation"]: r for r in results["sections"]["requests"]["rows"]}
+    assert rows["acquire (free key)"]["requests"] == 1
+    assert rows["acquire (free key)"]["apis"] == {"UpdateItem": 1}
+    assert rows["hold() enter + exit (no heartbeat due)"]["requests"] == 2
+    contention = results["sections"]["contention"]
+    assert contention["mutual_exclusion_violations"] == 0
+    assert contention["acquisitions"] == sum(contention["per_thread"]) > 0
