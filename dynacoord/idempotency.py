@@ -269,6 +269,16 @@ class Idempotency:
     def _claim(self, key: str, lease_ms: int, payload_hash: str | None) -> ClaimResult:
         token = uuid.uuid4().hex
         outcome = self._store.claim(key, token, payload_hash, lease_ms, now_ms(self.clock))
+        existing = outcome.existing
+        if (
+            outcome.claim is None
+            and existing is not None
+            and existing.status is IdempotencyStatus.IN_PROGRESS
+            and existing.token == token
+        ):
+            # Our own claim: the first attempt was written but its response was lost, and the
+            # client's retry was refused by it. Without this the call would block its own key.
+            outcome = ClaimResult(Claim(key, token, existing.expires_at_ms, payload_hash))
         if outcome.claim is not None:
             logger.debug("idempotency key %r claimed", key)
         return outcome
