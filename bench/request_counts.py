@@ -7,6 +7,7 @@ its semantics on DynamoDB (the reason is in ``why``); a row whose count is above
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -27,12 +28,16 @@ class Op:
     call: Callable[[int], object]
     minimum: int
     why: str = ""
+    #: run before each counted call, not counted (fills what the call consumes)
+    prepare: Callable[[int], object] | None = None
 
 
 def _count(env: BenchEnv, op: Op, reps: int) -> dict[str, Any]:
     totals: list[int] = []
     apis: Counter[str] = Counter()
     for i in range(reps):
+        if op.prepare is not None:
+            op.prepare(i)
         with env.counter.measure() as ops:
             op.call(i)
         totals.append(sum(ops.values()))
@@ -110,8 +115,527 @@ def _lock_ops(env: BenchEnv, reps: int) -> list[Op]:
     ]
 
 
+def _cache_ops(env: BenchEnv, reps: int) -> list[Op]:
+    backend = env.backend()
+    shards = backend.shards
+    cache = backend.cache(default_ttl=600)
+    n = reps + 1
+    for i in range(n):
+        cache.set(f"hit{i}", {"v": i})
+        cache.set(f"del{i}", i)
+        cache.set(f"touch{i}", i)
+        cache.incr(f"ctr{i}")
+        cache.set(f"present{i}", i)
+    hundred = [f"many{j}" for j in range(100)]
+    cache.set_many({k: j for j, k in enumerate(hundred)})
+    listing = backend.cache(default_ttl=600, namespace=backend.namespace + "list")
+    listing.set_many({f"user:{j}": j for j in range(100)})
+
+    def fill(i: int) -> None:
+        c = backend.cache(default_ttl=600, namespace=f"{backend.namespace}clr{i}")
+        c.set_many({f"x{j}": j for j in range(100)})
+
+    def clear(i: int) -> None:
+        backend.cache(namespace=f"{backend.namespace}clr{i}").clear()
+
+    @cache.cached(ttl=600)
+    def cached_fn(x: int) -> int:
+        return x * 2
+
+    for i in range(n):
+        cached_fn(i)
+
+    return [
+        Op("cache", "set", lambda i: cache.set(f"new{i}", {"v": i}), 1, "one PutItem"),
+        Op("cache", "get (hit)", lambda i: cache.get(f"hit{i}"), 1, "one consistent GetItem"),
+        Op("cache", "get (miss)", lambda i: cache.get(f"absent{i}"), 1, "one consistent GetItem"),
+        Op("cache", "has", lambda i: cache.has(f"hit{i}"), 1, "one consistent GetItem"),
+        Op(
+            "cache",
+            "add (absent)",
+            lambda i: cache.add(f"added{i}", i),
+            1,
+            "one conditional PutItem",
+        ),
+        Op(
+            "cache",
+            "add (present)",
+            lambda i: cache.add(f"present{i}", i),
+            1,
+            "one conditional PutItem (refused)",
+        ),
+        Op("cache", "delete", lambda i: cache.delete(f"del{i}"), 1, "one conditional DeleteItem"),
+        Op(
+            "cache",
+            "touch",
+            lambda i: cache.touch(f"touch{i}", 600),
+            1,
+            "one conditional UpdateItem",
+        ),
+        Op("cache", "incr (existing)", lambda i: cache.incr(f"ctr{i}"), 1, "one atomic ADD"),
+        Op(
+            "cache",
+            "incr (new key)",
+            lambda i: cache.incr(f"newctr{i}"),
+            1,
+            "an ADD creates a missing item (only an expired one needs a second write)",
+        ),
+        Op(
+            "cache",
+            "get_many (100 keys)",
+            lambda i: cache.get_many(hundred),
+            1,
+            "one BatchGetItem holds 100 keys",
+        ),
+        Op(
+            "cache",
+            "set_many (100 entries)",
+            lambda i: cache.set_many({f"sm{i}-{j}": j for j in range(100)}),
+            4,
+            "BatchWriteItem takes 25 items",
+        ),
+        Op(
+            "cache",
+            "delete_many (100 keys)",
+            lambda i: cache.delete_many([f"sm{i}-{j}" for j in range(100)]),
+            4,
+            "BatchWriteItem takes 25 items",
+        ),
+        Op(
+            "cache",
+            f"keys('user:*') (100 live, {shards} shards)",
+            lambda i: listing.keys("user:*"),
+            shards,
+            "one gsi1 Query per shard",
+        ),
+        Op(
+            "cache",
+            f"clear() (100 entries, {shards} shards)",
+            clear,
+            shards + 4,
+            "a gsi1 Query per shard + BatchWriteItem of 25 deletes",
+            prepare=fill,
+        ),
+        Op(
+            "cache",
+            "get_or_set (hit)",
+            lambda i: cache.get_or_set(f"hit{i}", lambda: 0),
+            1,
+            "one consistent GetItem",
+        ),
+        Op(
+            "cache",
+            "get_or_set (miss)",
+            lambda i: cache.get_or_set(f"gos{i}", lambda: i),
+            5,
+            "read, lock, re-check read under the lock, write, unlock",
+        ),
+        Op("cache", "@cached (hit)", lambda i: cached_fn(i), 1, "one consistent GetItem"),
+    ]
+
+
+def _breaker_ops(env: BenchEnv, reps: int) -> list[Op]:
+    import time
+
+    backend = env.backend()
+    closed = backend.breaker("closed", failure_threshold=1000)
+    flaky = backend.breaker("flaky", failure_threshold=1000)
+    opened = backend.breaker("opened", reset_timeout=3600)
+    opened.trip()
+    recovering = [backend.breaker(f"rec{i}", reset_timeout=0.05) for i in range(reps + 1)]
+
+    def ok() -> int:
+        return 1
+
+    def boom() -> None:
+        raise RuntimeError("dependency down")
+
+    def fail(i: int) -> None:
+        with contextlib.suppress(RuntimeError):
+            flaky.call(boom)
+
+    def success_after_failure(i: int) -> None:
+        flaky.call(ok)
+
+    def call_open(i: int) -> None:
+        from dynacoord import CircuitOpenError
+
+        try:
+            opened.call(ok)
+        except CircuitOpenError:
+            return
+        raise AssertionError("the open breaker let a call through")
+
+    def trial(i: int) -> None:
+        recovering[i].call(ok)
+
+    def prepare_trial(i: int) -> None:
+        recovering[i].trip()
+
+    for i in range(reps + 1):
+        prepare_trial(i)
+    time.sleep(0.06)
+    return [
+        Op(
+            "breaker",
+            "protected call, closed, success",
+            lambda i: closed.call(ok),
+            1,
+            "the state must be read (one consistent GetItem) to honour another process's trip",
+        ),
+        Op("breaker", "protected call, closed, failure", fail, 2, "read + atomic ADD"),
+        Op(
+            "breaker",
+            "protected call, closed, success after a failure",
+            success_after_failure,
+            2,
+            "read + reset of the failure count",
+            prepare=lambda i: flaky.record_failure(),
+        ),
+        Op("breaker", "protected call, open (CircuitOpenError)", call_open, 1, "one read"),
+        Op(
+            "breaker",
+            "trial call, half-open -> closed",
+            trial,
+            3,
+            "read + conditional trial-slot write + conditional close",
+        ),
+        Op("breaker", "status()", lambda i: closed.status(), 1, "one consistent GetItem"),
+        Op("breaker", "trip()", lambda i: opened.trip(), 1, "one UpdateItem"),
+        Op("breaker", "reset()", lambda i: closed.reset(), 1, "one write"),
+    ]
+
+
+def _checkpoint_ops(env: BenchEnv, reps: int) -> list[Op]:
+    cps = env.backend().checkpoints
+    n = reps + 1
+    first_ids = []
+    for i in range(n):
+        for j in range(10):
+            saved = cps.save(f"task{i}", {"step": j}, progress=j * 10)
+            if j == 0:
+                first_ids.append(saved.id)
+            cps.save(f"clean{i}", {"step": j})
+            cps.save(f"all{i}", {"step": j})
+    return [
+        Op(
+            "checkpoints",
+            "save (next sequence)",
+            lambda i: cps.save(f"task{i}", {"step": "x"}),
+            2,
+            "read the highest sequence + conditional PutItem (as a counter item would cost)",
+        ),
+        Op(
+            "checkpoints",
+            "save (explicit sequence)",
+            lambda i: cps.save(f"seq{i}", {"s": 1}, sequence=7),
+            1,
+            "one conditional PutItem",
+        ),
+        Op(
+            "checkpoints", "load(id)", lambda i: cps.load(first_ids[i]), 1, "one consistent GetItem"
+        ),
+        Op(
+            "checkpoints",
+            "load_latest",
+            lambda i: cps.load_latest(f"task{i}"),
+            1,
+            "one Query, newest first, Limit 1",
+        ),
+        Op(
+            "checkpoints",
+            "list (10 checkpoints)",
+            lambda i: cps.list(f"all{i}"),
+            1,
+            "one Query page",
+        ),
+        Op(
+            "checkpoints",
+            "cleanup(keep=5) of 10",
+            lambda i: cps.cleanup(f"clean{i}", 5),
+            2,
+            "one keys-only Query + one BatchWriteItem",
+        ),
+        Op(
+            "checkpoints",
+            "delete_all (10)",
+            lambda i: cps.delete_all(f"all{i}"),
+            2,
+            "one keys-only Query + one BatchWriteItem",
+        ),
+    ]
+
+
+def _idempotency_ops(env: BenchEnv, reps: int) -> list[Op]:
+    backend = env.backend()
+    idem = backend.idempotency
+    n = reps + 1
+
+    @backend.idempotent(key="order_id")
+    def handler(order: dict[str, Any]) -> dict[str, Any]:
+        return {"charged": order["order_id"]}
+
+    for i in range(n):
+        handler({"order_id": f"done{i}"})
+    claims = [idem.try_claim(f"claimed{i}").claim for i in range(n)]
+    released = [idem.try_claim(f"rel{i}").claim for i in range(n)]
+    return [
+        Op(
+            "idempotency",
+            "@idempotent first call",
+            lambda i: handler({"order_id": f"new{i}"}),
+            2,
+            "claim (conditional write) + complete (conditional write)",
+        ),
+        Op(
+            "idempotency",
+            "@idempotent replay",
+            lambda i: handler({"order_id": f"done{i}"}),
+            1,
+            "the refused claim returns the stored result (ReturnValuesOnConditionCheckFailure)",
+        ),
+        Op(
+            "idempotency",
+            "try_claim",
+            lambda i: idem.try_claim(f"tc{i}"),
+            1,
+            "one conditional write",
+        ),
+        Op(
+            "idempotency",
+            "complete",
+            lambda i: idem.complete(claims[i], {"ok": i}),
+            1,
+            "one conditional write",
+        ),
+        Op(
+            "idempotency",
+            "release",
+            lambda i: idem.release(released[i]),
+            1,
+            "one conditional DeleteItem",
+        ),
+        Op("idempotency", "get", lambda i: idem.get(f"done{i}"), 1, "one consistent GetItem"),
+        Op("idempotency", "delete", lambda i: idem.delete(f"done{i}"), 1, "one DeleteItem"),
+    ]
+
+
+def _outbox_ops(env: BenchEnv, reps: int) -> list[Op]:
+    from dynacoord.outbox import Event
+
+    backend = env.backend()
+    outbox = backend.outbox
+    shards = backend.shards
+    n = reps + 1
+    ids = outbox.publish([Event("bench.created", {"i": i}) for i in range(n)])
+
+    # events that fail live in their own namespace, so the worker that fails them sees no others
+    doomed = env.backend(namespace=backend.namespace + "f").outbox
+
+    def fail_one(i: int) -> str:
+        (event_id,) = doomed.publish(Event("bench.doomed", {"i": i}))
+        doomed.worker({}, on_missing_handler="fail", heartbeat=False).run_once()
+        return event_id
+
+    failed_ids: dict[int, str] = {}
+
+    def make_failed(i: int) -> None:
+        failed_ids[i] = fail_one(i)
+
+    deliver_ns = [f"{backend.namespace}d{i}" for i in range(n)]
+
+    def publish_25_due(i: int) -> None:
+        box = env.backend(namespace=deliver_ns[i]).outbox
+        box.publish([Event("bench.tick", {"j": j}) for j in range(25)])
+
+    def deliver_25(i: int) -> None:
+        box = env.backend(namespace=deliver_ns[i]).outbox
+        worker = box.worker(lambda event: None, batch_size=25, heartbeat=False)
+        assert worker.run_once() == 25
+
+    return [
+        Op(
+            "outbox",
+            "publish (1 event)",
+            lambda i: outbox.publish(Event("bench.one", i)),
+            1,
+            "one conditional PutItem",
+        ),
+        Op(
+            "outbox",
+            "publish (25 events)",
+            lambda i: outbox.publish([Event("bench.many", j) for j in range(25)]),
+            1,
+            "one TransactWriteItems",
+        ),
+        Op(
+            "outbox",
+            "publish (100 events)",
+            lambda i: outbox.publish([Event("bench.many", j) for j in range(100)]),
+            1,
+            "one TransactWriteItems (its 100-item limit)",
+        ),
+        Op("outbox", "get", lambda i: outbox.get(ids[i]), 1, "one consistent GetItem"),
+        Op(
+            "outbox",
+            f"worker.run_once: 25 due events delivered ({shards} shards)",
+            deliver_25,
+            2 * 25 + shards,
+            "claim + complete per event, plus the pending queue read on every shard; each poll "
+            "also queries every shard's in_flight queue for zombies",
+            prepare=publish_25_due,
+        ),
+        Op(
+            "outbox",
+            "retry(id) of a failed event",
+            lambda i: doomed.retry(failed_ids[i]),
+            1,
+            "one conditional UpdateItem",
+            prepare=make_failed,
+        ),
+        Op(
+            "outbox",
+            f"failed() ({shards} shards)",
+            lambda i: doomed.failed(),
+            shards,
+            "one gsi1 Query per shard",
+        ),
+        Op(
+            "outbox",
+            f"stats() ({shards} shards)",
+            lambda i: doomed.stats(),
+            4 * shards,
+            "a COUNT Query per shard for pending, due, in_flight, failed",
+        ),
+    ]
+
+
+def _counter_ops(env: BenchEnv, reps: int) -> list[Op]:
+    counters = env.backend().counters
+    n = reps + 1
+    for i in range(n):
+        counters.increment(f"c{i}")
+        counters.set_if_absent(f"flag{i}", "on")
+        counters.join(f"join{i}", "first", expected=3)
+        counters.increment(f"del{i}")
+    return [
+        Op(
+            "counters",
+            "increment (existing)",
+            lambda i: counters.increment(f"c{i}"),
+            1,
+            "one atomic UpdateItem ADD",
+        ),
+        Op(
+            "counters",
+            "increment (new key, ttl)",
+            lambda i: counters.increment(f"n{i}", ttl=600),
+            1,
+            "one atomic UpdateItem ADD",
+        ),
+        Op(
+            "counters",
+            "set_if_absent (absent)",
+            lambda i: counters.set_if_absent(f"f{i}", "x"),
+            1,
+            "one conditional PutItem",
+        ),
+        Op(
+            "counters",
+            "set_if_absent (present)",
+            lambda i: counters.set_if_absent(f"flag{i}", "x"),
+            1,
+            "one conditional PutItem",
+        ),
+        Op("counters", "get", lambda i: counters.get(f"c{i}"), 1, "one consistent GetItem"),
+        Op(
+            "counters",
+            "extend_ttl",
+            lambda i: counters.extend_ttl(f"c{i}", 600),
+            1,
+            "one conditional UpdateItem",
+        ),
+        Op(
+            "counters",
+            "join arrive (new member)",
+            lambda i: counters.join(f"join{i}", f"m{i}", expected=3),
+            1,
+            "one conditional UpdateItem (ADD to the member set)",
+        ),
+        Op(
+            "counters",
+            "join arrive (redelivered member)",
+            lambda i: counters.join(f"join{i}", "first", expected=3),
+            1,
+            "one conditional UpdateItem (refused, returns the state)",
+        ),
+        Op("counters", "delete", lambda i: counters.delete(f"del{i}"), 1, "one DeleteItem"),
+    ]
+
+
+def _run_ops(env: BenchEnv, reps: int) -> list[Op]:
+    import time
+
+    runs = env.backend().runs
+    n = reps + 1
+    for i in range(n):
+        runs.start(f"r{i}", context={"step": 0})
+        runs.start(f"done{i}")
+        runs.start(f"failed{i}")
+    for i in range(3):
+        runs.start(f"stalled{i}")
+    time.sleep(0.05)
+    return [
+        Op(
+            "runs",
+            "start",
+            lambda i: runs.start(f"new{i}", context={"step": 0}),
+            1,
+            "one conditional PutItem",
+        ),
+        Op("runs", "get", lambda i: runs.get(f"r{i}"), 1, "one consistent GetItem"),
+        Op("runs", "set", lambda i: runs.set(f"r{i}", "step", 1), 1, "one conditional UpdateItem"),
+        Op("runs", "heartbeat", lambda i: runs.heartbeat(f"r{i}"), 1, "one conditional UpdateItem"),
+        Op(
+            "runs",
+            "complete",
+            lambda i: runs.complete(f"done{i}", {"ok": True}),
+            1,
+            "one conditional UpdateItem",
+        ),
+        Op(
+            "runs",
+            "fail",
+            lambda i: runs.fail(f"failed{i}", "boom"),
+            1,
+            "one conditional UpdateItem",
+        ),
+        Op(
+            "runs",
+            "list('running', limit=10)",
+            lambda i: list(runs.list("running", limit=10)),
+            1,
+            "one gsi1 Query",
+        ),
+        Op(
+            "runs",
+            "stalled(older_than=0.01)",
+            lambda i: list(runs.stalled(0.01, limit=10)),
+            1,
+            "one gsi1 Query",
+        ),
+    ]
+
+
 PRIMITIVES: list[tuple[str, Callable[[BenchEnv, int], list[Op]]]] = [
     ("locks", _lock_ops),
+    ("cache", _cache_ops),
+    ("breaker", _breaker_ops),
+    ("checkpoints", _checkpoint_ops),
+    ("idempotency", _idempotency_ops),
+    ("outbox", _outbox_ops),
+    ("counters", _counter_ops),
+    ("runs", _run_ops),
 ]
 
 
