@@ -8,12 +8,14 @@ ratio is median(dynacoord) / median(raw). Target: <= 1.10.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from botocore import xform_name
 from botocore.exceptions import ClientError
 
 from ._harness import BenchEnv, interleaved, ratio, stats
@@ -215,8 +217,235 @@ def _lock_pairs(env: BenchEnv, total: int) -> list[Pair]:
     ]
 
 
+# -- the other primitives: the raw side replays the captured request ---------------------------
+
+#: the key used to capture a request; the raw side swaps it for its own key in every string
+TEMPLATE = "tmplQZXk"
+
+
+def _swap(obj: Any, new: str) -> Any:
+    """``obj`` with TEMPLATE replaced by ``new`` in every string (a fresh structure)."""
+    if isinstance(obj, str):
+        return obj.replace(TEMPLATE, new) if TEMPLATE in obj else obj
+    if isinstance(obj, dict):
+        return {k: _swap(v, new) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_swap(v, new) for v in obj]
+    return obj
+
+
+def _capture_one(client: Any, call: Callable[[], object]) -> tuple[str, dict[str, Any]]:
+    """The API name and parameters of the one request ``call()`` makes on ``client``."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def on_build(params: dict[str, Any], model: Any, **_: Any) -> None:
+        seen.append((model.name, copy.deepcopy(params)))
+
+    unique_id = f"bench-capture-{id(seen)}"
+    client.meta.events.register("before-parameter-build.dynamodb", on_build, unique_id=unique_id)
+    try:
+        call()
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb", unique_id=unique_id)
+    if len(seen) != 1:
+        raise RuntimeError(f"expected one request, captured {[name for name, _ in seen]}")
+    return seen[0]
+
+
+def _captured(
+    env: BenchEnv,
+    total: int,
+    primitive: str,
+    operation: str,
+    call: Callable[[str], object],
+    *,
+    setup: Callable[[str], object] | None = None,
+    refused: bool = False,
+) -> Pair:
+    """dynacoord ``call(f"d{i}")`` vs the same request replayed raw on key ``f"r{i}"``.
+
+    ``setup(key)`` prepares the state both sides need (through dynacoord, for the template key
+    and every sample key of both sides). ``refused``: the request's condition is meant to fail
+    (the raw side then gets ConditionalCheckFailedException, as dynacoord does internally).
+    """
+    if setup is not None:
+        setup(TEMPLATE)
+        for i in range(total):
+            setup(f"d{i}")
+            setup(f"r{i}")
+    api, params = _capture_one(env.client, lambda: call(TEMPLATE))
+    method = getattr(env.client, xform_name(api))
+
+    def raw(i: int) -> None:
+        request = _swap(params, f"r{i}")
+        if refused:
+            _expect_condition_failure(lambda: method(**request))
+        else:
+            method(**request)
+
+    return Pair(
+        primitive, operation, lambda i: call(f"d{i}"), raw, api + (" (refused)" if refused else "")
+    )
+
+
+def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    cache = env.backend().cache(default_ttl=3600)
+    return [
+        _captured(
+            env,
+            total,
+            "cache",
+            "get (hit)",
+            lambda k: cache.get(k),
+            setup=lambda k: cache.set(k, {"v": 1, "name": "bench"}),
+        ),
+        _captured(env, total, "cache", "get (miss)", lambda k: cache.get("miss" + k)),
+        _captured(
+            env, total, "cache", "set", lambda k: cache.set("set" + k, {"v": 1, "name": "bench"})
+        ),
+        _captured(env, total, "cache", "add (absent)", lambda k: cache.add("add" + k, 1)),
+        _captured(
+            env,
+            total,
+            "cache",
+            "incr (existing)",
+            lambda k: cache.incr("ctr" + k),
+            setup=lambda k: cache.incr("ctr" + k),
+        ),
+        _captured(
+            env,
+            total,
+            "cache",
+            "delete",
+            lambda k: cache.delete("del" + k),
+            setup=lambda k: cache.set("del" + k, 1),
+        ),
+    ]
+
+
+def _breaker_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    breaker = env.backend().breaker("bench-closed")
+
+    def ok() -> int:
+        return 1
+
+    return [
+        _captured(
+            env, total, "breaker", "protected call (closed, success)", lambda k: breaker.call(ok)
+        ),
+        _captured(env, total, "breaker", "status()", lambda k: breaker.status()),
+    ]
+
+
+def _checkpoint_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    cps = env.backend().checkpoints
+    data = {"cursor": "abc", "done": 123}
+    return [
+        _captured(
+            env,
+            total,
+            "checkpoints",
+            "save (explicit sequence)",
+            lambda k: cps.save("s" + k, data, sequence=1),
+        ),
+        _captured(
+            env,
+            total,
+            "checkpoints",
+            "load(id)",
+            lambda k: cps.load(f"l{k}@1"),
+            setup=lambda k: cps.save("l" + k, data, sequence=1),
+        ),
+        _captured(env, total, "checkpoints", "load_latest", lambda k: cps.load_latest("l" + k)),
+    ]
+
+
+def _idempotency_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    backend = env.backend()
+
+    @backend.idempotent(key="order_id")
+    def handler(order: dict[str, Any]) -> dict[str, Any]:
+        return {"charged": order["order_id"]}
+
+    return [
+        _captured(
+            env,
+            total,
+            "idempotency",
+            "@idempotent replay",
+            lambda k: handler({"order_id": k}),
+            setup=lambda k: handler({"order_id": k}),
+            refused=True,
+        ),
+        _captured(env, total, "idempotency", "get", lambda k: backend.idempotency.get(k)),
+    ]
+
+
+def _outbox_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    from dynacoord.outbox import Event
+
+    outbox = env.backend().outbox
+    payload = {"order_id": 42, "amount": "9.99"}
+    return [
+        _captured(
+            env,
+            total,
+            "outbox",
+            "publish (1 event)",
+            lambda k: outbox.publish(Event("order.created", payload, id="p" + k)),
+        ),
+        _captured(env, total, "outbox", "get", lambda k: outbox.get("p" + k)),
+    ]
+
+
+def _counter_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    counters = env.backend().counters
+    return [
+        _captured(
+            env,
+            total,
+            "counters",
+            "increment (existing)",
+            lambda k: counters.increment("c" + k),
+            setup=lambda k: counters.increment("c" + k),
+        ),
+        _captured(env, total, "counters", "get", lambda k: counters.get("c" + k)),
+        _captured(
+            env,
+            total,
+            "counters",
+            "set_if_absent (absent)",
+            lambda k: counters.set_if_absent("f" + k, "on"),
+        ),
+        _captured(
+            env,
+            total,
+            "counters",
+            "join arrive (new member)",
+            lambda k: counters.join("j" + k, "second", expected=3),
+            setup=lambda k: counters.join("j" + k, "first", expected=3),
+        ),
+    ]
+
+
+def _run_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    runs = env.backend().runs
+    return [
+        _captured(env, total, "runs", "start", lambda k: runs.start("s" + k, context={"step": 0})),
+        _captured(env, total, "runs", "get", lambda k: runs.get("s" + k)),
+        _captured(env, total, "runs", "heartbeat", lambda k: runs.heartbeat("s" + k)),
+    ]
+
+
 PRIMITIVES: list[tuple[str, Callable[[BenchEnv, int], list[Pair]]]] = [
     ("locks", _lock_pairs),
+    ("cache", _cache_pairs),
+    ("breaker", _breaker_pairs),
+    ("checkpoints", _checkpoint_pairs),
+    ("idempotency", _idempotency_pairs),
+    ("outbox", _outbox_pairs),
+    ("counters", _counter_pairs),
+    ("runs", _run_pairs),
 ]
 
 

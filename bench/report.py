@@ -94,10 +94,14 @@ def _requests(s: dict[str, Any]) -> list[str]:
 
 def _overhead(s: dict[str, Any]) -> list[str]:
     lines = [
-        f"Each single-request operation against the same request made with the raw boto3 client "
-        f"(same API, expressions and return options, parameters written by hand), "
-        f"{s.get('samples')} samples per side after {s.get('warmup')} warm-up, interleaved A/B. "
-        f"Ratio = median dynacoord / median raw; target ≤ {s.get('target')}.",
+        f"Each single-request operation against the same request made directly with the same "
+        f"boto3 client: for locks the raw parameters are written out by hand (same API, "
+        f"expressions and return options); for the other primitives the request dynacoord sent "
+        f"was captured (botocore `before-parameter-build`) and is replayed with its key swapped "
+        f"for the raw side's own key (the swap is timed, standing in for building the dict). "
+        f"{s.get('samples')} samples per side after {s.get('warmup')} warm-up, interleaved A/B "
+        f"(order alternating every sample). Ratio = median dynacoord / median raw; "
+        f"target ≤ {s.get('target')}. Both sides pay the same request-counting hook.",
         "",
     ]
     rows = []
