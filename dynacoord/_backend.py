@@ -167,7 +167,6 @@ class Backend(abc.ABC):
             namespace=self.namespace,
         )
 
-
     # [facade:checkpoints-idempotency]
     @property
     def checkpoints(self) -> Checkpoints:
@@ -215,7 +214,6 @@ class Backend(abc.ABC):
             wait_timeout=wait_timeout,
             raise_on_no_key=raise_on_no_key,
         )
-
 
     # [facade:outbox-transaction]
     @property
