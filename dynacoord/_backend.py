@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from . import keys
 from ._clock import Clock, SystemClock
+from .errors import NotSupportedError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -20,12 +21,19 @@ if TYPE_CHECKING:
 
     from typing_extensions import ParamSpec
 
+    from .breaker import BreakerStore, CircuitBreaker, TransitionCallback
+    from .cache import Cache, CacheStore
     from .checkpoints import Checkpoints, CheckpointStore
+    from .counters import Counters, CounterStore
     from .idempotency import Idempotency, IdempotencyStore
     from .locks import Locks, LockStore
+    from .outbox import Outbox, OutboxStore
+    from .runs import Runs, RunStore
+    from .transaction import Transaction
 
     _P = ParamSpec("_P")
     _R = TypeVar("_R")
+    _T = TypeVar("_T")
 
 __all__ = ["Backend"]
 
@@ -40,74 +48,54 @@ class Backend(abc.ABC):
         self.namespace = keys.validate_namespace(namespace)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._facade_lock = threading.Lock()
-        self._locks: Locks | None = None
+        self._facades: dict[str, Any] = {}
+
+    def _memo(self, name: str, build: Callable[[], _T]) -> _T:
+        """Build a primitive object once per backend (thread-safe)."""
+        with self._facade_lock:
+            if name not in self._facades:
+                self._facades[name] = build()
+            return self._facades[name]  # type: ignore[no-any-return]
 
     # -- store factories (one request per store method) ---------------------------------------
+    # Only locks are mandatory; a backend that cannot offer a primitive with the promised
+    # guarantees leaves its factory raising NotSupportedError.
+
+    def _unsupported(self, what: str) -> NotSupportedError:
+        return NotSupportedError(f"the {self.kind} backend does not support {what}")
 
     @abc.abstractmethod
     def _lock_store(self, namespace: str) -> LockStore: ...
 
-    # [store-factories:cache-breaker]
-    if TYPE_CHECKING:
-        from .breaker import BreakerStore, CircuitBreaker, TransitionCallback
-        from .cache import Cache, CacheStore
-
     def _cache_store(self, namespace: str) -> CacheStore:
         """The cache store; backends without one raise NotSupportedError."""
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"the {self.kind} backend has no cache")
+        raise self._unsupported("cache")
 
     def _breaker_store(self, namespace: str) -> BreakerStore:
         """The circuit-breaker store; backends without one raise NotSupportedError."""
-        from .errors import NotSupportedError
+        raise self._unsupported("circuit breaker")
 
-        raise NotSupportedError(f"the {self.kind} backend has no circuit breaker")
-
-    # [store-factories:checkpoints-idempotency]
     def _checkpoint_store(self, namespace: str) -> CheckpointStore:
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"{type(self).__name__} does not support checkpoints")
+        raise self._unsupported("checkpoints")
 
     def _idempotency_store(self, namespace: str) -> IdempotencyStore:
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"{type(self).__name__} does not support idempotency")
-
-    # [store-factories:outbox-transaction]
-    if TYPE_CHECKING:
-        from .outbox import Outbox, OutboxStore
-        from .transaction import Transaction
+        raise self._unsupported("idempotency")
 
     def _outbox_store(self, namespace: str) -> OutboxStore:
         """The outbox store; backends without one raise NotSupportedError."""
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"the {self.kind} backend has no outbox")
+        raise self._unsupported("outbox")
 
     def _begin_transaction(self, client_request_token: str | None) -> Transaction:
         """A transaction collector; backends without multi-item transactions raise."""
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"the {self.kind} backend has no transactions")
-
-    # [store-factories:counters-runs]
-    if TYPE_CHECKING:
-        from .counters import Counters, CounterStore
-        from .runs import Runs, RunStore
+        raise self._unsupported("transactions")
 
     def _counter_store(self, namespace: str) -> CounterStore:
         """The counter / flag / join store; backends without one raise NotSupportedError."""
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"the {self.kind} backend has no counters")
+        raise self._unsupported("counters")
 
     def _run_store(self, namespace: str) -> RunStore:
         """The workflow-run store; backends without one raise NotSupportedError."""
-        from .errors import NotSupportedError
-
-        raise NotSupportedError(f"the {self.kind} backend has no workflow runs")
+        raise self._unsupported("workflow runs")
 
     # -- public primitives ------------------------------------------------------------------------
 
@@ -116,12 +104,10 @@ class Backend(abc.ABC):
         """Distributed locks with fencing tokens in this backend's namespace."""
         from .locks import Locks
 
-        with self._facade_lock:
-            if self._locks is None:
-                self._locks = Locks(self._lock_store(self.namespace), clock=self.clock)
-            return self._locks
+        return self._memo(
+            "_locks", lambda: Locks(self._lock_store(self.namespace), clock=self.clock)
+        )
 
-    # [facade:cache-breaker]
     def cache(self, default_ttl: float | None = None, namespace: str | None = None) -> Cache:
         """A TTL cache in ``namespace`` (default: the backend's) with stampede protection.
 
@@ -167,30 +153,25 @@ class Backend(abc.ABC):
             namespace=self.namespace,
         )
 
-    # [facade:checkpoints-idempotency]
     @property
     def checkpoints(self) -> Checkpoints:
         """Task checkpoints (save / load / load_latest / list / cleanup / task) in this namespace."""
         from .checkpoints import Checkpoints
 
-        with self._facade_lock:
-            existing = self.__dict__.get("_checkpoints")
-            if not isinstance(existing, Checkpoints):
-                existing = Checkpoints(self._checkpoint_store(self.namespace), clock=self.clock)
-                self.__dict__["_checkpoints"] = existing
-            return existing
+        return self._memo(
+            "_checkpoints",
+            lambda: Checkpoints(self._checkpoint_store(self.namespace), clock=self.clock),
+        )
 
     @property
     def idempotency(self) -> Idempotency:
         """Idempotency records (try_claim / complete / release / get / delete) in this namespace."""
         from .idempotency import Idempotency
 
-        with self._facade_lock:
-            existing = self.__dict__.get("_idempotency")
-            if not isinstance(existing, Idempotency):
-                existing = Idempotency(self._idempotency_store(self.namespace), clock=self.clock)
-                self.__dict__["_idempotency"] = existing
-            return existing
+        return self._memo(
+            "_idempotency",
+            lambda: Idempotency(self._idempotency_store(self.namespace), clock=self.clock),
+        )
 
     def idempotent(
         self,
@@ -215,18 +196,14 @@ class Backend(abc.ABC):
             raise_on_no_key=raise_on_no_key,
         )
 
-    # [facade:outbox-transaction]
     @property
     def outbox(self) -> Outbox:
         """The transactional outbox of this backend's namespace (publish, workers, management)."""
         from .outbox import Outbox
 
-        with self._facade_lock:
-            existing: Outbox | None = self.__dict__.get("_outbox")
-            if existing is None:
-                existing = Outbox(self._outbox_store(self.namespace), clock=self.clock)
-                self.__dict__["_outbox"] = existing
-            return existing
+        return self._memo(
+            "_outbox", lambda: Outbox(self._outbox_store(self.namespace), clock=self.clock)
+        )
 
     def transaction(self, *, client_request_token: str | None = None) -> Transaction:
         """``with backend.transaction() as tx:`` collects writes (``tx.put/update/delete/
@@ -235,28 +212,21 @@ class Backend(abc.ABC):
         :class:`dynacoord.transaction.Transaction`."""
         return self._begin_transaction(client_request_token)
 
-    # [facade:counters-runs]
     @property
     def counters(self) -> Counters:
         """Atomic counters, set-if-absent flags and idempotent fan-in joins."""
         from .counters import Counters
 
-        with self._facade_lock:
-            existing: Counters | None = self.__dict__.get("_counters")
-            if existing is None:
-                existing = Counters(self._counter_store(self.namespace), clock=self.clock)
-                self.__dict__["_counters"] = existing
-            return existing
+        return self._memo(
+            "_counters", lambda: Counters(self._counter_store(self.namespace), clock=self.clock)
+        )
 
     @property
     def runs(self) -> Runs:
         """Workflow-run state and the stalled-run reconciler (uses ``locks`` for reconcile)."""
         from .runs import Runs
 
-        locks = self.locks  # outside the facade lock: the property takes it itself
-        with self._facade_lock:
-            existing: Runs | None = self.__dict__.get("_runs")
-            if existing is None:
-                existing = Runs(self._run_store(self.namespace), locks=locks, clock=self.clock)
-                self.__dict__["_runs"] = existing
-            return existing
+        locks = self.locks  # before _memo: building it takes the same (non-reentrant) lock
+        return self._memo(
+            "_runs", lambda: Runs(self._run_store(self.namespace), locks=locks, clock=self.clock)
+        )
