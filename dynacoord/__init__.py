@@ -8,12 +8,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, ManualClock, SystemClock
+from .breaker import BreakerStatus, CircuitBreaker
+from .breaker import State as BreakerState
+from .cache import Cache
+from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
+from .counters import CounterItem, Counters, JoinResult
 from .errors import (
     BackendError,
     CheckpointExistsError,
     CheckpointNotFoundError,
     CircuitOpenError,
     ConfigurationError,
+    CounterTypeError,
+    DuplicateEventError,
     DynacoordError,
     EventNotFoundError,
     IdempotencyError,
@@ -22,53 +29,33 @@ from .errors import (
     IdempotencyValueError,
     InvalidKeyError,
     InvalidValueError,
+    JobQueueError,
+    JobSendError,
+    JoinMismatchError,
     LockError,
     LockLostError,
     LockNotAcquiredError,
     LockNotOwnedError,
     NotSupportedError,
     OutboxError,
+    RelayError,
     RunError,
     RunExistsError,
     RunNotFoundError,
+    RunNotRunningError,
     StackDeploymentError,
     TableNotReadyError,
     TransactionCancelledError,
     TransactionTooLargeError,
     ValueTooLargeError,
 )
-from .locks import Lease, LockInfo, Locks
-
-# [exports:cache-breaker]
-# isort: split
-from .breaker import BreakerStatus, CircuitBreaker
-from .breaker import State as BreakerState
-from .cache import Cache
-
-# [exports:checkpoints-idempotency]
-# isort: split
-from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
 from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, IdempotencyStatus
-
-# [exports:outbox-transaction]
-# isort: split
-from .errors import DuplicateEventError, RelayError
+from .jobs import ConsumeStats, SQSJobQueue
+from .locks import Lease, LockInfo, Locks
 from .outbox import Event, EventRecord, EventStatus, Outbox, OutboxStats, OutboxWorker, RetryReport
 from .relays import EventBridgeRelay, SNSRelay, SQSRelay
-from .transaction import Transaction
-
-# [exports:counters-runs]
-# isort: split
-from .counters import CounterItem, Counters, JoinResult
-from .errors import (
-    CounterTypeError,
-    JobQueueError,
-    JobSendError,
-    JoinMismatchError,
-    RunNotRunningError,
-)
-from .jobs import ConsumeStats, SQSJobQueue
 from .runs import ReconcileStats, Run, Runs, RunStatus
+from .transaction import Transaction
 
 if TYPE_CHECKING:
     from .backends.dynamodb import DynamoDBBackend

@@ -19,16 +19,11 @@ __all__ = ["build_parser", "main"]
 #: Command-group modules under dynacoord._cli; each has ``register(subparsers)``.
 COMMAND_MODULES = (
     "locks",
-    # [cli:provision]
     "provision",
-    # [cli:cache-breaker]
     "cache",
     "breaker",
-    # [cli:checkpoints-idempotency]
     "checkpoints",
-    # [cli:outbox]
     "outbox",
-    # [cli:counters-runs]
     "counters",
     "runs",
 )

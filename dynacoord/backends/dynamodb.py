@@ -92,7 +92,6 @@ class DynamoDBBackend(Backend):
 
         return DynamoDBLockStore(self.table, namespace, fence_grace_s=self.lock_fence_grace)
 
-    # [ddb-factories:cache-breaker]
     if TYPE_CHECKING:
         from ._ddb_breaker import DynamoDBBreakerStore
         from ._ddb_cache import DynamoDBCacheStore
@@ -107,7 +106,6 @@ class DynamoDBBackend(Backend):
 
         return DynamoDBBreakerStore(self.table, namespace)
 
-    # [ddb-factories:checkpoints-idempotency]
     def _checkpoint_store(self, namespace: str) -> DynamoDBCheckpointStore:
         from ._ddb_checkpoints import DynamoDBCheckpointStore
 
@@ -122,7 +120,6 @@ class DynamoDBBackend(Backend):
         from ._ddb_checkpoints import DynamoDBCheckpointStore
         from ._ddb_idempotency import DynamoDBIdempotencyStore
 
-    # [ddb-factories:outbox-transaction]
     if TYPE_CHECKING:
         from ..transaction import Transaction
         from ._ddb_outbox import DynamoDBOutboxStore
@@ -146,7 +143,6 @@ class DynamoDBBackend(Backend):
             self.table, outbox=self.outbox, client_request_token=client_request_token
         )
 
-    # [ddb-factories:counters-runs]
     def _counter_store(self, namespace: str) -> DynamoDBCounterStore:
         from ._ddb_counters import DynamoDBCounterStore
 
