@@ -29,8 +29,9 @@ def hsettings(**kwargs: Any) -> settings:
     return settings(**kwargs)
 
 
-def scan_all(client: Any, table: str) -> list[dict[str, Any]]:
-    """Every item of ``table`` (all pages), sorted, for before/after comparisons."""
+def scan_all(client: Any, table: str, ignore_prefix: str | None = None) -> list[dict[str, Any]]:
+    """Every item of ``table`` (all pages), sorted, for before/after comparisons; items whose
+    ``pk`` starts with ``ignore_prefix`` are left out."""
     items: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
     while True:
@@ -40,4 +41,6 @@ def scan_all(client: Any, table: str) -> list[dict[str, Any]]:
         if not last:
             break
         kwargs["ExclusiveStartKey"] = last
+    if ignore_prefix is not None:
+        items = [item for item in items if not item["pk"]["S"].startswith(ignore_prefix)]
     return sorted(items, key=lambda item: (item["pk"]["S"], item["sk"]["S"]))
