@@ -16,7 +16,7 @@ from typing import Any
 
 import boto3
 
-from dynacoord import DynamoDBBackend
+from dynacoord import CircuitOpenError, DynamoDBBackend, Event, IdempotencyKeyMismatchError
 from dynacoord.provision import ensure_table
 from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, find_dynamodb_local
 
@@ -29,7 +29,8 @@ def say(message: str) -> None:
 
 @contextlib.contextmanager
 def embedded_dynamodb() -> Iterator[Any]:
-    if shutil.which("java") and find_dynamodb_local():
+    forced_moto = os.environ.get("DYNACOORD_DEMO_BACKEND") == "moto"
+    if not forced_moto and shutil.which("java") and find_dynamodb_local():
         with DynamoDBLocal() as server:
             print(f"* Amazon DynamoDB Local on {server.endpoint_url}")
             yield server.client()
@@ -37,8 +38,6 @@ def embedded_dynamodb() -> Iterator[Any]:
     from moto import mock_aws
 
     print("* Java or DynamoDB Local missing: using moto's in-process DynamoDB")
-    for name, value in DUMMY_CREDENTIALS.items():
-        os.environ.setdefault(name.upper() if name != "region_name" else "AWS_DEFAULT_REGION", value)
     with mock_aws():
         yield boto3.client("dynamodb", **DUMMY_CREDENTIALS)
 
@@ -86,16 +85,101 @@ def demo_locks(backend: DynamoDBBackend) -> None:
     say(f"most threads inside at once: {worst} (mutual exclusion held)")
 
 
+def demo_cache(backend: DynamoDBBackend) -> None:
+    print("* Cache with stampede protection")
+    cache = backend.cache(default_ttl=60)
+    calls = []
+
+    def slow_rate() -> float:
+        calls.append(1)
+        time.sleep(0.3)
+        return 1.0842
+
+    threads = [
+        threading.Thread(target=cache.get_or_set, args=("eur-usd", slow_rate)) for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    say(f"6 threads asked for a cold key; the loader ran {len(calls)} time(s)")
+    say(f"cache.get('eur-usd') -> {cache.get('eur-usd')!r}; keys('eur-*') -> {cache.keys('eur-*')}")
+
+
+def demo_breaker(backend: DynamoDBBackend) -> None:
+    print("* Circuit breaker shared by every process")
+    breaker = backend.breaker("payments-api", failure_threshold=3, reset_timeout=0.5)
+
+    def flaky() -> None:
+        raise ConnectionError("payments-api down")
+
+    for _ in range(3):
+        with contextlib.suppress(ConnectionError):
+            breaker.call(flaky)
+    status = breaker.status()
+    say(f"after 3 failures: state={status.state.value}, failures={status.failures}")
+    try:
+        breaker.call(lambda: "never called")
+    except CircuitOpenError as exc:
+        say(f"a call while open is refused: retry_after={exc.retry_after:.2f}s")
+    time.sleep(0.6)
+    say(f"after reset_timeout one trial call goes through: {breaker.call(lambda: 'ok')!r}")
+    say(f"state now: {breaker.status().state.value}")
+
+
+def demo_idempotency(backend: DynamoDBBackend) -> None:
+    print("* Idempotent handler: a redelivered event replays the stored result")
+    runs = []
+
+    @backend.idempotent(key="order_id", payload="amount")
+    def charge(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        runs.append(event["order_id"])
+        return {"charged": event["amount"]}
+
+    first = charge({"order_id": "o-1", "amount": 1250})
+    again = charge({"order_id": "o-1", "amount": 1250})
+    say(f"first call -> {first}, redelivery -> {again}, body ran {len(runs)} time(s)")
+    try:
+        charge({"order_id": "o-1", "amount": 999})
+    except IdempotencyKeyMismatchError:
+        say("same key, different amount -> IdempotencyKeyMismatchError")
+
+
+def demo_outbox(backend: DynamoDBBackend) -> None:
+    print("* Transactional outbox: business write and event commit together")
+    with backend.transaction() as tx:
+        tx.put(TABLE, {"pk": "ORDER#o-1", "sk": "ORDER", "total_cents": 1250})
+        tx.publish(Event("order.placed", {"order_id": "o-1"}))
+    delivered = []
+    worker = backend.outbox.worker({"order.placed": lambda e: delivered.append(e.payload)})
+    worker.run_once()
+    say(f"worker delivered {delivered}; stats now {backend.outbox.stats()}")
+
+
+def demo_runs(backend: DynamoDBBackend) -> None:
+    print("* Workflow runs, a fan-in join and the stalled-run reconciler")
+    runs, counters = backend.runs, backend.counters
+    runs.start("run-1", context={"order": "o-1"})
+    fired = [counters.join("join:run-1", step, expected=3).fired for step in ("a", "b", "a", "c")]
+    say(f"join arrivals a, b, a (redelivered), c -> fired {fired}")
+    runs.complete("run-1", result={"ok": True})
+    runs.start("run-2")
+    time.sleep(1.1)
+    stats = runs.reconcile(1, lambda run: say(f"reconciler re-enqueues stalled {run.run_id}"))
+    say(f"reconcile: scanned={stats.scanned} stalled={stats.stalled} reconciled={stats.reconciled}")
+
+
 def main() -> None:
     with embedded_dynamodb() as client:
         ensure_table(client, TABLE, progress=lambda m: say(m))
         backend = DynamoDBBackend(client, table_name=TABLE, namespace="demo")
         print(f"* table {TABLE!r} ready, namespace 'demo'")
         demo_locks(backend)
-        for name in ("demo_cache", "demo_breaker", "demo_idempotency", "demo_outbox", "demo_runs"):
-            step = globals().get(name)
-            if callable(step):
-                step(backend)
+        demo_cache(backend)
+        demo_breaker(backend)
+        demo_idempotency(backend)
+        demo_outbox(backend)
+        demo_runs(backend)
     print("demo finished")
 
 
