@@ -1,0 +1,162 @@
+"""Model-based test of counters, flags and fan-in joins against an in-memory reference model.
+
+Two keys are shared by every kind, so kind clashes (incrementing a flag, joining a counter) are
+exercised too. The ``ManualClock`` advances (also exactly onto expiry instants) so that expired
+items are seen as absent and restarted. Runs on moto (more examples) and DynamoDB Local (fewer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from dynacoord import ManualClock
+from dynacoord._clock import now_ms
+from dynacoord.errors import CounterTypeError
+from tests.conftest import _dynamodb_factory
+from tests.reliability.conftest import hsettings
+
+KEYS = ("x", "y")
+TTL_MS = st.one_of(st.none(), st.integers(1, 3000))
+JOIN_TTL_MS = 4000
+EXPECTED = 3
+
+
+@dataclass
+class Item:
+    kind: str
+    value: Any
+    expires: int | None
+    members: set[str] = field(default_factory=set)
+
+
+def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
+    class CountersMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = ManualClock()
+            self.counters = factory(clock=self.clock).counters
+            self.items: dict[str, Item] = {}
+
+        def now(self) -> int:
+            return now_ms(self.clock)
+
+        def live(self, key: str) -> Item | None:
+            item = self.items.get(key)
+            if item is None or (item.expires is not None and self.now() >= item.expires):
+                return None
+            return item
+
+        @rule(key=st.sampled_from(KEYS), by=st.integers(-5, 5), ttl_ms=TTL_MS)
+        def increment(self, key: str, by: int, ttl_ms: int | None) -> None:
+            now = self.now()
+            ttl = None if ttl_ms is None else ttl_ms / 1000
+            item = self.live(key)
+            if item is not None and item.kind != "counter":
+                with pytest.raises(CounterTypeError):
+                    self.counters.increment(key, by, ttl=ttl)
+                return
+            got = self.counters.increment(key, by, ttl=ttl)
+            if item is None:
+                expires = None if ttl_ms is None else now + ttl_ms
+                self.items[key] = item = Item("counter", by, expires)
+            else:
+                item.value += by
+                if item.expires is None and ttl_ms is not None:
+                    item.expires = now + ttl_ms
+            assert got == item.value
+
+        @rule(
+            key=st.sampled_from(KEYS),
+            value=st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.booleans()),
+            ttl_ms=TTL_MS,
+        )
+        def set_if_absent(self, key: str, value: Any, ttl_ms: int | None) -> None:
+            now = self.now()
+            ttl = None if ttl_ms is None else ttl_ms / 1000
+            expected = self.live(key) is None
+            assert self.counters.set_if_absent(key, value, ttl=ttl) is expected
+            if expected:
+                kind = (
+                    "counter" if isinstance(value, int) and not isinstance(value, bool) else "flag"
+                )
+                self.items[key] = Item(kind, value, None if ttl_ms is None else now + ttl_ms)
+
+        @rule(key=st.sampled_from(KEYS), member=st.sampled_from(["m1", "m2", "m3", "m4"]))
+        def join(self, key: str, member: str) -> None:
+            now = self.now()
+            item = self.live(key)
+            if item is not None and item.kind != "join":
+                with pytest.raises(CounterTypeError):
+                    self.counters.join(key, member, expected=EXPECTED, ttl=JOIN_TTL_MS / 1000)
+                return
+            result = self.counters.join(key, member, expected=EXPECTED, ttl=JOIN_TTL_MS / 1000)
+            if item is None:
+                self.items[key] = item = Item("join", 0, now + JOIN_TTL_MS)
+            new = member not in item.members
+            item.members.add(member)
+            item.value = len(item.members)
+            assert result.count == item.value
+            assert result.complete is (item.value >= EXPECTED)
+            assert result.fired is (new and item.value == EXPECTED)
+
+        @rule(key=st.sampled_from(KEYS))
+        def delete(self, key: str) -> None:
+            expected = self.live(key) is not None
+            assert self.counters.delete(key) is expected
+            self.items.pop(key, None)
+
+        @rule(key=st.sampled_from(KEYS), ttl_ms=st.integers(1, 3000))
+        def extend_ttl(self, key: str, ttl_ms: int) -> None:
+            now = self.now()
+            item = self.live(key)
+            assert self.counters.extend_ttl(key, ttl_ms / 1000) is (item is not None)
+            if item is not None:
+                item.expires = now + ttl_ms
+
+        @rule(ms=st.one_of(st.sampled_from([0, 1]), st.integers(0, 2500)))
+        def advance(self, ms: int) -> None:
+            self.clock.advance(ms / 1000)
+
+        @rule(key=st.sampled_from(KEYS))
+        def advance_onto_expiry(self, key: str) -> None:
+            item = self.live(key)
+            if item is None or item.expires is None:
+                return
+            while self.now() < item.expires:
+                self.clock.advance(max(item.expires - self.now(), 1) / 1000)
+
+        @invariant()
+        def store_agrees_with_model(self) -> None:
+            for key in KEYS:
+                got = self.counters.item(key)
+                item = self.live(key)
+                if item is None:
+                    assert got is None, f"{key!r} should be absent at {self.now()}: {got}"
+                    continue
+                assert got is not None, f"{key!r} should be {item}"
+                assert (got.kind, got.expires_at_ms) == (item.kind, item.expires)
+                assert type(got.value) is type(item.value) and got.value == item.value
+                if item.kind == "join":
+                    assert set(got.members) == item.members and got.expected == EXPECTED
+
+    return CountersMachine
+
+
+def test_counters_model_moto(moto_table: tuple[Any, str]) -> None:
+    run_state_machine_as_test(
+        make_machine(_dynamodb_factory(*moto_table)),
+        settings=hsettings(max_examples=25, stateful_step_count=20),
+    )
+
+
+@pytest.mark.integration
+def test_counters_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
+    run_state_machine_as_test(
+        make_machine(_dynamodb_factory(*ddb_table)),
+        settings=hsettings(max_examples=8, stateful_step_count=15),
+    )
