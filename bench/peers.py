@@ -19,10 +19,11 @@ import datetime
 import importlib.metadata
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import BenchEnv, interleaved, ratio, stats, unique
+from ._harness import BenchEnv, RedisCommandCounter, interleaved, ratio, stats, unique
 
 __all__ = ["run"]
 
@@ -170,13 +171,26 @@ def _idempotency_peer(env: BenchEnv) -> dict[str, Any]:
     def peer_handler(order: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "order_id": order["order_id"]}
 
-    decorator = backend.idempotent
-    dyn_handler = _dynacoord_idempotent(decorator)
+    @backend.idempotent(key="order_id")
+    def dyn_handler(order: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "order_id": order["order_id"]}
 
     counter = _ddb_counter(env)
+    with warnings.catch_warnings():
+        # Powertools warns on every call outside Lambda that it cannot read the remaining time
+        warnings.simplefilter("ignore", UserWarning)
+        return {**base, **_idempotency_runs(env, counter, dyn_handler, peer_handler)}
+
+
+def _idempotency_runs(
+    env: BenchEnv,
+    counter: Callable[[Callable[[], object]], int],
+    dyn_handler: Callable[..., Any],
+    peer_handler: Callable[..., Any],
+) -> dict[str, Any]:
     first = _compare(
         env,
-        lambda i: dyn_handler(order={"order_id": f"first-{i}"}),
+        lambda i: dyn_handler({"order_id": f"first-{i}"}),
         lambda i: peer_handler(order={"order_id": f"first-{i}"}),
         counter,
         counter,
@@ -186,7 +200,7 @@ def _idempotency_peer(env: BenchEnv) -> dict[str, Any]:
     # replay: the same keys again (every one of them completed above)
     second = _compare(
         env,
-        lambda i: dyn_handler(order={"order_id": f"first-{i}"}),
+        lambda i: dyn_handler({"order_id": f"first-{i}"}),
         lambda i: peer_handler(order={"order_id": f"first-{i}"}),
         counter,
         counter,
@@ -194,17 +208,14 @@ def _idempotency_peer(env: BenchEnv) -> dict[str, Any]:
         env.scale.warmup,
     )
     return {
-        **base,
         "status": "ok",
         "rows": [{"case": "first call", **first}, {"case": "replay", **second}],
-        "note": "Powertools with use_local_cache=False; both sides hash the payload",
+        "note": (
+            "Powertools with use_local_cache=False (every call goes to DynamoDB, as in "
+            "dynacoord, which has no local cache) and no Lambda context; it stores an MD5 of the "
+            "selected key, dynacoord the key itself; neither validates the payload here"
+        ),
     }
-
-
-def _dynacoord_idempotent(decorator: Any) -> Callable[..., Any]:
-    """Wrap a handler like the Powertools one with ``@backend.idempotent``; filled in by the
-    idempotency section once its API is known (see ``bench/peers.py``)."""
-    raise NotImplementedError("dynacoord idempotency peer comparison not wired yet")
 
 
 # -- pybreaker on Redis -----------------------------------------------------------------------------
@@ -221,10 +232,69 @@ def _breaker_peer(env: BenchEnv) -> dict[str, Any]:
     if env.redis is None:
         return {**base, "status": "error", "error": f"no redis-server: {env.redis_error}"}
     try:
-        import dynacoord.backends.redis  # noqa: F401
+        from dynacoord.backends.redis import RedisBackend
     except ImportError as exc:
         return {**base, "status": "not landed", "error": f"dynacoord Redis backend: {exc}"}
-    raise NotImplementedError("dynacoord breaker on Redis not wired yet")
+    import pybreaker
+
+    dyn_counter = RedisCommandCounter()
+    peer_counter = RedisCommandCounter()
+    dyn_client = dyn_counter.attach(env.redis_client())
+    peer_client = peer_counter.attach(env.redis_client())
+    name = unique("cb")
+    breaker = RedisBackend(dyn_client, namespace=unique("ns")).breaker(
+        name, failure_threshold=5, reset_timeout=30
+    )
+    peer_breaker = pybreaker.CircuitBreaker(
+        fail_max=5,
+        reset_timeout=30,
+        state_storage=pybreaker.CircuitRedisStorage(
+            pybreaker.STATE_CLOSED, peer_client, namespace=name
+        ),
+        name=name,
+    )
+
+    def ok() -> int:
+        return 1
+
+    # connections made (and their handshakes sent) before anything is counted
+    breaker.call(ok)
+    peer_breaker.call(ok)
+
+    def count_with(counter: RedisCommandCounter) -> Callable[[Callable[[], object]], int]:
+        def count(call: Callable[[], object]) -> int:
+            with counter.measure() as n:
+                call()
+            return n[0]
+
+        return count
+
+    closed = _compare(
+        env,
+        lambda i: breaker.call(ok),
+        lambda i: peer_breaker.call(ok),
+        count_with(dyn_counter),
+        count_with(peer_counter),
+        env.scale.peer_samples,
+        env.scale.warmup,
+    )
+    # the floor: the same no-op called bare, to show the per-call overhead of each breaker
+    bare = [float(x) for x in interleaved(lambda i: ok(), lambda i: ok(), 50, 5)[0]]
+    bare_ms = stats(bare).median_ms
+    closed["overhead_ms_dynacoord"] = round(closed["dynacoord_stats"]["median_ms"] - bare_ms, 4)
+    closed["overhead_ms_peer"] = round(closed["peer_stats"]["median_ms"] - bare_ms, 4)
+    dyn_client.close()
+    peer_client.close()
+    return {
+        **base,
+        "status": "ok",
+        **closed,
+        "note": (
+            "requests are Redis round trips (a pipeline or script is one); pybreaker keeps its "
+            "state in several keys and reads them per call, dynacoord runs one script per "
+            "state read"
+        ),
+    }
 
 
 PEERS: list[Callable[[BenchEnv], dict[str, Any]]] = [

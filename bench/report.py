@@ -149,15 +149,16 @@ def _overhead(s: dict[str, Any]) -> list[str]:
 
 def _outbox(s: dict[str, Any]) -> list[str]:
     lines = [
-        f"{s.get('events')} events per configuration, no-op handler. Publish: "
-        f"{_fmt(s.get('publish_events_per_s'))} events/s with `publish_many` "
-        f"({_fmt(s.get('publish_requests_per_event'))} requests per event).",
+        f"{s.get('events')} events per configuration, no-op handler. Publishing them, "
+        f"{s.get('batch_per_publish')} events per `outbox.publish` call (one TransactWriteItems): "
+        f"{_fmt(s.get('publish_events_per_s'))} events/s, "
+        f"{_fmt(s.get('publish_requests_per_event'), 3)} requests per event.",
         "",
     ]
     rows = []
     for r in s.get("rows", []):
         if "error" in r:
-            rows.append([r["workers"], "error", "", "", "", "", r["error"]])
+            rows.append([r["workers"], "error", "", "", "", "", "", r["error"]])
             continue
         rows.append(
             [
@@ -168,6 +169,7 @@ def _outbox(s: dict[str, Any]) -> list[str]:
                 r["requests_per_event"],
                 r["lost"],
                 r["duplicates"],
+                r.get("lease_lost_reports"),
             ]
         )
     lines += _table(
@@ -177,8 +179,9 @@ def _outbox(s: dict[str, Any]) -> list[str]:
             "seconds",
             "events/s",
             "requests per delivered event",
-            "lost",
-            "duplicates",
+            "lost (must be 0)",
+            "duplicates (must be 0)",
+            "lease lost",
         ],
         rows,
     )
