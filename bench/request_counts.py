@@ -96,6 +96,7 @@ def _lock_ops(env: BenchEnv, reps: int) -> list[Op]:
         ),
         Op("locks", "lease.extend", lambda i: leases[i].extend(), 1, "one conditional UpdateItem"),
         Op("locks", "lease.is_held", lambda i: leases[i].is_held(), 1, "one consistent GetItem"),
+        Op("locks", "locked", lambda i: locks.locked(f"held{i}"), 1, "one consistent GetItem"),
         Op("locks", "get", lambda i: locks.get(f"held{i}"), 1, "one consistent GetItem"),
         Op(
             "locks",
@@ -231,6 +232,7 @@ def _cache_ops(env: BenchEnv, reps: int) -> list[Op]:
             "read, lock, re-check read under the lock, write, unlock",
         ),
         Op("cache", "@cached (hit)", lambda i: cached_fn(i), 1, "one consistent GetItem"),
+        Op("cache", "@cached .invalidate", lambda i: cached_fn.invalidate(i), 1, "one DeleteItem"),
     ]
 
 
@@ -439,6 +441,11 @@ def _outbox_ops(env: BenchEnv, reps: int) -> list[Op]:
 
     failed_ids: dict[int, str] = {}
 
+    def in_transaction(i: int) -> None:
+        with backend.transaction() as tx:
+            tx.put(env.table, {"pk": f"ORDER#{i}", "sk": "ORDER", "total": 42})
+            tx.publish(Event("order.created", {"order": i}))
+
     def make_failed(i: int) -> None:
         failed_ids[i] = fail_one(i)
 
@@ -476,6 +483,20 @@ def _outbox_ops(env: BenchEnv, reps: int) -> list[Op]:
             "one TransactWriteItems (its 100-item limit)",
         ),
         Op("outbox", "get", lambda i: outbox.get(ids[i]), 1, "one consistent GetItem"),
+        Op(
+            "outbox",
+            "transaction(): 1 business put + publish 1 event",
+            in_transaction,
+            1,
+            "one TransactWriteItems",
+        ),
+        Op(
+            "outbox",
+            f"pending() ({shards} shards)",
+            lambda i: doomed.pending(),
+            shards,
+            "one gsi1 Query per shard",
+        ),
         Op(
             "outbox",
             f"worker.run_once: 25 due events delivered ({shards} shards)",
@@ -548,6 +569,7 @@ def _counter_ops(env: BenchEnv, reps: int) -> list[Op]:
             "one conditional PutItem",
         ),
         Op("counters", "get", lambda i: counters.get(f"c{i}"), 1, "one consistent GetItem"),
+        Op("counters", "item", lambda i: counters.item(f"c{i}"), 1, "one consistent GetItem"),
         Op(
             "counters",
             "extend_ttl",
@@ -585,7 +607,25 @@ def _run_ops(env: BenchEnv, reps: int) -> list[Op]:
     for i in range(3):
         runs.start(f"stalled{i}")
     time.sleep(0.05)
+    stalled_ns = env.backend().namespace
+
+    def one_stalled(i: int) -> None:
+        env.backend(namespace=f"{stalled_ns}rc{i}").runs.start(f"stuck{i}")
+        time.sleep(0.02)
+
+    def reconcile(i: int) -> None:
+        done = env.backend(namespace=f"{stalled_ns}rc{i}").runs.reconcile(0.01, lambda run: None)
+        assert done.reconciled == 1, done
+
     return [
+        Op(
+            "runs",
+            "reconcile (1 stalled run)",
+            reconcile,
+            5,
+            "gsi1 Query + lock acquire + consistent re-read + touch + lock release",
+            prepare=one_stalled,
+        ),
         Op(
             "runs",
             "start",
