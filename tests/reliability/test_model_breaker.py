@@ -1,0 +1,174 @@
+"""Model-based test of the shared circuit breaker against an in-memory reference state machine.
+
+Calls succeed or fail, trial callers may be abandoned (a process that took the half-open slot and
+died), operators trip and reset, and the ``ManualClock`` advances past ``reset_timeout`` (also
+exactly onto it). After every step the stored status must match the model: closed with the
+failure count since the last success, open since ``opened_at``, or half-open with its slot.
+Runs on moto and DynamoDB Local.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from dynacoord import CircuitOpenError, ManualClock
+from dynacoord._clock import now_ms
+from dynacoord.breaker import State
+from tests.conftest import _dynamodb_factory
+from tests.reliability.conftest import hsettings
+
+THRESHOLD = 3
+RESET_MS = 2000
+
+
+class BoomError(Exception):
+    pass
+
+
+def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
+    class BreakerMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = ManualClock()
+            self.breaker = factory(clock=self.clock).breaker(
+                "dep", failure_threshold=THRESHOLD, reset_timeout=RESET_MS / 1000
+            )
+            self.state = State.CLOSED
+            self.failures = 0
+            self.opened_at: int | None = None
+            self.trial_started: int | None = None
+            self.ran = 0
+
+        def now(self) -> int:
+            return now_ms(self.clock)
+
+        def _admitted(self) -> bool:
+            """Model of admission; moves open -> half_open when a trial starts."""
+            now = self.now()
+            if self.state is State.CLOSED:
+                return True
+            if self.state is State.OPEN:
+                assert self.opened_at is not None
+                if now < self.opened_at + RESET_MS:
+                    return False
+            elif self.trial_started is not None and now < self.trial_started + RESET_MS:
+                return False  # half-open, the one slot is taken and its lease still runs
+            self.state = State.HALF_OPEN
+            self.trial_started = now
+            return True
+
+        def _open(self) -> None:
+            self.state = State.OPEN
+            self.opened_at = self.now()
+            self.trial_started = None
+
+        def _outcome(self, ok: bool, trial: bool) -> None:
+            if not trial:
+                if ok:
+                    self.failures = 0
+                else:
+                    self.failures += 1
+                    if self.failures >= THRESHOLD:
+                        self._open()
+                return
+            if ok:
+                self.state, self.failures, self.opened_at = State.CLOSED, 0, None
+                self.trial_started = None
+            else:
+                self._open()
+
+        @rule(ok=st.booleans())
+        def call(self, ok: bool) -> None:
+            trial = self.state is not State.CLOSED
+            admitted = self._admitted()
+
+            def dependency() -> str:
+                self.ran += 1
+                if not ok:
+                    raise BoomError()
+                return "fine"
+
+            before = self.ran
+            if not admitted:
+                with pytest.raises(CircuitOpenError) as err:
+                    self.breaker.call(dependency)
+                assert err.value.retry_after > 0
+                assert self.ran == before, "an open breaker must not make the call"
+                return
+            if ok:
+                assert self.breaker.call(dependency) == "fine"
+            else:
+                with pytest.raises(BoomError):
+                    self.breaker.call(dependency)
+            assert self.ran == before + 1
+            self._outcome(ok, trial)
+
+        @precondition(lambda self: self.state is not State.CLOSED)
+        @rule()
+        def abandoned_trial(self) -> None:
+            """A caller takes the trial slot and never reports (its process died)."""
+            if not self._admitted():
+                with pytest.raises(CircuitOpenError):
+                    self.breaker.__enter__()
+                return
+            self.breaker.__enter__()  # never exited
+
+        @rule()
+        def trip(self) -> None:
+            self.breaker.trip()
+            self._open()
+
+        @rule()
+        def reset(self) -> None:
+            self.breaker.reset()
+            self.state, self.failures, self.opened_at, self.trial_started = (
+                State.CLOSED,
+                0,
+                None,
+                None,
+            )
+
+        @rule(ms=st.one_of(st.sampled_from([0, 1, RESET_MS - 1, RESET_MS]), st.integers(0, 2500)))
+        def advance(self, ms: int) -> None:
+            self.clock.advance(ms / 1000)
+
+        @invariant()
+        def store_agrees_with_model(self) -> None:
+            status = self.breaker.status()
+            assert status.state is self.state
+            if self.state is State.CLOSED:
+                assert status.failures == self.failures
+                assert status.retry_after is None
+            elif self.state is State.OPEN:
+                assert self.opened_at is not None
+                assert status.opened_at is not None
+                assert round(status.opened_at * 1000) == self.opened_at
+                expected = max(0, self.opened_at + RESET_MS - self.now()) / 1000
+                assert status.retry_after == pytest.approx(expected, abs=0.002)
+
+    return BreakerMachine
+
+
+def test_breaker_model_moto(moto_table: tuple[Any, str]) -> None:
+    run_state_machine_as_test(
+        make_machine(_dynamodb_factory(*moto_table)),
+        settings=hsettings(max_examples=25, stateful_step_count=25),
+    )
+
+
+@pytest.mark.integration
+def test_breaker_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
+    run_state_machine_as_test(
+        make_machine(_dynamodb_factory(*ddb_table)),
+        settings=hsettings(max_examples=8, stateful_step_count=20),
+    )
