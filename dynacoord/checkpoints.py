@@ -30,12 +30,13 @@ import builtins
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import optional_int, optional_str
 from ._validate import check_int, ttl_to_ms
 from .errors import CheckpointExistsError, CheckpointNotFoundError, DynacoordError
 
@@ -72,6 +73,22 @@ class StoredCheckpoint:
     def live(self, now_ms: int) -> bool:
         """False once expired (``now_ms >= expires_at_ms``), even if the item still exists."""
         return self.expires_at_ms is None or now_ms < self.expires_at_ms
+
+    @classmethod
+    def from_item(cls, task_id: str, item: Mapping[str, Any]) -> StoredCheckpoint:
+        """The checkpoint a stored item holds (the same field names on every backend).
+
+        ``data`` and ``progress`` may be missing (keys-only reads).
+        """
+        progress = item.get("progress")
+        return cls(
+            task_id=task_id,
+            sequence=keys.parse_sk_sequence(str(item["sk"])),
+            data_text=optional_str(item, "data"),
+            progress=None if progress is None else float(progress),
+            created_ms=optional_int(item, "created_ms") or 0,
+            expires_at_ms=optional_int(item, "expires_at_ms"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

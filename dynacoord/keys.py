@@ -34,12 +34,15 @@ __all__ = [
     "idempotency_key",
     "lock_key",
     "outbox_index_pk",
+    "outbox_index_sk",
     "outbox_key",
     "parse_pk",
     "parse_sk_sequence",
     "run_index_pk",
+    "run_index_sk",
     "run_key",
     "shard_of",
+    "time_sk_bound",
     "validate_key",
     "validate_namespace",
 ]
@@ -249,6 +252,17 @@ def outbox_index_pk(namespace: str, status: str, shard: int) -> str:
     return f"{Kind.OUTBOX.value}#{namespace}#{status}#{shard}"
 
 
+def time_sk_bound(ms: int) -> str:
+    """The bare padded time ``{ms:015d}``: as a gsi1 sort-key bound, every entry of a time at or
+    after ``ms`` sorts at or above it (``{ms:015d}#{id}`` > ``{ms:015d}``)."""
+    return f"{ms:0{MS_WIDTH}d}"
+
+
+def outbox_index_sk(due_ms: int, event_id: str) -> str:
+    """The gsi1 sort key of an outbox event: ``{due_ms:015d}#{event_id}`` (due order)."""
+    return f"{time_sk_bound(due_ms)}#{event_id}"
+
+
 def outbox_key(
     namespace: str, event_id: str, *, status: str, due_ms: int, shards: int = 1
 ) -> ItemKey:
@@ -257,7 +271,7 @@ def outbox_key(
         pk,
         _FIXED_SK[Kind.OUTBOX],
         outbox_index_pk(namespace, status, shard_of(event_id, shards)),
-        _sort_key(f"{due_ms:0{MS_WIDTH}d}#{event_id}", "event id", event_id),
+        _sort_key(outbox_index_sk(due_ms, event_id), "event id", event_id),
     )
 
 
@@ -271,13 +285,18 @@ def run_index_pk(namespace: str, status: str) -> str:
     return f"{Kind.RUN.value}#{namespace}#{status}"
 
 
+def run_index_sk(updated_ms: int, run_id: str) -> str:
+    """The gsi1 sort key of a workflow run: ``{updated_ms:015d}#{run_id}`` (update order)."""
+    return f"{time_sk_bound(updated_ms)}#{run_id}"
+
+
 def run_key(namespace: str, run_id: str, *, status: str, updated_ms: int) -> ItemKey:
     pk = _pk(Kind.RUN, namespace, run_id, "run id")
     return ItemKey(
         pk,
         _FIXED_SK[Kind.RUN],
         run_index_pk(namespace, status),
-        _sort_key(f"{updated_ms:0{MS_WIDTH}d}#{run_id}", "run id", run_id),
+        _sort_key(run_index_sk(updated_ms, run_id), "run id", run_id),
     )
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import optional_int, optional_str
 from ._validate import check_int, check_str, non_negative_seconds, ttl_to_ms
 from .errors import InvalidValueError, RunError
 
@@ -103,6 +104,27 @@ class Run:
     @property
     def running(self) -> bool:
         return self.status is RunStatus.RUNNING
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any], context: Mapping[str, Any]) -> Run:
+        """The run a stored item holds (the same field names on every backend).
+
+        ``context`` maps each context field name to its codec text; backends store it
+        differently (a map, escaped names, prefixed hash fields), so they pass it unpacked.
+        """
+        result = item.get("result")
+        return cls(
+            run_id=str(item["run_id"]),
+            status=RunStatus(str(item["status"])),
+            context={str(name): codec.decode(str(text)) for name, text in context.items()},
+            created_at_ms=int(item["created_ms"]),
+            updated_at_ms=int(item["updated_ms"]),
+            result=None if result is None else codec.decode(str(result)),
+            error=optional_str(item, "error"),
+            ended_at_ms=optional_int(item, "ended_ms"),
+            expires_at_ms=optional_int(item, "expires_at_ms"),
+            reconciles=int(item.get("reconciles", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

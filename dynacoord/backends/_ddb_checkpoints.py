@@ -34,19 +34,6 @@ class DynamoDBCheckpointStore:
             **kwargs,
         )
 
-    @staticmethod
-    def _stored(task_id: str, item: dict[str, Any]) -> StoredCheckpoint:
-        progress = item.get("progress")
-        expires = item.get("expires_at_ms")
-        return StoredCheckpoint(
-            task_id=task_id,
-            sequence=parse_sk_sequence(str(item["sk"])),
-            data_text=str(item["data"]) if "data" in item else None,
-            progress=None if progress is None else float(progress),
-            created_ms=int(item.get("created_ms", 0)),
-            expires_at_ms=None if expires is None else int(expires),
-        )
-
     def insert(self, checkpoint: StoredCheckpoint, now_ms: int) -> bool:
         k = checkpoint_key(self._ns, checkpoint.task_id, checkpoint.sequence)
         item: dict[str, Any] = {
@@ -83,7 +70,7 @@ class DynamoDBCheckpointStore:
 
     def get(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
         item = self._table.get(checkpoint_key(self._ns, task_id, sequence).primary)
-        return None if item is None else self._stored(task_id, item)
+        return None if item is None else StoredCheckpoint.from_item(task_id, item)
 
     def page(
         self,
@@ -100,7 +87,9 @@ class DynamoDBCheckpointStore:
         if keys_only:
             kwargs["ProjectionExpression"] = "sk, expires_at_ms"
         response = self._query(task_id, **kwargs)
-        items = [self._stored(task_id, unmarshal(raw)) for raw in response.get("Items", [])]
+        items = [
+            StoredCheckpoint.from_item(task_id, unmarshal(raw)) for raw in response.get("Items", [])
+        ]
         return CheckpointPage(items, response.get("LastEvaluatedKey") or None)
 
     def delete_batch(self, task_id: str, sequences: Sequence[int]) -> list[int]:

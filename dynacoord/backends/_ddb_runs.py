@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import codec
+from .._items import is_live
 from ..errors import RunExistsError, RunNotFoundError, RunNotRunningError
-from ..keys import MS_WIDTH, run_index_pk, run_key
+from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ..runs import Run, RunPage, RunStatus
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
@@ -28,34 +29,8 @@ __all__ = ["DynamoDBRunStore"]
 _INDEX = "gsi1"
 
 
-def _sk(updated_ms: int, run_id: str) -> str:
-    return f"{updated_ms:0{MS_WIDTH}d}#{run_id}"
-
-
-def _live(raw: Mapping[str, Any] | None, now_ms: int) -> bool:
-    if not raw:
-        return False
-    expires = raw.get("expires_at_ms")
-    return expires is None or int(expires) > now_ms
-
-
 def _run(raw: Mapping[str, Any]) -> Run:
-    ctx = raw.get("ctx") or {}
-    result = raw.get("result")
-    ended = raw.get("ended_ms")
-    expires = raw.get("expires_at_ms")
-    return Run(
-        run_id=str(raw["run_id"]),
-        status=RunStatus(str(raw["status"])),
-        context={str(k): codec.decode(str(v)) for k, v in ctx.items()},
-        created_at_ms=int(raw["created_ms"]),
-        updated_at_ms=int(raw["updated_ms"]),
-        result=None if result is None else codec.decode(str(result)),
-        error=None if raw.get("error") is None else str(raw["error"]),
-        ended_at_ms=None if ended is None else int(ended),
-        expires_at_ms=None if expires is None else int(expires),
-        reconciles=int(raw.get("reconciles", 0)),
-    )
+    return Run.from_item(raw, raw.get("ctx") or {})
 
 
 class DynamoDBRunStore:
@@ -67,7 +42,7 @@ class DynamoDBRunStore:
         return marshal(run_key(self._ns, run_id, status="running", updated_ms=0).primary)
 
     def _refused(self, run_id: str, old: Mapping[str, Any] | None, now_ms: int) -> Exception:
-        if not _live(old, now_ms):
+        if not is_live(old, now_ms):
             return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
         assert old is not None
         status = str(old.get("status"))
@@ -105,7 +80,7 @@ class DynamoDBRunStore:
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
         raw = self._table.get(run_key(self._ns, run_id, status="running", updated_ms=0).primary)
-        return _run(raw) if raw and _live(raw, now_ms) else None
+        return _run(raw) if raw and is_live(raw, now_ms) else None
 
     def _write(
         self,
@@ -141,7 +116,7 @@ class DynamoDBRunStore:
     ) -> Run:
         sets = ["updated_ms = :now", "gsi1sk = :gsk"]
         names: dict[str, str] = {}
-        vals: dict[str, Any] = {"now": now_ms, "gsk": _sk(now_ms, run_id)}
+        vals: dict[str, Any] = {"now": now_ms, "gsk": run_index_sk(now_ms, run_id)}
         # Field names go through placeholders, so any str is a safe map key.
         for i, (name, value) in enumerate((set_fields or {}).items()):
             names[f"#s{i}"] = name
@@ -176,7 +151,7 @@ class DynamoDBRunStore:
         vals: dict[str, Any] = {
             "status": status.value,
             "gpk": run_index_pk(self._ns, status.value),
-            "gsk": _sk(now_ms, run_id),
+            "gsk": run_index_sk(now_ms, run_id),
             "now": now_ms,
             "now_s": math.ceil(now_ms / 1000),
         }
@@ -200,7 +175,7 @@ class DynamoDBRunStore:
             # gsi1sk is "{updated_ms:015d}#{run_id}": every run updated at before_ms or later
             # sorts at or above the bare padded number, so "<" keeps exactly updated < before.
             condition += " AND gsi1sk < :before"
-            vals["before"] = f"{max(before_ms, 0):0{MS_WIDTH}d}"
+            vals["before"] = time_sk_bound(max(before_ms, 0))
         kwargs: dict[str, Any] = {
             "IndexName": _INDEX,
             "KeyConditionExpression": condition,
@@ -215,6 +190,6 @@ class DynamoDBRunStore:
         for raw_item in page.get("Items", []):
             raw = unmarshal(raw_item)
             # The index item carries the whole run (projection ALL); drop runs that expired.
-            if _live(raw, now_ms) and raw.get("status") == status.value:
+            if is_live(raw, now_ms) and raw.get("status") == status.value:
                 runs.append(_run(raw))
         return RunPage(runs, page.get("LastEvaluatedKey") or None)

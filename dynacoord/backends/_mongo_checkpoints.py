@@ -34,19 +34,6 @@ class MongoCheckpointStore:
         self._c = coll.collection
         self._ns = namespace
 
-    @staticmethod
-    def _stored(task_id: str, doc: dict[str, Any]) -> StoredCheckpoint:
-        progress = doc.get("progress")
-        expires = doc.get("expires_at_ms")
-        return StoredCheckpoint(
-            task_id=task_id,
-            sequence=parse_sk_sequence(str(doc["sk"])),
-            data_text=str(doc["data"]) if "data" in doc else None,
-            progress=None if progress is None else float(progress),
-            created_ms=int(doc.get("created_ms", 0)),
-            expires_at_ms=None if expires is None else int(expires),
-        )
-
     def insert(self, checkpoint: StoredCheckpoint, now_ms: int) -> bool:
         k = checkpoint_key(self._ns, checkpoint.task_id, checkpoint.sequence)
         doc: dict[str, Any] = {
@@ -80,7 +67,7 @@ class MongoCheckpointStore:
     def get(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
         with translate_errors("checkpoint get"):
             doc = self._c.find_one(checkpoint_key(self._ns, task_id, sequence).primary)
-        return None if doc is None else self._stored(task_id, doc)
+        return None if doc is None else StoredCheckpoint.from_item(task_id, doc)
 
     def page(
         self,
@@ -108,7 +95,7 @@ class MongoCheckpointStore:
                 .sort("sk", direction)
                 .limit(limit + 1)  # one more than asked tells whether a next page exists
             )
-        items = [self._stored(task_id, d) for d in docs[:limit]]
+        items = [StoredCheckpoint.from_item(task_id, d) for d in docs[:limit]]
         more = len(docs) > limit
         return CheckpointPage(items, str(docs[limit - 1]["sk"]) if more and limit else None)
 

@@ -26,8 +26,9 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from .. import codec
+from .._items import is_live
 from ..errors import RunExistsError, RunNotFoundError, RunNotRunningError
-from ..keys import MS_WIDTH, run_index_pk, run_key
+from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ..runs import Run, RunPage, RunStatus
 from ._mongo import MongoCollection, literal, translate_errors
 
@@ -48,34 +49,9 @@ def _unescape(name: str) -> str:
     return name
 
 
-def _sk(updated_ms: int, run_id: str) -> str:
-    return f"{updated_ms:0{MS_WIDTH}d}#{run_id}"
-
-
-def _live(doc: Mapping[str, Any] | None, now_ms: int) -> bool:
-    if not doc:
-        return False
-    expires = doc.get("expires_at_ms")
-    return expires is None or int(expires) > now_ms
-
-
 def _run(doc: Mapping[str, Any]) -> Run:
     ctx = doc.get("ctx") or {}
-    result = doc.get("result")
-    ended = doc.get("ended_ms")
-    expires = doc.get("expires_at_ms")
-    return Run(
-        run_id=str(doc["run_id"]),
-        status=RunStatus(str(doc["status"])),
-        context={_unescape(str(k)): codec.decode(str(v)) for k, v in ctx.items()},
-        created_at_ms=int(doc["created_ms"]),
-        updated_at_ms=int(doc["updated_ms"]),
-        result=None if result is None else codec.decode(str(result)),
-        error=None if doc.get("error") is None else str(doc["error"]),
-        ended_at_ms=None if ended is None else int(ended),
-        expires_at_ms=None if expires is None else int(expires),
-        reconciles=int(doc.get("reconciles", 0)),
-    )
+    return Run.from_item(doc, {_unescape(str(name)): text for name, text in ctx.items()})
 
 
 class MongoRunStore:
@@ -90,7 +66,7 @@ class MongoRunStore:
     def _refused(self, run_id: str, now_ms: int, what: str) -> Exception:
         with translate_errors(what):
             doc = self._c.find_one(self._key(run_id))
-        if not _live(doc, now_ms):
+        if not is_live(doc, now_ms):
             return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
         assert doc is not None
         status = str(doc.get("status"))
@@ -128,7 +104,7 @@ class MongoRunStore:
     def get(self, run_id: str, now_ms: int) -> Run | None:
         with translate_errors("run get"):
             doc = self._c.find_one(self._key(run_id))
-        return _run(doc) if doc and _live(doc, now_ms) else None
+        return _run(doc) if doc and is_live(doc, now_ms) else None
 
     def update(
         self,
@@ -139,7 +115,7 @@ class MongoRunStore:
         remove_fields: Sequence[str] = (),
         reconciled: bool = False,
     ) -> Run:
-        sets: dict[str, Any] = {"updated_ms": now_ms, "gsi1sk": _sk(now_ms, run_id)}
+        sets: dict[str, Any] = {"updated_ms": now_ms, "gsi1sk": run_index_sk(now_ms, run_id)}
         for name, value in (set_fields or {}).items():
             sets[f"ctx.{_escape(name)}"] = codec.encode(value)
         update: dict[str, Any] = {"$set": sets}
@@ -169,7 +145,7 @@ class MongoRunStore:
         stage: dict[str, Any] = {
             "status": literal(status.value),
             "gsi1pk": literal(run_index_pk(self._ns, status.value)),
-            "gsi1sk": literal(_sk(now_ms, run_id)),
+            "gsi1sk": literal(run_index_sk(now_ms, run_id)),
             "updated_ms": literal(now_ms),
             "ended_ms": literal(now_ms),
             "expires_at_ms": {"$add": [{"$ifNull": ["$end_ttl_ms", 0]}, literal(now_ms)]},
@@ -200,7 +176,7 @@ class MongoRunStore:
         sk: dict[str, Any] = {}
         if before_ms is not None:
             # Every run updated at before_ms or later sorts at or above the bare padded number.
-            sk["$lt"] = f"{max(before_ms, 0):0{MS_WIDTH}d}"
+            sk["$lt"] = time_sk_bound(max(before_ms, 0))
         if cursor is not None:
             sk["$gt"] = str(cursor)
         query: dict[str, Any] = {"gsi1pk": run_index_pk(self._ns, status.value)}
@@ -210,5 +186,5 @@ class MongoRunStore:
             docs = list(self._c.find(query).sort("gsi1sk", pymongo.ASCENDING).limit(page_size + 1))
         more = len(docs) > page_size
         docs = docs[:page_size]
-        runs = [_run(d) for d in docs if _live(d, now_ms) and d.get("status") == status.value]
+        runs = [_run(d) for d in docs if is_live(d, now_ms) and d.get("status") == status.value]
         return RunPage(runs, str(docs[-1]["gsi1sk"]) if more else None)

@@ -21,13 +21,22 @@ by a separate write.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from ..errors import BackendError
 
-__all__ = ["RedisConn", "as_int", "as_str", "index_key", "item_key", "translate_errors"]
+__all__ = [
+    "RedisConn",
+    "as_int",
+    "as_str",
+    "hash_fields",
+    "index_key",
+    "item_key",
+    "pairs",
+    "translate_errors",
+]
 
 logger = logging.getLogger("dynacoord.backends.redis")
 
@@ -48,6 +57,16 @@ def as_int(value: Any, default: int = 0) -> int:
     if isinstance(value, bytes):
         return int(value.decode("ascii"))
     return int(value)
+
+
+def pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A flat ``[field, value, field, value, ...]`` reply (``HGETALL`` in a script) as a dict."""
+    return {as_str(flat[i]) or "": as_str(flat[i + 1]) or "" for i in range(0, len(flat) - 1, 2)}
+
+
+def hash_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """An ``HGETALL`` reply of the client (bytes or str keys and values) as a dict of str."""
+    return {as_str(k) or "": as_str(v) or "" for k, v in raw.items()}
 
 
 def item_key(pk: str, sk: str | None = None) -> str:

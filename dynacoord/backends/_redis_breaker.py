@@ -17,7 +17,7 @@ from typing import Any
 
 from ..breaker import BreakerRecord, StartTrialResult, State
 from ..keys import breaker_key
-from ._redis import RedisConn, as_int, as_str, translate_errors
+from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
 
 __all__ = ["RedisBreakerStore"]
 
@@ -174,10 +174,6 @@ def _record(fields: dict[str, str]) -> BreakerRecord:
     )
 
 
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {as_str(flat[i]) or "": as_str(flat[i + 1]) or "" for i in range(0, len(flat) - 1, 2)}
-
-
 class RedisBreakerStore:
     def __init__(self, conn: RedisConn, namespace: str) -> None:
         self._conn = conn
@@ -190,11 +186,11 @@ class RedisBreakerStore:
     def get(self, name: str) -> BreakerRecord:
         with translate_errors("breaker get"):
             raw = self._conn.client.hgetall(breaker_key(self._ns, name).pk)
-        return _record({as_str(k) or "": as_str(v) or "" for k, v in raw.items()})
+        return _record(hash_fields(raw))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         ok, rest = self._run(_FAIL, name, [now_ms], "breaker record_failure")
-        return _record(_pairs(rest)) if ok else None
+        return _record(pairs(rest)) if ok else None
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         return self._run(_RESET_FAILURES, name, [now_ms], "breaker reset_failures")[0]
@@ -203,11 +199,11 @@ class RedisBreakerStore:
         ok, rest = self._run(
             _TRIP, name, [now_ms, "" if min_failures is None else min_failures], "breaker trip"
         )
-        return _record(_pairs(rest)) if ok else None
+        return _record(pairs(rest)) if ok else None
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
         ok, rest = self._run(_START_TRIAL, name, [now_ms, cutoff_ms], "breaker start_trial")
-        record = _record(_pairs(rest))
+        record = _record(pairs(rest))
         return StartTrialResult(record) if ok else StartTrialResult(None, record)
 
     def join_trial(
@@ -216,11 +212,11 @@ class RedisBreakerStore:
         ok, rest = self._run(
             _JOIN_TRIAL, name, [trial_round, now_ms, cutoff_ms, max_calls], "breaker join_trial"
         )
-        return _record(_pairs(rest)) if ok else None
+        return _record(pairs(rest)) if ok else None
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
         ok, rest = self._run(_TRIAL_SUCCESS, name, [trial_round, now_ms], "breaker trial_success")
-        return _record(_pairs(rest)) if ok else None
+        return _record(pairs(rest)) if ok else None
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
         return self._run(_CLOSE, name, [trial_round, now_ms], "breaker close")[0]
@@ -230,4 +226,4 @@ class RedisBreakerStore:
 
     def reset(self, name: str) -> BreakerRecord | None:
         ok, rest = self._run(_RESET, name, [], "breaker reset")
-        return _record(_pairs(rest)) if ok else None
+        return _record(pairs(rest)) if ok else None

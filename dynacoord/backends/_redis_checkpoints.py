@@ -121,16 +121,15 @@ class RedisCheckpointStore:
     def _stored(
         task_id: str, sk: str, data: Any, progress: Any, created: Any, expires: Any
     ) -> StoredCheckpoint:
-        progress_text = as_str(progress)
-        return StoredCheckpoint(
-            task_id=task_id,
-            sequence=parse_sk_sequence(sk),
-            data_text=as_str(data),
-            progress=None if progress_text is None else float(progress_text),
-            created_ms=as_int(created),
+        fields = {
+            "sk": sk,
+            "data": as_str(data),
+            "progress": as_str(progress),
+            "created_ms": as_str(created),
             # An index entry whose item Redis already removed reads as long expired.
-            expires_at_ms=0 if created is None else (None if expires is None else as_int(expires)),
-        )
+            "expires_at_ms": "0" if created is None else as_str(expires),
+        }
+        return StoredCheckpoint.from_item(task_id, fields)
 
     def page(
         self,

@@ -19,7 +19,7 @@ from typing import Any
 from .. import codec
 from ..counters import COUNTER, FLAG, JOIN, CounterItem, WriteOutcome
 from ..keys import counter_key
-from ._redis import RedisConn, as_int, as_str, translate_errors
+from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
 
 __all__ = ["RedisCounterStore"]
 
@@ -131,10 +131,6 @@ def _item(fields: dict[str, str], now_ms: int) -> CounterItem | None:
     return CounterItem(kind, int(fields.get("n", 0)), expires_at_ms)
 
 
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {as_str(flat[i]) or "": as_str(flat[i + 1]) or "" for i in range(0, len(flat) - 1, 2)}
-
-
 class RedisCounterStore:
     def __init__(self, conn: RedisConn, namespace: str) -> None:
         self._conn = conn
@@ -149,7 +145,7 @@ class RedisCounterStore:
         return [now_ms + ttl_ms, self._conn.gc_ms(now_ms + ttl_ms, now_ms)]
 
     def _outcome(self, reply: list[Any], now_ms: int) -> WriteOutcome:
-        item = _item(_pairs(list(reply[1:])), now_ms)
+        item = _item(pairs(list(reply[1:])), now_ms)
         if as_int(reply[0]) == 1:
             return WriteOutcome(True, item=item)
         return WriteOutcome(False, current=item)
@@ -184,7 +180,7 @@ class RedisCounterStore:
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         with translate_errors("counter get"):
             raw = self._conn.client.hgetall(self._key(key))
-        return _item({as_str(k) or "": as_str(v) or "" for k, v in raw.items()}, now_ms)
+        return _item(hash_fields(raw), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         return as_int(self._conn.run(_DELETE, [self._key(key)], [now_ms], "counter delete")) == 1

@@ -28,7 +28,7 @@ from .. import codec
 from ..errors import NotSupportedError
 from ..keys import MS_WIDTH, outbox_index_pk, outbox_key
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
-from ._redis import RedisConn, as_int, as_str, index_key, translate_errors
+from ._redis import RedisConn, as_int, as_str, hash_fields, index_key, pairs, translate_errors
 
 __all__ = ["RedisOutboxStore"]
 
@@ -183,10 +183,6 @@ return out
 """
 
 
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    return {as_str(flat[i]) or "": as_str(flat[i + 1]) or "" for i in range(0, len(flat) - 1, 2)}
-
-
 def _gsk(due_ms: int, event_id: str) -> str:
     return f"{due_ms:0{MS_WIDTH}d}#{event_id}"
 
@@ -276,7 +272,7 @@ class RedisOutboxStore:
         clashes: dict[str, EventRecord | None] = {}
         for i in range(1, len(reply), 2):
             event = events[as_int(reply[i]) - 1]
-            clashes[event.id] = self._record(_pairs(reply[i + 1]), now_ms)
+            clashes[event.id] = self._record(pairs(reply[i + 1]), now_ms)
         return clashes
 
     def transaction_entry(self, event: Event, now_ms: int) -> Any:
@@ -289,7 +285,7 @@ class RedisOutboxStore:
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
         with translate_errors("outbox get"):
             raw = self._conn.client.hgetall(self._item(event_id))
-        return self._record({as_str(k) or "": as_str(v) or "" for k, v in raw.items()}, now_ms)
+        return self._record(hash_fields(raw), now_ms)
 
     def _range(self, due_before_ms: int | None, cursor: Any) -> tuple[str, str]:
         low = "-" if cursor is None else f"({cursor}"
@@ -318,7 +314,7 @@ class RedisOutboxStore:
         rows = rows[:limit]
         records = []
         for _member, flat in rows:
-            record = self._record(_pairs(flat), 0)
+            record = self._record(pairs(flat), 0)
             if record is not None:
                 records.append(record)
         return records, (rows[-1][0] if more else None)
@@ -356,7 +352,7 @@ class RedisOutboxStore:
         )
         if as_int(reply[0]) != 1:
             return None
-        return self._record(_pairs(reply[1:]), now_ms)
+        return self._record(pairs(reply[1:]), now_ms)
 
     def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
         ok = self._run(

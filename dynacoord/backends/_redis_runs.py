@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import codec
+from .._items import is_live
 from ..errors import RunExistsError, RunNotFoundError, RunNotRunningError
-from ..keys import MS_WIDTH, run_index_pk, run_key
+from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ..runs import Run, RunPage, RunStatus
-from ._redis import RedisConn, as_str, index_key, translate_errors
+from ._redis import RedisConn, as_str, hash_fields, index_key, pairs, translate_errors
 
 __all__ = ["RedisRunStore"]
 
@@ -112,37 +113,8 @@ return out
 """
 
 
-def _sk(updated_ms: int, run_id: str) -> str:
-    return f"{updated_ms:0{MS_WIDTH}d}#{run_id}"
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    return {as_str(flat[i]) or "": as_str(flat[i + 1]) or "" for i in range(0, len(flat) - 1, 2)}
-
-
-def _live(fields: Mapping[str, str], now_ms: int) -> bool:
-    if not fields:
-        return False
-    expires = fields.get("expires_at_ms")
-    return expires is None or int(expires) > now_ms
-
-
 def _run(fields: Mapping[str, str]) -> Run:
-    result = fields.get("result")
-    ended = fields.get("ended_ms")
-    expires = fields.get("expires_at_ms")
-    return Run(
-        run_id=fields["run_id"],
-        status=RunStatus(fields["status"]),
-        context={k[2:]: codec.decode(v) for k, v in fields.items() if k.startswith("c:")},
-        created_at_ms=int(fields["created_ms"]),
-        updated_at_ms=int(fields["updated_ms"]),
-        result=None if result is None else codec.decode(result),
-        error=fields.get("error"),
-        ended_at_ms=None if ended is None else int(ended),
-        expires_at_ms=None if expires is None else int(expires),
-        reconciles=int(fields.get("reconciles", 0)),
-    )
+    return Run.from_item(fields, {k[2:]: v for k, v in fields.items() if k.startswith("c:")})
 
 
 class RedisRunStore:
@@ -157,7 +129,7 @@ class RedisRunStore:
         return run_key(self._ns, run_id, status="running", updated_ms=0).pk
 
     def _refused(self, run_id: str, fields: Mapping[str, str], now_ms: int) -> Exception:
-        if not _live(fields, now_ms):
+        if not is_live(fields, now_ms):
             return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
         status = fields.get("status", "")
         return RunNotRunningError(
@@ -192,8 +164,8 @@ class RedisRunStore:
     def get(self, run_id: str, now_ms: int) -> Run | None:
         with translate_errors("run get"):
             raw = self._conn.client.hgetall(self._key(run_id))
-        fields = {as_str(k) or "": as_str(v) or "" for k, v in raw.items()}
-        return _run(fields) if _live(fields, now_ms) else None
+        fields = hash_fields(raw)
+        return _run(fields) if is_live(fields, now_ms) else None
 
     def update(
         self,
@@ -208,7 +180,7 @@ class RedisRunStore:
         args: list[Any] = [
             now_ms,
             self._index_prefix,
-            _sk(now_ms, run_id),
+            run_index_sk(now_ms, run_id),
             int(reconciled),
             len(sets),
         ]
@@ -216,7 +188,7 @@ class RedisRunStore:
             args.extend([f"c:{name}", codec.encode(value)])
         args.extend(f"c:{name}" for name in remove_fields)
         reply = self._conn.run(_UPDATE, [self._key(run_id)], args, "run update")
-        fields = _pairs(list(reply[1:]))
+        fields = pairs(list(reply[1:]))
         if int(reply[0]) != 1:
             raise self._refused(run_id, fields, now_ms)
         return _run(fields)
@@ -240,14 +212,14 @@ class RedisRunStore:
             [
                 now_ms,
                 self._index_prefix,
-                _sk(now_ms, run_id),
+                run_index_sk(now_ms, run_id),
                 status.value,
                 *outcome,
                 self._conn.gc_grace_ms,
             ],
             "run finish",
         )
-        fields = _pairs(list(reply[1:]))
+        fields = pairs(list(reply[1:]))
         if int(reply[0]) != 1:
             raise self._refused(run_id, fields, now_ms)
         return _run(fields)
@@ -257,7 +229,7 @@ class RedisRunStore:
     ) -> RunPage:
         low = "-" if cursor is None else f"({cursor}"
         # Every run updated at before_ms or later sorts at or above the bare padded number.
-        high = "+" if before_ms is None else f"({max(before_ms, 0):0{MS_WIDTH}d}"
+        high = "+" if before_ms is None else "(" + time_sk_bound(max(before_ms, 0))
         reply = self._conn.run(
             _QUERY,
             [self._index_prefix + status.value],
@@ -269,7 +241,7 @@ class RedisRunStore:
         rows = rows[:page_size]
         runs = []
         for _member, flat in rows:
-            fields = _pairs(list(flat))
-            if _live(fields, now_ms) and fields.get("status") == status.value:
+            fields = pairs(list(flat))
+            if is_live(fields, now_ms) and fields.get("status") == status.value:
                 runs.append(_run(fields))
         return RunPage(runs, rows[-1][0] if more else None)
