@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import is_live, optional_int, optional_str
 from ._validate import check_int, non_negative_seconds, ttl_to_ms
 from .errors import (
     ConfigurationError,
@@ -255,6 +256,34 @@ class EventRecord:
     @property
     def due_at(self) -> float:
         return self.due_at_ms / 1000
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any] | None, now_ms: int) -> EventRecord | None:
+        """The record a stored event holds (the same field names on every backend), or None if
+        there is no event or it expired (a completed event past its retention)."""
+        if not item or "event_id" not in item or not is_live(item, now_ms):
+            return None
+        metadata = item.get("metadata")
+        attempts = int(item.get("attempts", 0))
+        event = Event._restore(
+            type=str(item["event_type"]),
+            payload=codec.decode(str(item["payload"])),
+            id=str(item["event_id"]),
+            occurred_at=int(item["occurred_at_ms"]) / 1000,
+            metadata=codec.decode(str(metadata)) if metadata is not None else {},
+            group=optional_str(item, "event_group"),
+            attempt=attempts,
+        )
+        due = item.get("due_ms", item.get("completed_ms", 0))
+        return cls(
+            event=event,
+            status=EventStatus(str(item["status"])),
+            attempts=attempts,
+            due_at_ms=int(due),
+            lease_token=str(item["lease_token"]) if item.get("lease_token") else None,
+            last_error=str(item["last_error"]) if item.get("last_error") else None,
+            updated_at_ms=optional_int(item, "updated_ms"),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view (used by the CLI)."""

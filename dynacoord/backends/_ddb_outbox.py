@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import codec
 from ..errors import TransactionCancelledError
-from ..keys import MS_WIDTH, outbox_index_pk, outbox_key
+from ..keys import outbox_index_pk, outbox_key, time_sk_bound
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
@@ -91,35 +91,6 @@ class DynamoDBOutboxStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
-    def _record(self, item: dict[str, Any] | None, now_ms: int) -> EventRecord | None:
-        if not item or "event_id" not in item:
-            return None
-        expires = item.get("expires_at_ms")
-        if expires is not None and now_ms >= int(expires):
-            return None
-        metadata = item.get("metadata")
-        attempts = int(item.get("attempts", 0))
-        event = Event._restore(
-            type=str(item["event_type"]),
-            payload=codec.decode(str(item["payload"])),
-            id=str(item["event_id"]),
-            occurred_at=int(item["occurred_at_ms"]) / 1000,
-            metadata=codec.decode(str(metadata)) if metadata is not None else {},
-            group=str(item["event_group"]) if item.get("event_group") is not None else None,
-            attempt=attempts,
-        )
-        status = EventStatus(str(item["status"]))
-        due = item.get("due_ms", item.get("completed_ms", 0))
-        return EventRecord(
-            event=event,
-            status=status,
-            attempts=attempts,
-            due_at_ms=int(due),
-            lease_token=str(item["lease_token"]) if item.get("lease_token") else None,
-            last_error=str(item["last_error"]) if item.get("last_error") else None,
-            updated_at_ms=int(item["updated_ms"]) if item.get("updated_ms") is not None else None,
-        )
-
     def _key(self, event_id: str) -> dict[str, Any]:
         return marshal(outbox_key(self._ns, event_id, status="", due_ms=0).primary)
 
@@ -139,7 +110,7 @@ class DynamoDBOutboxStore:
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
             except ConditionFailedError as failed:
-                return {events[0].id: self._record(failed.item, now_ms)}
+                return {events[0].id: EventRecord.from_item(failed.item, now_ms)}
             return {}
         try:
             self._table.call("transact_write_items", TransactItems=[{"Put": p} for p in puts])
@@ -148,7 +119,9 @@ class DynamoDBOutboxStore:
             for event, reason in zip(events, cancelled.reasons, strict=False):
                 if reason.get("Code") == "ConditionalCheckFailed":
                     raw = reason.get("Item")
-                    clashes[event.id] = self._record(unmarshal(raw), now_ms) if raw else None
+                    clashes[event.id] = (
+                        EventRecord.from_item(unmarshal(raw), now_ms) if raw else None
+                    )
             if not clashes:
                 raise
             return clashes
@@ -162,7 +135,7 @@ class DynamoDBOutboxStore:
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
         response = self._table.call("get_item", Key=self._key(event_id), ConsistentRead=True)
         raw = response.get("Item")
-        return self._record(unmarshal(raw) if raw else None, now_ms)
+        return EventRecord.from_item(unmarshal(raw) if raw else None, now_ms)
 
     def _query_args(
         self, status: EventStatus, shard: int, due_before_ms: int | None, cursor: Any
@@ -172,7 +145,7 @@ class DynamoDBOutboxStore:
         if due_before_ms is not None:
             # gsi1sk is "{due:015d}#{id}": everything due at or before now sorts below now + 1.
             condition += " AND gsi1sk < :bound"
-            args["bound"] = f"{due_before_ms + 1:0{MS_WIDTH}d}"
+            args["bound"] = time_sk_bound(due_before_ms + 1)
         kwargs: dict[str, Any] = {
             "IndexName": "gsi1",
             "KeyConditionExpression": condition,
@@ -198,7 +171,7 @@ class DynamoDBOutboxStore:
         for raw in page.get("Items", []):
             # The index is eventually consistent: it may still list an event in its old status.
             # Claims re-check the item itself, so a stale entry costs one failed condition.
-            record = self._record(unmarshal(raw), 0)
+            record = EventRecord.from_item(unmarshal(raw), 0)
             if record is not None:
                 records.append(record)
         return records, page.get("LastEvaluatedKey")
@@ -255,7 +228,7 @@ class DynamoDBOutboxStore:
             )
         except ConditionFailedError:
             return None
-        return self._record(unmarshal(response["Attributes"]), now_ms)
+        return EventRecord.from_item(unmarshal(response["Attributes"]), now_ms)
 
     def _if_held(
         self,
@@ -388,5 +361,7 @@ class DynamoDBOutboxStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return "not_found" if self._record(failed.item, now_ms) is None else "not_failed"
+            return (
+                "not_found" if EventRecord.from_item(failed.item, now_ms) is None else "not_failed"
+            )
         return "retried"

@@ -32,17 +32,13 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from .. import codec
 from ..errors import NotSupportedError
-from ..keys import MS_WIDTH, outbox_index_pk, outbox_key
+from ..keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
 from ._mongo import MongoCollection, translate_errors
 
 __all__ = ["MongoOutboxStore"]
 
 _IN_FLIGHT = EventStatus.IN_FLIGHT.value
-
-
-def _gsk(due_ms: int, event_id: str) -> str:
-    return f"{due_ms:0{MS_WIDTH}d}#{event_id}"
 
 
 class MongoOutboxStore:
@@ -60,34 +56,6 @@ class MongoOutboxStore:
 
     def _gpk(self, status: EventStatus) -> str:
         return outbox_index_pk(self._ns, status.value, 0)
-
-    def _record(self, doc: dict[str, Any] | None, now_ms: int) -> EventRecord | None:
-        if not doc or "event_id" not in doc:
-            return None
-        expires = doc.get("expires_at_ms")
-        if expires is not None and now_ms >= int(expires):
-            return None
-        metadata = doc.get("metadata")
-        attempts = int(doc.get("attempts", 0))
-        event = Event._restore(
-            type=str(doc["event_type"]),
-            payload=codec.decode(str(doc["payload"])),
-            id=str(doc["event_id"]),
-            occurred_at=int(doc["occurred_at_ms"]) / 1000,
-            metadata=codec.decode(str(metadata)) if metadata is not None else {},
-            group=str(doc["event_group"]) if doc.get("event_group") is not None else None,
-            attempt=attempts,
-        )
-        due = doc.get("due_ms", doc.get("completed_ms", 0))
-        return EventRecord(
-            event=event,
-            status=EventStatus(str(doc["status"])),
-            attempts=attempts,
-            due_at_ms=int(due),
-            lease_token=str(doc["lease_token"]) if doc.get("lease_token") else None,
-            last_error=str(doc["last_error"]) if doc.get("last_error") else None,
-            updated_at_ms=int(doc["updated_ms"]) if doc.get("updated_ms") is not None else None,
-        )
 
     def _doc(self, event: Event, now_ms: int) -> dict[str, Any]:
         due = min(event.occurred_at_ms, now_ms)
@@ -119,7 +87,7 @@ class MongoOutboxStore:
         clashes: dict[str, EventRecord | None] = {}
         stale = []
         for doc in found:
-            record = self._record(doc, now_ms)
+            record = EventRecord.from_item(doc, now_ms)
             if record is None:
                 stale.append(doc["pk"])  # completed and past retention: counts as absent
             else:
@@ -158,13 +126,13 @@ class MongoOutboxStore:
 
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
         with translate_errors("outbox get"):
-            return self._record(self._c.find_one(self._key(event_id)), now_ms)
+            return EventRecord.from_item(self._c.find_one(self._key(event_id)), now_ms)
 
     def _query(self, status: EventStatus, due_before_ms: int | None, cursor: Any) -> dict[str, Any]:
         sk: dict[str, Any] = {}
         if due_before_ms is not None:
             # gsi1sk is "{due:015d}#{id}": everything due at or before T sorts below T + 1.
-            sk["$lt"] = f"{due_before_ms + 1:0{MS_WIDTH}d}"
+            sk["$lt"] = time_sk_bound(due_before_ms + 1)
         if cursor is not None:
             sk["$gt"] = str(cursor)
         query: dict[str, Any] = {"gsi1pk": self._gpk(status)}
@@ -189,7 +157,7 @@ class MongoOutboxStore:
             )
         more = len(docs) > limit
         docs = docs[:limit]
-        records = [r for r in (self._record(d, 0) for d in docs) if r is not None]
+        records = [r for r in (EventRecord.from_item(d, 0) for d in docs) if r is not None]
         return records, (str(docs[-1]["gsi1sk"]) if more else None)
 
     def count_page(
@@ -223,14 +191,14 @@ class MongoOutboxStore:
                         "lease_token": token,
                         "due_ms": lease_until_ms,
                         "gsi1pk": self._gpk(EventStatus.IN_FLIGHT),
-                        "gsi1sk": _gsk(lease_until_ms, seen.id),
+                        "gsi1sk": outbox_index_sk(lease_until_ms, seen.id),
                         "updated_ms": now_ms,
                     },
                     "$inc": {"attempts": 1},
                 },
                 return_document=ReturnDocument.AFTER,
             )
-        return None if doc is None else self._record(doc, now_ms)
+        return None if doc is None else EventRecord.from_item(doc, now_ms)
 
     def _if_held(self, event_id: str, token: str, update: dict[str, Any], what: str) -> bool:
         with translate_errors(what):
@@ -243,7 +211,7 @@ class MongoOutboxStore:
         update = {
             "$set": {
                 "due_ms": lease_until_ms,
-                "gsi1sk": _gsk(lease_until_ms, event_id),
+                "gsi1sk": outbox_index_sk(lease_until_ms, event_id),
                 "updated_ms": now_ms,
             }
         }
@@ -283,7 +251,7 @@ class MongoOutboxStore:
             "status": EventStatus.PENDING.value,
             "due_ms": due_ms,
             "gsi1pk": self._gpk(EventStatus.PENDING),
-            "gsi1sk": _gsk(due_ms, event_id),
+            "gsi1sk": outbox_index_sk(due_ms, event_id),
             "updated_ms": now_ms,
         }
         if error is not None:
@@ -299,7 +267,7 @@ class MongoOutboxStore:
                 "status": EventStatus.FAILED.value,
                 "due_ms": now_ms,
                 "gsi1pk": self._gpk(EventStatus.FAILED),
-                "gsi1sk": _gsk(now_ms, event_id),
+                "gsi1sk": outbox_index_sk(now_ms, event_id),
                 "updated_ms": now_ms,
                 "failed_ms": now_ms,
                 "last_error": error,
@@ -319,7 +287,7 @@ class MongoOutboxStore:
                         "attempts": 0,
                         "due_ms": now_ms,
                         "gsi1pk": self._gpk(EventStatus.PENDING),
-                        "gsi1sk": _gsk(now_ms, event_id),
+                        "gsi1sk": outbox_index_sk(now_ms, event_id),
                         "updated_ms": now_ms,
                     },
                     "$inc": {"manual_retries": 1},

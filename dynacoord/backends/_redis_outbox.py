@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import codec
 from ..errors import NotSupportedError
-from ..keys import MS_WIDTH, outbox_index_pk, outbox_key
+from ..keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
 from ._redis import RedisConn, as_int, as_str, hash_fields, index_key, pairs, translate_errors
 
@@ -183,10 +183,6 @@ return out
 """
 
 
-def _gsk(due_ms: int, event_id: str) -> str:
-    return f"{due_ms:0{MS_WIDTH}d}#{event_id}"
-
-
 class RedisOutboxStore:
     def __init__(self, conn: RedisConn, namespace: str) -> None:
         self._conn = conn
@@ -204,34 +200,6 @@ class RedisOutboxStore:
     def _head(self, now_ms: int) -> list[Any]:
         return [now_ms, self._prefix, "#0"]
 
-    def _record(self, fields: dict[str, str], now_ms: int) -> EventRecord | None:
-        if not fields or "event_id" not in fields:
-            return None
-        expires = fields.get("expires_at_ms")
-        if expires is not None and now_ms >= int(expires):
-            return None
-        attempts = int(fields.get("attempts", 0))
-        metadata = fields.get("metadata")
-        event = Event._restore(
-            type=fields["event_type"],
-            payload=codec.decode(fields["payload"]),
-            id=fields["event_id"],
-            occurred_at=int(fields["occurred_at_ms"]) / 1000,
-            metadata=codec.decode(metadata) if metadata is not None else {},
-            group=fields.get("event_group"),
-            attempt=attempts,
-        )
-        due = fields.get("due_ms", fields.get("completed_ms", "0"))
-        return EventRecord(
-            event=event,
-            status=EventStatus(fields["status"]),
-            attempts=attempts,
-            due_at_ms=int(due),
-            lease_token=fields.get("lease_token") or None,
-            last_error=fields.get("last_error") or None,
-            updated_at_ms=int(fields["updated_ms"]) if "updated_ms" in fields else None,
-        )
-
     def _fields(self, event: Event, due_ms: int) -> dict[str, str]:
         k = outbox_key(self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms)
         fields = {
@@ -242,7 +210,7 @@ class RedisOutboxStore:
             "status": EventStatus.PENDING.value,
             "attempts": "0",
             "due_ms": str(due_ms),
-            "gsi1sk": _gsk(due_ms, event.id),
+            "gsi1sk": outbox_index_sk(due_ms, event.id),
         }
         if event.metadata:
             fields["metadata"] = codec.encode(dict(event.metadata))
@@ -272,7 +240,7 @@ class RedisOutboxStore:
         clashes: dict[str, EventRecord | None] = {}
         for i in range(1, len(reply), 2):
             event = events[as_int(reply[i]) - 1]
-            clashes[event.id] = self._record(pairs(reply[i + 1]), now_ms)
+            clashes[event.id] = EventRecord.from_item(pairs(reply[i + 1]), now_ms)
         return clashes
 
     def transaction_entry(self, event: Event, now_ms: int) -> Any:
@@ -285,12 +253,12 @@ class RedisOutboxStore:
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
         with translate_errors("outbox get"):
             raw = self._conn.client.hgetall(self._item(event_id))
-        return self._record(hash_fields(raw), now_ms)
+        return EventRecord.from_item(hash_fields(raw), now_ms)
 
     def _range(self, due_before_ms: int | None, cursor: Any) -> tuple[str, str]:
         low = "-" if cursor is None else f"({cursor}"
         # gsi1sk is "{due:015d}#{id}": everything due at or before T sorts below T + 1.
-        high = "+" if due_before_ms is None else f"({due_before_ms + 1:0{MS_WIDTH}d}"
+        high = "+" if due_before_ms is None else "(" + time_sk_bound(due_before_ms + 1)
         return low, high
 
     def query_page(
@@ -314,7 +282,7 @@ class RedisOutboxStore:
         rows = rows[:limit]
         records = []
         for _member, flat in rows:
-            record = self._record(pairs(flat), 0)
+            record = EventRecord.from_item(pairs(flat), 0)
             if record is not None:
                 records.append(record)
         return records, (rows[-1][0] if more else None)
@@ -346,20 +314,20 @@ class RedisOutboxStore:
                 seen.lease_token or "",
                 token,
                 lease_until_ms,
-                _gsk(lease_until_ms, seen.id),
+                outbox_index_sk(lease_until_ms, seen.id),
             ],
             "outbox claim",
         )
         if as_int(reply[0]) != 1:
             return None
-        return self._record(pairs(reply[1:]), now_ms)
+        return EventRecord.from_item(pairs(reply[1:]), now_ms)
 
     def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
         ok = self._run(
             _EXTEND,
             event_id,
             now_ms,
-            [token, lease_until_ms, _gsk(lease_until_ms, event_id)],
+            [token, lease_until_ms, outbox_index_sk(lease_until_ms, event_id)],
             "outbox extend",
         )
         return as_int(ok) == 1
@@ -386,20 +354,26 @@ class RedisOutboxStore:
             _RESCHEDULE,
             event_id,
             now_ms,
-            [token, due_ms, _gsk(due_ms, event_id), error or "", int(count_attempt)],
+            [token, due_ms, outbox_index_sk(due_ms, event_id), error or "", int(count_attempt)],
             "outbox reschedule",
         )
         return as_int(ok) == 1
 
     def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
         ok = self._run(
-            _FAIL, event_id, now_ms, [token, error, _gsk(now_ms, event_id)], "outbox fail"
+            _FAIL,
+            event_id,
+            now_ms,
+            [token, error, outbox_index_sk(now_ms, event_id)],
+            "outbox fail",
         )
         return as_int(ok) == 1
 
     def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
         outcome = as_str(
-            self._run(_RETRY_FAILED, event_id, now_ms, [_gsk(now_ms, event_id)], "outbox retry")
+            self._run(
+                _RETRY_FAILED, event_id, now_ms, [outbox_index_sk(now_ms, event_id)], "outbox retry"
+            )
         )
         if outcome == "retried":
             return "retried"
