@@ -26,11 +26,13 @@ unconditional add would continue counting from the stale value of the expired co
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import is_live, optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import BackendError, CounterTypeError, InvalidKeyError, JoinMismatchError
 
@@ -73,6 +75,36 @@ class CounterItem:
     #: joins only
     expected: int | None = None
     members: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_item(
+        cls,
+        item: Mapping[str, Any] | None,
+        now_ms: int,
+        *,
+        members: Iterable[Any] | None = None,
+    ) -> CounterItem | None:
+        """The live item a store read (the same field names on every backend), or None if it is
+        missing or expired. ``members`` overrides the item's ``members`` field (Redis keeps a
+        join's members as separate hash fields)."""
+        if not is_live(item, now_ms):
+            return None
+        assert item is not None
+        kind = str(item.get("kind", COUNTER))
+        expires_at_ms = optional_int(item, "expires_at_ms")
+        if kind == FLAG:
+            return cls(kind, codec.decode(str(item["value"])), expires_at_ms)
+        if kind == JOIN:
+            return cls(
+                kind,
+                int(item.get("n", 0)),
+                expires_at_ms,
+                int(item["expected"]),
+                frozenset(
+                    str(m) for m in (item.get("members", ()) if members is None else members)
+                ),
+            )
+        return cls(kind, int(item.get("n", 0)), expires_at_ms)
 
 
 @dataclass(frozen=True, slots=True)

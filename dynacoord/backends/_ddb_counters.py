@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from .. import codec
-from ..counters import COUNTER, FLAG, JOIN, CounterItem, WriteOutcome
+from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome
 from ..keys import counter_key
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
@@ -49,25 +49,27 @@ def _ttl_s(expires_at_ms: int) -> int:
     return math.ceil(expires_at_ms / 1000)
 
 
-def _item(raw: dict[str, Any] | None, now_ms: int) -> CounterItem | None:
-    if not raw:
-        return None
-    expires = raw.get("expires_at_ms")
-    if expires is not None and int(expires) <= now_ms:
-        return None
-    kind = str(raw.get("kind", COUNTER))
-    expires_at_ms = None if expires is None else int(expires)
-    if kind == FLAG:
-        return CounterItem(kind, codec.decode(str(raw["value"])), expires_at_ms)
-    if kind == JOIN:
-        return CounterItem(
-            kind,
-            int(raw.get("n", 0)),
-            expires_at_ms,
-            int(raw["expected"]),
-            frozenset(str(m) for m in raw.get("members", ())),
-        )
-    return CounterItem(kind, int(raw.get("n", 0)), expires_at_ms)
+def _expiry(ttl_ms: int, now_ms: int) -> dict[str, Any]:
+    return {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+
+
+def _keep_expiry(sets: str, ttl_ms: int | None, now_ms: int) -> tuple[str, dict[str, Any]]:
+    """``sets`` plus an expiry for an item that has none yet: a live item keeps its own (fixed
+    windows). Returns the SET clause and its values."""
+    if ttl_ms is None:
+        return sets, {}
+    sets += ", expires_at_ms = if_not_exists(expires_at_ms, :exp), #ttl = if_not_exists(#ttl, :ttl)"
+    return sets, _expiry(ttl_ms, now_ms)
+
+
+def _new_expiry(
+    sets: str, removes: str, ttl_ms: int | None, now_ms: int
+) -> tuple[str, dict[str, Any]]:
+    """The update of a write that replaces the item: ``sets`` and ``removes`` plus the new expiry,
+    or without a TTL the removal of the old one. Returns the update and its values."""
+    if ttl_ms is None:
+        return f"{sets} {removes}, expires_at_ms, #ttl", {}
+    return f"{sets}, expires_at_ms = :exp, #ttl = :ttl {removes}", _expiry(ttl_ms, now_ms)
 
 
 class DynamoDBCounterStore:
@@ -100,24 +102,19 @@ class DynamoDBCounterStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return WriteOutcome(False, current=_item(failed.item, now_ms))
-        return WriteOutcome(True, item=_item(unmarshal(response["Attributes"]), now_ms))
+            return WriteOutcome(False, current=CounterItem.from_item(failed.item, now_ms))
+        return WriteOutcome(
+            True, item=CounterItem.from_item(unmarshal(response["Attributes"]), now_ms)
+        )
 
     # -- counters --------------------------------------------------------------------------------
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
-        expiry: dict[str, Any] = {}
-        update = "SET #kind = :kind ADD #n :by"
-        if ttl_ms is not None:
-            # A live counter keeps its expiry (fixed windows); only one without an expiry gets it.
-            update = (
-                "SET #kind = :kind, expires_at_ms = if_not_exists(expires_at_ms, :exp), "
-                "#ttl = if_not_exists(#ttl, :ttl) ADD #n :by"
-            )
-            expiry = {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+        # A live counter keeps its expiry (fixed windows); only one without an expiry gets it.
+        sets, expiry = _keep_expiry("SET #kind = :kind", ttl_ms, now_ms)
         return self._update(
             key,
-            update=update,
+            update=f"{sets} ADD #n :by",
             condition=_LIVE_OR_ABSENT,
             now_ms=now_ms,
             kind=COUNTER,
@@ -127,17 +124,12 @@ class DynamoDBCounterStore:
         )
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
-        sets = "SET #kind = :kind, #n = :by"
-        removes = "REMOVE #value, #members, #expected"
-        expiry: dict[str, Any] = {}
-        if ttl_ms is None:
-            removes += ", expires_at_ms, #ttl"
-        else:
-            sets += ", expires_at_ms = :exp, #ttl = :ttl"
-            expiry = {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+        update, expiry = _new_expiry(
+            "SET #kind = :kind, #n = :by", "REMOVE #value, #members, #expected", ttl_ms, now_ms
+        )
         return self._update(
             key,
-            update=f"{sets} {removes}",
+            update=update,
             condition=_FREE,
             now_ms=now_ms,
             kind=COUNTER,
@@ -170,12 +162,12 @@ class DynamoDBCounterStore:
         return True
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        return _item(self._table.get(counter_key(self._ns, key).primary), now_ms)
+        return CounterItem.from_item(self._table.get(counter_key(self._ns, key).primary), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")
         old = response.get("Attributes")
-        return _item(unmarshal(old) if old else None, now_ms) is not None
+        return CounterItem.from_item(unmarshal(old) if old else None, now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
         expires = now_ms + ttl_ms
@@ -203,14 +195,7 @@ class DynamoDBCounterStore:
         # One atomic write: the member is added and counted only if it is not in the set yet, so
         # a redelivered arrival fails the condition (and reads back the state) instead of counting
         # twice; the count each successful add returns is therefore distinct.
-        sets = "SET #kind = :kind, #expected = :expected"
-        expiry: dict[str, Any] = {}
-        if ttl_ms is not None:
-            sets += (
-                ", expires_at_ms = if_not_exists(expires_at_ms, :exp), "
-                "#ttl = if_not_exists(#ttl, :ttl)"
-            )
-            expiry = {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+        sets, expiry = _keep_expiry("SET #kind = :kind, #expected = :expected", ttl_ms, now_ms)
         return self._update(
             key,
             update=f"{sets} ADD #members :mset, #n :one",
@@ -232,17 +217,15 @@ class DynamoDBCounterStore:
     def join_restart(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
-        sets = "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one"
-        removes = "REMOVE #value"
-        expiry: dict[str, Any] = {}
-        if ttl_ms is None:
-            removes += ", expires_at_ms, #ttl"
-        else:
-            sets += ", expires_at_ms = :exp, #ttl = :ttl"
-            expiry = {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+        update, expiry = _new_expiry(
+            "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one",
+            "REMOVE #value",
+            ttl_ms,
+            now_ms,
+        )
         return self._update(
             key,
-            update=f"{sets} {removes}",
+            update=update,
             condition=_FREE,
             now_ms=now_ms,
             kind=JOIN,

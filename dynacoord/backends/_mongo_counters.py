@@ -26,7 +26,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from .. import codec
-from ..counters import COUNTER, FLAG, JOIN, CounterItem, WriteOutcome
+from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome
 from ..keys import counter_key
 from ._mongo import MongoCollection, literal, translate_errors
 
@@ -35,27 +35,6 @@ __all__ = ["MongoCounterStore"]
 
 def _live(now: int) -> dict[str, Any]:
     return {"$or": [{"expires_at_ms": {"$exists": False}}, {"expires_at_ms": {"$gt": now}}]}
-
-
-def _item(doc: dict[str, Any] | None, now_ms: int) -> CounterItem | None:
-    if not doc:
-        return None
-    expires = doc.get("expires_at_ms")
-    if expires is not None and int(expires) <= now_ms:
-        return None
-    kind = str(doc.get("kind", COUNTER))
-    expires_at_ms = None if expires is None else int(expires)
-    if kind == FLAG:
-        return CounterItem(kind, codec.decode(str(doc["value"])), expires_at_ms)
-    if kind == JOIN:
-        return CounterItem(
-            kind,
-            int(doc.get("n", 0)),
-            expires_at_ms,
-            int(doc["expected"]),
-            frozenset(str(m) for m in doc.get("members", ())),
-        )
-    return CounterItem(kind, int(doc.get("n", 0)), expires_at_ms)
 
 
 class MongoCounterStore:
@@ -94,10 +73,10 @@ class MongoCounterStore:
             except DuplicateKeyError:
                 continue  # exists but did not match: maybe created by a racer; update only
             if doc is not None:
-                return WriteOutcome(True, item=_item(doc, now_ms))
+                return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
         with translate_errors(what):
             current = self._c.find_one(self._key(key))
-        return WriteOutcome(False, current=_item(current, now_ms))
+        return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))
 
     def _replace(
         self, key: str, fields: dict[str, Any], ttl_ms: int | None, now_ms: int, what: str
@@ -114,8 +93,8 @@ class MongoCounterStore:
         except DuplicateKeyError:
             with translate_errors(what):
                 current = self._c.find_one(self._key(key))
-            return WriteOutcome(False, current=_item(current, now_ms))
-        return WriteOutcome(True, item=_item(doc, now_ms))
+            return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))
+        return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         stage = {
@@ -140,12 +119,12 @@ class MongoCounterStore:
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         with translate_errors("counter get"):
-            return _item(self._c.find_one(self._key(key)), now_ms)
+            return CounterItem.from_item(self._c.find_one(self._key(key)), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         with translate_errors("counter delete"):
             old = self._c.find_one_and_delete(self._key(key))
-        return _item(old, now_ms) is not None
+        return CounterItem.from_item(old, now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
         expires = now_ms + ttl_ms

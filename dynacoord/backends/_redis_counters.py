@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import codec
-from ..counters import COUNTER, FLAG, JOIN, CounterItem, WriteOutcome
+from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome
 from ..keys import counter_key
 from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
 
@@ -113,22 +113,10 @@ return reply(1)
 )
 
 
-def _item(fields: dict[str, str], now_ms: int) -> CounterItem | None:
-    if not fields:
-        return None
-    expires = fields.get("expires_at_ms")
-    if expires is not None and int(expires) <= now_ms:
-        return None
-    kind = fields.get("kind", COUNTER)
-    expires_at_ms = None if expires is None else int(expires)
-    if kind == FLAG:
-        return CounterItem(kind, codec.decode(fields["value"]), expires_at_ms)
-    if kind == JOIN:
-        members = frozenset(f[2:] for f in fields if f.startswith("m:"))
-        return CounterItem(
-            kind, int(fields.get("n", 0)), expires_at_ms, int(fields["expected"]), members
-        )
-    return CounterItem(kind, int(fields.get("n", 0)), expires_at_ms)
+def _read(fields: dict[str, str], now_ms: int) -> CounterItem | None:
+    # A join's members are hash fields "m:{member}", not one field.
+    members = [f[2:] for f in fields if f.startswith("m:")]
+    return CounterItem.from_item(fields, now_ms, members=members)
 
 
 class RedisCounterStore:
@@ -145,7 +133,7 @@ class RedisCounterStore:
         return [now_ms + ttl_ms, self._conn.gc_ms(now_ms + ttl_ms, now_ms)]
 
     def _outcome(self, reply: list[Any], now_ms: int) -> WriteOutcome:
-        item = _item(pairs(list(reply[1:])), now_ms)
+        item = _read(pairs(list(reply[1:])), now_ms)
         if as_int(reply[0]) == 1:
             return WriteOutcome(True, item=item)
         return WriteOutcome(False, current=item)
@@ -180,7 +168,7 @@ class RedisCounterStore:
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         with translate_errors("counter get"):
             raw = self._conn.client.hgetall(self._key(key))
-        return _item(hash_fields(raw), now_ms)
+        return _read(hash_fields(raw), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         return as_int(self._conn.run(_DELETE, [self._key(key)], [now_ms], "counter delete")) == 1
