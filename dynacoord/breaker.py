@@ -41,13 +41,14 @@ import enum
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import CircuitOpenError
 
@@ -89,6 +90,22 @@ class BreakerRecord:
     trial_calls: int = 0
     trial_round: int = 0
     trial_started_ms: int | None = None
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any] | None) -> BreakerRecord:
+        """The record a stored item holds (the same field names on every backend); an absent
+        item is closed with no failures."""
+        if not item:
+            return cls()
+        return cls(
+            state=State(str(item.get("state", State.CLOSED.value))),
+            failures=int(item.get("failures", 0)),
+            successes=int(item.get("successes", 0)),
+            opened_at_ms=optional_int(item, "opened_at_ms"),
+            trial_calls=int(item.get("trial_calls", 0)),
+            trial_round=int(item.get("trial_round", 0)),
+            trial_started_ms=optional_int(item, "trial_started_ms"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,25 +20,11 @@ from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 __all__ = ["DynamoDBBreakerStore"]
 
 _NAMES = {"#st": "state"}
-
-
-def _record(item: dict[str, Any] | None) -> BreakerRecord:
-    if not item:
-        return BreakerRecord()
-
-    def opt(name: str) -> int | None:
-        value = item.get(name)
-        return None if value is None else int(value)
-
-    return BreakerRecord(
-        state=State(str(item.get("state", State.CLOSED.value))),
-        failures=int(item.get("failures", 0)),
-        successes=int(item.get("successes", 0)),
-        opened_at_ms=opt("opened_at_ms"),
-        trial_calls=int(item.get("trial_calls", 0)),
-        trial_round=int(item.get("trial_round", 0)),
-        trial_started_ms=opt("trial_started_ms"),
-    )
+#: what trip and a failed trial round write: open now, the trial state cleared
+_OPEN_UPDATE = (
+    "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
+    "updated_ms = :now REMOVE trial_started_ms"
+)
 
 
 class DynamoDBBreakerStore:
@@ -80,7 +66,7 @@ class DynamoDBBreakerStore:
         return unmarshal(response.get("Attributes", {}))
 
     def get(self, name: str) -> BreakerRecord:
-        return _record(self._table.get(breaker_key(self._ns, name).primary))
+        return BreakerRecord.from_item(self._table.get(breaker_key(self._ns, name).primary))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write.
@@ -93,7 +79,7 @@ class DynamoDBBreakerStore:
             now=now_ms,
             one=1,
         )
-        return None if attrs is None else _record(attrs)
+        return None if attrs is None else BreakerRecord.from_item(attrs)
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         attrs = self._update(
@@ -117,17 +103,14 @@ class DynamoDBBreakerStore:
         attrs = self._update(
             name,
             condition=condition,
-            update=(
-                "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
-                "updated_ms = :now REMOVE trial_started_ms"
-            ),
+            update=_OPEN_UPDATE,
             return_values="ALL_OLD",
             open=State.OPEN.value,
             now=now_ms,
             zero=0,
             **extra,
         )
-        return None if attrs is None else _record(attrs)
+        return None if attrs is None else BreakerRecord.from_item(attrs)
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
         try:
@@ -154,8 +137,8 @@ class DynamoDBBreakerStore:
                 zero=0,
             )
         except ConditionFailedError as failed:
-            return StartTrialResult(None, _record(failed.item))
-        return StartTrialResult(_record(attrs))
+            return StartTrialResult(None, BreakerRecord.from_item(failed.item))
+        return StartTrialResult(BreakerRecord.from_item(attrs))
 
     def join_trial(
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
@@ -175,51 +158,53 @@ class DynamoDBBreakerStore:
             now=now_ms,
             one=1,
         )
-        return None if attrs is None else _record(attrs)
+        return None if attrs is None else BreakerRecord.from_item(attrs)
 
-    def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
-        attrs = self._update(
+    def _in_round(
+        self,
+        name: str,
+        trial_round: int,
+        now_ms: int,
+        update: str,
+        return_values: str = "NONE",
+        **attr_values: Any,
+    ) -> dict[str, Any] | None:
+        """One UpdateItem on a breaker still half-open in ``trial_round`` (a later round or a
+        state change by another process makes it fail: None)."""
+        return self._update(
             name,
             condition="#st = :half AND trial_round = :round",
-            update="SET updated_ms = :now ADD successes :one, trial_calls :minus",
-            return_values="ALL_NEW",
+            update=update,
+            return_values=return_values,
             half=State.HALF_OPEN.value,
             round=trial_round,
             now=now_ms,
+            **attr_values,
+        )
+
+    def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
+        attrs = self._in_round(
+            name,
+            trial_round,
+            now_ms,
+            "SET updated_ms = :now ADD successes :one, trial_calls :minus",
+            return_values="ALL_NEW",
             one=1,
             minus=-1,
         )
-        return None if attrs is None else _record(attrs)
+        return None if attrs is None else BreakerRecord.from_item(attrs)
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
-        attrs = self._update(
-            name,
-            condition="#st = :half AND trial_round = :round",
-            update=(
-                "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
-                "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
-            ),
-            half=State.HALF_OPEN.value,
-            closed=State.CLOSED.value,
-            round=trial_round,
-            now=now_ms,
-            zero=0,
+        update = (
+            "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
+            "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
         )
+        attrs = self._in_round(name, trial_round, now_ms, update, closed=State.CLOSED.value, zero=0)
         return attrs is not None
 
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
-        attrs = self._update(
-            name,
-            condition="#st = :half AND trial_round = :round",
-            update=(
-                "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
-                "updated_ms = :now REMOVE trial_started_ms"
-            ),
-            half=State.HALF_OPEN.value,
-            open=State.OPEN.value,
-            round=trial_round,
-            now=now_ms,
-            zero=0,
+        attrs = self._in_round(
+            name, trial_round, now_ms, _OPEN_UPDATE, open=State.OPEN.value, zero=0
         )
         return attrs is not None
 
@@ -230,4 +215,4 @@ class DynamoDBBreakerStore:
             ReturnValues="ALL_OLD",
         )
         old = response.get("Attributes")
-        return _record(unmarshal(old)) if old else None
+        return BreakerRecord.from_item(unmarshal(old)) if old else None

@@ -27,23 +27,18 @@ _UPSERT_ATTEMPTS = 3
 _CLOSED, _OPEN, _HALF = State.CLOSED.value, State.OPEN.value, State.HALF_OPEN.value
 
 
-def _record(doc: dict[str, Any] | None) -> BreakerRecord:
-    if not doc:
-        return BreakerRecord()
-
-    def opt(name: str) -> int | None:
-        value = doc.get(name)
-        return None if value is None else int(value)
-
-    return BreakerRecord(
-        state=State(str(doc.get("state", _CLOSED))),
-        failures=int(doc.get("failures", 0)),
-        successes=int(doc.get("successes", 0)),
-        opened_at_ms=opt("opened_at_ms"),
-        trial_calls=int(doc.get("trial_calls", 0)),
-        trial_round=int(doc.get("trial_round", 0)),
-        trial_started_ms=opt("trial_started_ms"),
-    )
+def _open(now_ms: int) -> dict[str, Any]:
+    """The update that opens the breaker now (trip and a failed trial round)."""
+    return {
+        "$set": {
+            "state": _OPEN,
+            "opened_at_ms": now_ms,
+            "successes": 0,
+            "trial_calls": 0,
+            "updated_ms": now_ms,
+        },
+        "$unset": {"trial_started_ms": ""},
+    }
 
 
 class MongoBreakerStore:
@@ -85,7 +80,7 @@ class MongoBreakerStore:
 
     def get(self, name: str) -> BreakerRecord:
         with translate_errors("breaker get"):
-            return _record(self._c.find_one(self._key(name)))
+            return BreakerRecord.from_item(self._c.find_one(self._key(name)))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         doc = self._modify(
@@ -95,7 +90,7 @@ class MongoBreakerStore:
             "breaker record_failure",
             upsert=True,
         )
-        return None if doc is None else _record(doc)
+        return None if doc is None else BreakerRecord.from_item(doc)
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         with translate_errors("breaker reset_failures"):
@@ -106,23 +101,14 @@ class MongoBreakerStore:
         return bool(result.matched_count == 1)
 
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
-        update = {
-            "$set": {
-                "state": _OPEN,
-                "opened_at_ms": now_ms,
-                "successes": 0,
-                "trial_calls": 0,
-                "updated_ms": now_ms,
-            },
-            "$unset": {"trial_started_ms": ""},
-        }
+        update = _open(now_ms)
         if min_failures is None:
             # Unconditional (operator action): creates the document if there is none.
             old = self._modify(name, {}, update, "breaker trip", after=False, upsert=True)
-            return _record(old)
+            return BreakerRecord.from_item(old)
         condition = {"state": _CLOSED, "failures": {"$gte": min_failures}}
         old = self._modify(name, condition, update, "breaker trip", after=False)
-        return None if old is None else _record(old)
+        return None if old is None else BreakerRecord.from_item(old)
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
         condition = {
@@ -143,7 +129,7 @@ class MongoBreakerStore:
         }
         doc = self._modify(name, condition, update, "breaker start_trial")
         if doc is not None:
-            return StartTrialResult(_record(doc))
+            return StartTrialResult(BreakerRecord.from_item(doc))
         return StartTrialResult(None, self.get(name))
 
     def join_trial(
@@ -163,7 +149,7 @@ class MongoBreakerStore:
             },
             "breaker join_trial",
         )
-        return None if doc is None else _record(doc)
+        return None if doc is None else BreakerRecord.from_item(doc)
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
         doc = self._modify(
@@ -172,7 +158,7 @@ class MongoBreakerStore:
             {"$set": {"updated_ms": now_ms}, "$inc": {"successes": 1, "trial_calls": -1}},
             "breaker trial_success",
         )
-        return None if doc is None else _record(doc)
+        return None if doc is None else BreakerRecord.from_item(doc)
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
         with translate_errors("breaker close"):
@@ -195,20 +181,11 @@ class MongoBreakerStore:
         with translate_errors("breaker reopen"):
             result = self._c.update_one(
                 {**self._key(name), "state": _HALF, "trial_round": trial_round},
-                {
-                    "$set": {
-                        "state": _OPEN,
-                        "opened_at_ms": now_ms,
-                        "successes": 0,
-                        "trial_calls": 0,
-                        "updated_ms": now_ms,
-                    },
-                    "$unset": {"trial_started_ms": ""},
-                },
+                _open(now_ms),
             )
         return bool(result.matched_count == 1)
 
     def reset(self, name: str) -> BreakerRecord | None:
         with translate_errors("breaker reset"):
             old = self._c.find_one_and_delete(self._key(name))
-        return None if old is None else _record(old)
+        return None if old is None else BreakerRecord.from_item(old)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..breaker import BreakerRecord, StartTrialResult, State
+from ..breaker import BreakerRecord, StartTrialResult
 from ..keys import breaker_key
 from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
 
@@ -155,25 +155,6 @@ return old
 )
 
 
-def _record(fields: dict[str, str]) -> BreakerRecord:
-    if not fields:
-        return BreakerRecord()
-
-    def opt(name: str) -> int | None:
-        value = fields.get(name)
-        return None if value is None else int(value)
-
-    return BreakerRecord(
-        state=State(fields.get("state", State.CLOSED.value)),
-        failures=int(fields.get("failures", 0)),
-        successes=int(fields.get("successes", 0)),
-        opened_at_ms=opt("opened_at_ms"),
-        trial_calls=int(fields.get("trial_calls", 0)),
-        trial_round=int(fields.get("trial_round", 0)),
-        trial_started_ms=opt("trial_started_ms"),
-    )
-
-
 class RedisBreakerStore:
     def __init__(self, conn: RedisConn, namespace: str) -> None:
         self._conn = conn
@@ -186,11 +167,11 @@ class RedisBreakerStore:
     def get(self, name: str) -> BreakerRecord:
         with translate_errors("breaker get"):
             raw = self._conn.client.hgetall(breaker_key(self._ns, name).pk)
-        return _record(hash_fields(raw))
+        return BreakerRecord.from_item(hash_fields(raw))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         ok, rest = self._run(_FAIL, name, [now_ms], "breaker record_failure")
-        return _record(pairs(rest)) if ok else None
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         return self._run(_RESET_FAILURES, name, [now_ms], "breaker reset_failures")[0]
@@ -199,11 +180,11 @@ class RedisBreakerStore:
         ok, rest = self._run(
             _TRIP, name, [now_ms, "" if min_failures is None else min_failures], "breaker trip"
         )
-        return _record(pairs(rest)) if ok else None
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
         ok, rest = self._run(_START_TRIAL, name, [now_ms, cutoff_ms], "breaker start_trial")
-        record = _record(pairs(rest))
+        record = BreakerRecord.from_item(pairs(rest))
         return StartTrialResult(record) if ok else StartTrialResult(None, record)
 
     def join_trial(
@@ -212,11 +193,11 @@ class RedisBreakerStore:
         ok, rest = self._run(
             _JOIN_TRIAL, name, [trial_round, now_ms, cutoff_ms, max_calls], "breaker join_trial"
         )
-        return _record(pairs(rest)) if ok else None
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
         ok, rest = self._run(_TRIAL_SUCCESS, name, [trial_round, now_ms], "breaker trial_success")
-        return _record(pairs(rest)) if ok else None
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
         return self._run(_CLOSE, name, [trial_round, now_ms], "breaker close")[0]
@@ -226,4 +207,4 @@ class RedisBreakerStore:
 
     def reset(self, name: str) -> BreakerRecord | None:
         ok, rest = self._run(_RESET, name, [], "breaker reset")
-        return _record(pairs(rest)) if ok else None
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
