@@ -44,3 +44,23 @@ def scan_all(client: Any, table: str, ignore_prefix: str | None = None) -> list[
     if ignore_prefix is not None:
         items = [item for item in items if not item["pk"]["S"].startswith(ignore_prefix)]
     return sorted(items, key=lambda item: (item["pk"]["S"], item["sk"]["S"]))
+
+
+#: (max_examples, stateful_step_count) of the model-based tests per backend kind: many on the
+#: in-process backends, fewer on the real servers.
+MODEL_BUDGET: dict[str, tuple[int, int]] = {
+    "moto": (20, 20),
+    "dynamodb": (8, 15),
+    "redis": (15, 20),
+    "mongo": (15, 20),
+}
+
+
+def run_model(machine: Any, make_backend: Any) -> None:
+    """Run a ``RuleBasedStateMachine`` class with the budget of ``make_backend``'s kind."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    examples, steps = MODEL_BUDGET.get(getattr(make_backend, "kind", ""), (8, 15))
+    run_state_machine_as_test(
+        machine, settings=hsettings(max_examples=examples, stateful_step_count=steps)
+    )

@@ -4,7 +4,7 @@ Calls succeed or fail, trial callers may be abandoned (a process that took the h
 died), operators trip and reset, and the ``ManualClock`` advances past ``reset_timeout`` (also
 exactly onto it). After every step the stored status must match the model: closed with the
 failure count since the last success, open since ``opened_at``, or half-open with its slot.
-Runs on moto and DynamoDB Local.
+Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from dynacoord import CircuitOpenError, ManualClock
 from dynacoord._clock import now_ms
 from dynacoord.breaker import State
-from tests.conftest import _dynamodb_factory
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import run_model
 
 THRESHOLD = 3
 RESET_MS = 2000
@@ -159,16 +157,6 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     return BreakerMachine
 
 
-def test_breaker_model_moto(moto_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*moto_table)),
-        settings=hsettings(max_examples=25, stateful_step_count=25),
-    )
-
-
-@pytest.mark.integration
-def test_breaker_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*ddb_table)),
-        settings=hsettings(max_examples=8, stateful_step_count=20),
-    )
+def test_breaker_model(make_backend: Any) -> None:
+    """The breaker state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
+    run_model(make_machine(make_backend), make_backend)

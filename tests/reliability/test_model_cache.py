@@ -2,8 +2,7 @@
 
 Covers set / add / get / has / delete / touch / incr / get_many / set_many / keys / clear with a
 ``ManualClock`` that advances (also exactly onto expiry instants): an expired entry is never
-returned, ``add`` treats it as absent, ``incr`` restarts it from 0. Runs on moto (more examples)
-and DynamoDB Local (fewer).
+returned, ``add`` treats it as absent, ``incr`` restarts it from 0. Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dynacoord import InvalidValueError, ManualClock
 from dynacoord._clock import now_ms
-from tests.conftest import _dynamodb_factory
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import run_model
 
 KEYS = ("k1", "k2", "u:1", "u:2")
 key_st = st.sampled_from(KEYS)
@@ -148,16 +146,6 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     return CacheMachine
 
 
-def test_cache_model_moto(moto_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*moto_table)),
-        settings=hsettings(max_examples=25, stateful_step_count=20),
-    )
-
-
-@pytest.mark.integration
-def test_cache_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*ddb_table)),
-        settings=hsettings(max_examples=8, stateful_step_count=15),
-    )
+def test_cache_model(make_backend: Any) -> None:
+    """The cache state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
+    run_model(make_machine(make_backend), make_backend)

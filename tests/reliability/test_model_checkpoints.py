@@ -3,7 +3,7 @@
 Auto-assigned sequences are highest stored + 1; an explicit sequence that is live is refused
 (never overwritten) while an expired one counts as free; load / load_latest / list see only live
 checkpoints, ascending; cleanup(keep) keeps the newest ``keep`` live ones and removes the rest
-(expired ones too). The ``ManualClock`` advances so TTLs run out. Runs on moto and DynamoDB Local.
+(expired ones too). The ``ManualClock`` advances so TTLs run out. Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dynacoord import CheckpointExistsError, CheckpointNotFoundError, ManualClock
 from dynacoord._clock import now_ms
-from tests.conftest import _dynamodb_factory
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import run_model
 
 TASKS = ("t1", "t#2")
 task_st = st.sampled_from(TASKS)
@@ -103,16 +102,6 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     return CheckpointsMachine
 
 
-def test_checkpoints_model_moto(moto_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*moto_table)),
-        settings=hsettings(max_examples=20, stateful_step_count=20),
-    )
-
-
-@pytest.mark.integration
-def test_checkpoints_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*ddb_table)),
-        settings=hsettings(max_examples=6, stateful_step_count=15),
-    )
+def test_checkpoints_model(make_backend: Any) -> None:
+    """The checkpoints state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
+    run_model(make_machine(make_backend), make_backend)

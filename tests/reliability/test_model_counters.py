@@ -2,7 +2,7 @@
 
 Two keys are shared by every kind, so kind clashes (incrementing a flag, joining a counter) are
 exercised too. The ``ManualClock`` advances (also exactly onto expiry instants) so that expired
-items are seen as absent and restarted. Runs on moto (more examples) and DynamoDB Local (fewer).
+items are seen as absent and restarted. Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dynacoord import ManualClock
 from dynacoord._clock import now_ms
 from dynacoord.errors import CounterTypeError
-from tests.conftest import _dynamodb_factory
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import run_model
 
 KEYS = ("x", "y")
 TTL_MS = st.one_of(st.none(), st.integers(1, 3000))
@@ -147,16 +146,6 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     return CountersMachine
 
 
-def test_counters_model_moto(moto_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*moto_table)),
-        settings=hsettings(max_examples=25, stateful_step_count=20),
-    )
-
-
-@pytest.mark.integration
-def test_counters_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*ddb_table)),
-        settings=hsettings(max_examples=8, stateful_step_count=15),
-    )
+def test_counters_model(make_backend: Any) -> None:
+    """The counters state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
+    run_model(make_machine(make_backend), make_backend)

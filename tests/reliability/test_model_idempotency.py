@@ -4,7 +4,7 @@ A key is absent, IN_PROGRESS (a claim with a token and a lease) or COMPLETED (a 
 with a TTL); an expired record of either kind counts as absent for a new claim. complete/release
 act only for the token that holds the record (a claim that was taken over can neither store its
 result nor delete the new claim). The ``ManualClock`` advances so leases and results expire.
-Runs on moto and DynamoDB Local.
+Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -20,14 +19,12 @@ from hypothesis.stateful import (
     invariant,
     multiple,
     rule,
-    run_state_machine_as_test,
 )
 
 from dynacoord import ManualClock
 from dynacoord._clock import now_ms
 from dynacoord.idempotency import IdempotencyStatus
-from tests.conftest import _dynamodb_factory
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import run_model
 
 KEYS = ("order-1", "order#2")
 key_st = st.sampled_from(KEYS)
@@ -138,16 +135,6 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     return IdempotencyMachine
 
 
-def test_idempotency_model_moto(moto_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*moto_table)),
-        settings=hsettings(max_examples=25, stateful_step_count=20),
-    )
-
-
-@pytest.mark.integration
-def test_idempotency_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
-    run_state_machine_as_test(
-        make_machine(_dynamodb_factory(*ddb_table)),
-        settings=hsettings(max_examples=8, stateful_step_count=15),
-    )
+def test_idempotency_model(make_backend: Any) -> None:
+    """The idempotency state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
+    run_model(make_machine(make_backend), make_backend)

@@ -8,14 +8,13 @@ until ``now >= expires_at_ms``; acquiring a free key yields a fence above every 
 that key; the same owner re-acquiring keeps the fence; extend/release succeed only for the
 (owner, fence) that holds the lock now.
 
-Runs on moto (many examples) and on DynamoDB Local (fewer).
+Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -24,13 +23,11 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from dynacoord import ManualClock
 from dynacoord._clock import now_ms
-from tests.conftest import _dynamodb_factory
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import run_model
 
 KEYS = st.sampled_from(["a", "b", "k#1"])
 OWNERS = st.sampled_from(["o1", "o2", "o3"])
@@ -147,12 +144,6 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     return LocksMachine
 
 
-def test_locks_model_moto(moto_table: tuple[Any, str]) -> None:
-    machine = make_machine(_dynamodb_factory(*moto_table))
-    run_state_machine_as_test(machine, settings=hsettings(max_examples=25, stateful_step_count=20))
-
-
-@pytest.mark.integration
-def test_locks_model_dynamodb_local(ddb_table: tuple[Any, str]) -> None:
-    machine = make_machine(_dynamodb_factory(*ddb_table))
-    run_state_machine_as_test(machine, settings=hsettings(max_examples=8, stateful_step_count=15))
+def test_locks_model(make_backend: Any) -> None:
+    """The locks state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
+    run_model(make_machine(make_backend), make_backend)
