@@ -142,7 +142,59 @@ class _BatchRelay:
         }
 
 
-class SQSRelay(_BatchRelay):
+class _MessageRelay(_BatchRelay):
+    """What the SQS and SNS relays share: the target check, FIFO message group and deduplication
+    ids, and the batch answer's ``Failed`` list."""
+
+    #: the entry field that carries the envelope
+    body_field = ""
+
+    def __init__(
+        self,
+        client: Any,
+        target: str,
+        what: str,
+        *,
+        fifo: bool | None,
+        default_group: str,
+        max_attempts: int,
+        retry_delay: float,
+        sleep: Callable[[float], None],
+    ) -> None:
+        super().__init__(client, max_attempts=max_attempts, retry_delay=retry_delay, sleep=sleep)
+        if not isinstance(target, str) or not target:
+            raise ConfigurationError(f"{what} must be a non-empty str, got {target!r}")
+        self.fifo = target.endswith(".fifo") if fifo is None else bool(fifo)
+        self.default_group = default_group
+
+    def _batch(self, entries: list[tuple[str, Event]]) -> list[dict[str, Any]]:
+        batch = []
+        for entry_id, event in entries:
+            entry: dict[str, Any] = {
+                "Id": entry_id,
+                self.body_field: self._body(event),
+                "MessageAttributes": self._attributes(event),
+            }
+            if self.fifo:
+                entry["MessageGroupId"] = _fifo_id(event.group or self.default_group)
+                entry["MessageDeduplicationId"] = _fifo_id(event.id)
+            batch.append(entry)
+        return batch
+
+    @staticmethod
+    def _failures(response: dict[str, Any]) -> list[_Failure]:
+        return [
+            _Failure(
+                str(f["Id"]),
+                str(f.get("Code", "")),
+                str(f.get("Message", "")),
+                retryable=not f.get("SenderFault", False),
+            )
+            for f in response.get("Failed", [])
+        ]
+
+
+class SQSRelay(_MessageRelay):
     """Forward events to an SQS queue with ``SendMessageBatch``.
 
     FIFO queues (URL ending in ``.fifo``, or ``fifo=True``) get ``MessageGroupId = event.group``
@@ -150,6 +202,7 @@ class SQSRelay(_BatchRelay):
     """
 
     service = "SQS"
+    body_field = "MessageBody"
 
     def __init__(
         self,
@@ -162,47 +215,36 @@ class SQSRelay(_BatchRelay):
         retry_delay: float = 0.1,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        super().__init__(client, max_attempts=max_attempts, retry_delay=retry_delay, sleep=sleep)
-        if not isinstance(queue_url, str) or not queue_url:
-            raise ConfigurationError(f"queue_url must be a non-empty str, got {queue_url!r}")
+        super().__init__(
+            client,
+            queue_url,
+            "queue_url",
+            fifo=fifo,
+            default_group=default_group,
+            max_attempts=max_attempts,
+            retry_delay=retry_delay,
+            sleep=sleep,
+        )
         self.queue_url = queue_url
-        self.fifo = queue_url.endswith(".fifo") if fifo is None else bool(fifo)
-        self.default_group = default_group
 
     def _send(self, entries: list[tuple[str, Event]]) -> list[_Failure]:
-        batch = []
-        for entry_id, event in entries:
-            entry: dict[str, Any] = {
-                "Id": entry_id,
-                "MessageBody": self._body(event),
-                "MessageAttributes": self._attributes(event),
-            }
-            if self.fifo:
-                entry["MessageGroupId"] = _fifo_id(event.group or self.default_group)
-                entry["MessageDeduplicationId"] = _fifo_id(event.id)
-            batch.append(entry)
-        response = self.client.send_message_batch(QueueUrl=self.queue_url, Entries=batch)
-        return [
-            _Failure(
-                str(f["Id"]),
-                str(f.get("Code", "")),
-                str(f.get("Message", "")),
-                retryable=not f.get("SenderFault", False),
-            )
-            for f in response.get("Failed", [])
-        ]
+        response = self.client.send_message_batch(
+            QueueUrl=self.queue_url, Entries=self._batch(entries)
+        )
+        return self._failures(response)
 
     def __repr__(self) -> str:
         return f"SQSRelay(queue_url={self.queue_url!r}, fifo={self.fifo})"
 
 
-class SNSRelay(_BatchRelay):
+class SNSRelay(_MessageRelay):
     """Forward events to an SNS topic with ``PublishBatch``.
 
     FIFO topics (ARN ending in ``.fifo``) get the message group and deduplication id as for SQS.
     """
 
     service = "SNS"
+    body_field = "Message"
 
     def __init__(
         self,
@@ -215,37 +257,23 @@ class SNSRelay(_BatchRelay):
         retry_delay: float = 0.1,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        super().__init__(client, max_attempts=max_attempts, retry_delay=retry_delay, sleep=sleep)
-        if not isinstance(topic_arn, str) or not topic_arn:
-            raise ConfigurationError(f"topic_arn must be a non-empty str, got {topic_arn!r}")
+        super().__init__(
+            client,
+            topic_arn,
+            "topic_arn",
+            fifo=fifo,
+            default_group=default_group,
+            max_attempts=max_attempts,
+            retry_delay=retry_delay,
+            sleep=sleep,
+        )
         self.topic_arn = topic_arn
-        self.fifo = topic_arn.endswith(".fifo") if fifo is None else bool(fifo)
-        self.default_group = default_group
 
     def _send(self, entries: list[tuple[str, Event]]) -> list[_Failure]:
-        batch = []
-        for entry_id, event in entries:
-            entry: dict[str, Any] = {
-                "Id": entry_id,
-                "Message": self._body(event),
-                "MessageAttributes": self._attributes(event),
-            }
-            if self.fifo:
-                entry["MessageGroupId"] = _fifo_id(event.group or self.default_group)
-                entry["MessageDeduplicationId"] = _fifo_id(event.id)
-            batch.append(entry)
         response = self.client.publish_batch(
-            TopicArn=self.topic_arn, PublishBatchRequestEntries=batch
+            TopicArn=self.topic_arn, PublishBatchRequestEntries=self._batch(entries)
         )
-        return [
-            _Failure(
-                str(f["Id"]),
-                str(f.get("Code", "")),
-                str(f.get("Message", "")),
-                retryable=not f.get("SenderFault", False),
-            )
-            for f in response.get("Failed", [])
-        ]
+        return self._failures(response)
 
     def __repr__(self) -> str:
         return f"SNSRelay(topic_arn={self.topic_arn!r}, fifo={self.fifo})"
