@@ -158,6 +158,19 @@ class Transaction:
             parts["ExpressionAttributeValues"] = marshalled
         return parts
 
+    def _add_operation(
+        self,
+        action: str,
+        label: str,
+        op: dict[str, Any],
+        condition: str | None,
+        names: Mapping[str, str] | None,
+        values: Mapping[str, Any] | None,
+    ) -> None:
+        """Add one ``{action: op}`` item, with its condition expression parts, as ``label``."""
+        op.update(self._expression_parts(condition, names, values))
+        self._add_entries([(label, None, {action: op})])
+
     def put(
         self,
         table: str,
@@ -170,8 +183,7 @@ class Transaction:
         """Add a PutItem of ``item`` (a whole item, key attributes included) to ``table``."""
         _check_str(table, "table")
         op = {"TableName": table, "Item": _item(item, "item")}
-        op.update(self._expression_parts(condition, names, values))
-        self._add_entries([(f"put into {table!r}", None, {"Put": op})])
+        self._add_operation("Put", f"put into {table!r}", op, condition, names, values)
 
     def update(
         self,
@@ -190,8 +202,7 @@ class Transaction:
             "Key": _item(key, "key"),
             "UpdateExpression": _check_str(update_expression, "update_expression"),
         }
-        op.update(self._expression_parts(condition, names, values))
-        self._add_entries([(f"update in {table!r}", None, {"Update": op})])
+        self._add_operation("Update", f"update in {table!r}", op, condition, names, values)
 
     def delete(
         self,
@@ -205,8 +216,7 @@ class Transaction:
         """Add a DeleteItem of the item with ``key`` in ``table``."""
         _check_str(table, "table")
         op = {"TableName": table, "Key": _item(key, "key")}
-        op.update(self._expression_parts(condition, names, values))
-        self._add_entries([(f"delete from {table!r}", None, {"Delete": op})])
+        self._add_operation("Delete", f"delete from {table!r}", op, condition, names, values)
 
     def condition_check(
         self,
@@ -220,8 +230,8 @@ class Transaction:
         """Add a check that ``condition`` holds for the item with ``key`` (nothing is written)."""
         _check_str(table, "table")
         op = {"TableName": table, "Key": _item(key, "key")}
-        op.update(self._expression_parts(condition, names, values))
-        self._add_entries([(f"condition check in {table!r}", None, {"ConditionCheck": op})])
+        label = f"condition check in {table!r}"
+        self._add_operation("ConditionCheck", label, op, condition, names, values)
 
     def publish(self, events: Event | Iterable[Event]) -> list[str]:
         """Add outbox events (of the backend this transaction came from); return their ids."""
