@@ -63,15 +63,15 @@ class Scale:
 
 FULL = Scale(
     name="full",
-    samples=300,
+    samples=400,
     warmup=40,
     count_reps=5,
     contention_seconds=10.0,
     contention_threads=8,
     outbox_events=2000,
     import_runs=9,
-    first_op_runs=5,
-    peer_samples=200,
+    first_op_runs=7,
+    peer_samples=300,
 )
 
 #: a run of every section in a few seconds (the smoke test); its numbers mean nothing
@@ -262,6 +262,13 @@ def interleaved(
 
 def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b > 0 else float("nan")
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median of the per-pair ratios ``a[i] / b[i]`` (pairs were timed back to back, so a slow
+    moment of the machine hits both halves of a pair: steadier than a ratio of medians)."""
+    pairs = [x / y for x, y in zip(a, b) if y > 0]
+    return round(statistics.median(pairs), 3) if pairs else float("nan")
 
 
 def section_error(exc: BaseException) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 from botocore import xform_name
 from botocore.exceptions import ClientError
 
-from ._harness import BenchEnv, interleaved, ratio, stats
+from ._harness import BenchEnv, interleaved, paired_ratio, ratio, stats
 
 __all__ = ["TARGET", "run"]
 
@@ -485,6 +485,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
                     "raw": sb.as_dict(),
                     "ratio_median": r,
                     "ratio_p95": ratio(sa.p95_ms, sb.p95_ms),
+                    "ratio_paired": paired_ratio(a, b),
                     "extra_ms_median": round(sa.median_ms - sb.median_ms, 4),
                     "within_target": r <= TARGET,
                 }

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import BenchEnv, RedisCommandCounter, interleaved, ratio, stats, unique
+from ._harness import BenchEnv, RedisCommandCounter, interleaved, paired_ratio, ratio, stats, unique
 
 __all__ = ["run"]
 
@@ -56,6 +56,7 @@ def _compare(
         "peer_stats": sb.as_dict(),
         "ratio_median": ratio(sa.median_ms, sb.median_ms),
         "ratio_p95": ratio(sa.p95_ms, sb.p95_ms),
+        "ratio_paired": paired_ratio(a, b),
         "requests_dynacoord": requests_dyn,
         "requests_peer": requests_peer,
     }
