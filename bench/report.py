@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SECTION_TITLES", "render", "write"]
+__all__ = ["SECTION_TITLES", "render", "summary", "write"]
 
 SECTION_TITLES = {
     "requests": "1. Requests per operation",
@@ -344,6 +344,103 @@ RENDERERS = {
 }
 
 
+def _ok(sections: dict[str, Any], key: str) -> dict[str, Any] | None:
+    section = sections.get(key)
+    return section if section is not None and section.get("status") == "ok" else None
+
+
+def summary(results: dict[str, Any]) -> list[str]:
+    """The headline numbers of a run as a two-column Markdown table (also for the README)."""
+    sections = results.get("sections", {})
+    rows: list[list[Any]] = []
+    req = _ok(sections, "requests")
+    if req:
+        measured = [r for r in req["rows"] if "requests" in r]
+        above = [f"{r['primitive']} {r['operation']}" for r in measured if r["above_minimum"]]
+        errors = [r for r in req["rows"] if "error" in r]
+        rows.append(
+            [
+                "requests per operation",
+                f"{len(measured)} operations counted; {len(measured) - len(above)} at their "
+                f"minimum; above it: {'; '.join(above) if above else 'none'}"
+                + (f"; {len(errors)} could not be measured" if errors else ""),
+            ]
+        )
+    ov = _ok(sections, "overhead")
+    if ov:
+        good = [r for r in ov["rows"] if "ratio_median" in r]
+        if good:
+            worst = max(good, key=lambda r: r["ratio_median"])
+            ratios = sorted(r["ratio_median"] for r in good)
+            paired = sorted(r["ratio_paired"] for r in good)
+            rows.append(
+                [
+                    "overhead over raw boto3 (single-request operations)",
+                    f"{sum(r['within_target'] for r in good)} of {len(good)} within "
+                    f"{ov['target']}; median ratio {ratios[len(ratios) // 2]:.3f} (paired "
+                    f"{paired[len(paired) // 2]:.3f}); highest {worst['ratio_median']:.3f} "
+                    f"({worst['primitive']} {worst['operation']})",
+                ]
+            )
+    ob = _ok(sections, "outbox")
+    if ob:
+        good = [r for r in ob["rows"] if "events_per_s" in r]
+        if good:
+            rows.append(
+                [
+                    f"outbox delivery ({ob['events']} events, no-op handler)",
+                    ", ".join(f"{r['workers']}: {_fmt(r['events_per_s'], 0)}/s" for r in good)
+                    + f"; {min(r['requests_per_event'] for r in good):.2f}-"
+                    f"{max(r['requests_per_event'] for r in good):.2f} requests per event; "
+                    f"lost {sum(r['lost'] for r in good)}, duplicates "
+                    f"{sum(r['duplicates'] for r in good)}",
+                ]
+            )
+    ct = _ok(sections, "contention")
+    if ct:
+        rows.append(
+            [
+                f"lock contention ({ct['threads']} threads, one key)",
+                f"{_fmt(ct['acquisitions_per_s'], 0)} acquisitions/s, fairness "
+                f"{_fmt(ct['fairness_min_max'])}, {ct['mutual_exclusion_violations']} "
+                f"exclusion violations, {ct['fence_order_violations']} fence-order violations",
+            ]
+        )
+    cs = _ok(sections, "coldstart")
+    if cs:
+        by_case = {r["case"]: r["median_ms"] for r in cs["imports"]}
+        rows.append(
+            [
+                "import time",
+                f"`import dynacoord` {_fmt(by_case.get('import dynacoord'), 0)} ms vs `import "
+                f"boto3` {_fmt(by_case.get('import boto3'), 0)} ms (ratio "
+                f"{_fmt(cs['import_ratio_dynacoord_vs_boto3'], 2)}); start to first lock "
+                f"acquired vs raw boto3: {_fmt(cs['first_result_ratio'], 2)}",
+            ]
+        )
+    pe = _ok(sections, "peers")
+    if pe:
+        for r in pe["rows"]:
+            if r.get("status") != "ok":
+                rows.append([r["name"], f"not compared ({r.get('status')})"])
+                continue
+            cases = r.get("rows") or [dict(r, case="")]
+            rows.append(
+                [
+                    f"{r['name']} vs {r.get('peer')}",
+                    "; ".join(
+                        (f"{c['case']}: " if c["case"] else "")
+                        + f"ratio {c['ratio_median']:.2f} (paired {c['ratio_paired']:.2f}), "
+                        f"requests {c['requests_dynacoord']} vs {c['requests_peer']}"
+                        for c in cases
+                    ),
+                ]
+            )
+    if not rows:
+        return ["No section was measured."]
+    return _table(["measure", "result"], rows)
+
+
 def render(results: dict[str, Any]) -> str:
     meta = results.get("meta", {})
     lines = [
@@ -363,6 +460,11 @@ def render(results: dict[str, Any]) -> str:
         "",
     ]
     lines += _table(["", ""], [[k, _fmt(v)] for k, v in meta.get("versions", {}).items()])
+    lines += ["", "## Summary", ""]
+    try:
+        lines += summary(results)
+    except (KeyError, TypeError, ValueError) as exc:
+        lines += [f"**Could not summarise**: `{type(exc).__name__}: {exc}`"]
     sections = results.get("sections", {})
     for key, title in SECTION_TITLES.items():
         lines += ["", f"## {title}", ""]

@@ -147,6 +147,8 @@ def test_tiny_run_writes_every_section(dynamodb_local: DynamoDBLocal, tmp_path: 
     assert set(data["sections"]) == set(SECTION_TITLES)
     for title in SECTION_TITLES.values():
         assert f"## {title}" in report
+    assert "## Summary" in report
+    assert "| requests per operation |" in report
     assert data["meta"]["versions"]["DynamoDB Local"]
     # the sections that need only locks always measure something
     for key in ("requests", "overhead", "contention", "coldstart"):
