@@ -301,6 +301,25 @@ class EventRecord:
         }
 
 
+def pending_fields(event: Event, due_ms: int) -> dict[str, Any]:
+    """The stored fields (keys aside) of a newly published event, pending and due at ``due_ms``:
+    the same field names on every backend, read back by :meth:`EventRecord.from_item`."""
+    fields: dict[str, Any] = {
+        "event_id": event.id,
+        "event_type": event.type,
+        "payload": codec.encode(event.payload),
+        "occurred_at_ms": event.occurred_at_ms,
+        "status": EventStatus.PENDING.value,
+        "attempts": 0,
+        "due_ms": due_ms,
+    }
+    if event.metadata:
+        fields["metadata"] = codec.encode(dict(event.metadata))
+    if event.group is not None:
+        fields["event_group"] = event.group
+    return fields
+
+
 @dataclass(frozen=True, slots=True)
 class OutboxStats:
     """Event counts by status. ``due`` is the part of ``pending`` whose next attempt time has come.

@@ -23,7 +23,7 @@ from typing import Any
 from .. import codec
 from ..errors import TransactionCancelledError
 from ..keys import outbox_index_pk, outbox_key, time_sk_bound
-from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
+from ..outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBOutboxStore"]
@@ -62,20 +62,7 @@ class DynamoDBOutboxStore:
         k = outbox_key(
             self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms, shards=self._shards
         )
-        item: dict[str, Any] = {
-            **k.as_dict(),
-            "event_id": event.id,
-            "event_type": event.type,
-            "payload": codec.encode(event.payload),
-            "occurred_at_ms": event.occurred_at_ms,
-            "status": EventStatus.PENDING.value,
-            "attempts": 0,
-            "due_ms": due_ms,
-        }
-        if event.metadata:
-            item["metadata"] = codec.encode(dict(event.metadata))
-        if event.group is not None:
-            item["event_group"] = event.group
+        item = {**k.as_dict(), **pending_fields(event, due_ms)}
         codec.check_item_size(item, key=event.id)
         return item
 

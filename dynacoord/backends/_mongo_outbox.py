@@ -33,7 +33,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 from .. import codec
 from ..errors import NotSupportedError
 from ..keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
-from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
+from ..outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._mongo import MongoCollection, translate_errors
 
 __all__ = ["MongoOutboxStore"]
@@ -60,20 +60,7 @@ class MongoOutboxStore:
     def _doc(self, event: Event, now_ms: int) -> dict[str, Any]:
         due = min(event.occurred_at_ms, now_ms)
         k = outbox_key(self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due)
-        doc: dict[str, Any] = {
-            **k.as_dict(),
-            "event_id": event.id,
-            "event_type": event.type,
-            "payload": codec.encode(event.payload),
-            "occurred_at_ms": event.occurred_at_ms,
-            "status": EventStatus.PENDING.value,
-            "attempts": 0,
-            "due_ms": due,
-        }
-        if event.metadata:
-            doc["metadata"] = codec.encode(dict(event.metadata))
-        if event.group is not None:
-            doc["event_group"] = event.group
+        doc = {**k.as_dict(), **pending_fields(event, due)}
         # Same size limit as the DynamoDB item, so an event fits every backend.
         codec.check_item_size(doc, key=event.id)
         return doc

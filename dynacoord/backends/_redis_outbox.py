@@ -27,7 +27,7 @@ from typing import Any
 from .. import codec
 from ..errors import NotSupportedError
 from ..keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
-from ..outbox import Event, EventRecord, EventStatus, RetryOutcome
+from ..outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._redis import RedisConn, as_int, as_str, hash_fields, index_key, pairs, translate_errors
 
 __all__ = ["RedisOutboxStore"]
@@ -202,20 +202,8 @@ class RedisOutboxStore:
 
     def _fields(self, event: Event, due_ms: int) -> dict[str, str]:
         k = outbox_key(self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms)
-        fields = {
-            "event_id": event.id,
-            "event_type": event.type,
-            "payload": codec.encode(event.payload),
-            "occurred_at_ms": str(event.occurred_at_ms),
-            "status": EventStatus.PENDING.value,
-            "attempts": "0",
-            "due_ms": str(due_ms),
-            "gsi1sk": outbox_index_sk(due_ms, event.id),
-        }
-        if event.metadata:
-            fields["metadata"] = codec.encode(dict(event.metadata))
-        if event.group is not None:
-            fields["event_group"] = event.group
+        fields = {name: str(value) for name, value in pending_fields(event, due_ms).items()}
+        fields["gsi1sk"] = outbox_index_sk(due_ms, event.id)
         # Same size limit as the DynamoDB item, so an event fits every backend.
         codec.check_item_size({**k.as_dict(), **fields}, key=event.id)
         return fields
