@@ -14,12 +14,20 @@ from typing import Any
 from dynacoord.testing import DUMMY_CREDENTIALS
 
 
-def make_backend(endpoint: str, table: str, namespace: str) -> Any:
+def make_backend(target: tuple[str, ...], namespace: str) -> Any:
+    """A backend in this process: ``("dynamodb", endpoint_url, table)`` or ``("redis", port)``."""
+    if target[0] == "redis":
+        import redis
+
+        from dynacoord.backends.redis import RedisBackend
+
+        return RedisBackend(redis.Redis(host="127.0.0.1", port=int(target[1])), namespace=namespace)
     import boto3
     from botocore.config import Config
 
     from dynacoord.backends.dynamodb import DynamoDBBackend
 
+    _, endpoint, table = target
     client = boto3.client(
         "dynamodb",
         endpoint_url=endpoint,
@@ -30,8 +38,7 @@ def make_backend(endpoint: str, table: str, namespace: str) -> Any:
 
 
 def lock_worker(
-    endpoint: str,
-    table: str,
+    target: tuple[str, ...],
     namespace: str,
     lock_keys: list[str],
     rounds: int,
@@ -43,7 +50,7 @@ def lock_worker(
 ) -> None:
     """Take the locks ``rounds`` times; inside each critical section check that nobody else is in
     it (a shared per-key counter) and that the fence is above every earlier fence of the key."""
-    locks = make_backend(endpoint, table, namespace).locks
+    locks = make_backend(target, namespace).locks
     owner = f"proc-{os.getpid()}"
     barrier.wait()
     for i in range(rounds):
@@ -74,8 +81,7 @@ def lock_worker(
 
 
 def outbox_worker(
-    endpoint: str,
-    table: str,
+    target: tuple[str, ...],
     namespace: str,
     total: int,
     delivered: Any,
@@ -85,7 +91,7 @@ def outbox_worker(
 ) -> None:
     """Deliver events until ``total`` deliveries were counted by all workers together; put the
     ids this process handled on ``results``."""
-    outbox = make_backend(endpoint, table, namespace).outbox
+    outbox = make_backend(target, namespace).outbox
     seen: list[str] = []
 
     def handle(event: Any) -> None:
@@ -103,8 +109,7 @@ def outbox_worker(
 
 
 def idempotency_worker(
-    endpoint: str,
-    table: str,
+    target: tuple[str, ...],
     namespace: str,
     idem_keys: list[str],
     runs: dict[str, Any],
@@ -113,7 +118,7 @@ def idempotency_worker(
 ) -> None:
     """Call one idempotent function for every key (racing the other processes); count body runs
     in ``runs`` and put (pid, {key: result}) on ``results``."""
-    backend = make_backend(endpoint, table, namespace)
+    backend = make_backend(target, namespace)
     pid = os.getpid()
 
     @backend.idempotent(key=lambda k: k, in_progress_ttl=30, wait=True, wait_timeout=60)
@@ -131,9 +136,9 @@ def idempotency_worker(
     results.put((pid, got))
 
 
-def outbox_victim(endpoint: str, table: str, namespace: str, started: Any) -> None:
+def outbox_victim(target: tuple[str, ...], namespace: str, started: Any) -> None:
     """Claim one event and hang in its handler until killed (SIGKILL from the parent)."""
-    outbox = make_backend(endpoint, table, namespace).outbox
+    outbox = make_backend(target, namespace).outbox
 
     def hang(event: Any) -> None:
         started.set()

@@ -361,7 +361,7 @@ def test_worker_killed_with_sigkill_mid_event_is_recovered_after_its_lease(
     started = ctx.Event()
     victim = ctx.Process(
         target=_workers.outbox_victim,
-        args=(dynamodb_local.endpoint_url, table, namespace, started),
+        args=(("dynamodb", dynamodb_local.endpoint_url, table), namespace, started),
         daemon=True,
     )
     victim.start()

@@ -1,4 +1,5 @@
-"""Separate processes (spawn) against the session's DynamoDB Local: locks, outbox, idempotency.
+"""Separate processes (spawn) against the session's DynamoDB Local and redis-server: locks,
+outbox, idempotency.
 
 ``make test`` runs short versions; ``make stress`` (``-m stress``) runs the long ones. Processes,
 not threads: each has its own boto3 client, connection pool and GIL, like real service instances.
@@ -49,7 +50,7 @@ def _collect(results: Any, procs: list[Any], timeout: float) -> list[Any]:
     return out
 
 
-def _locks(endpoint: str, table: str, lock_keys: list[str], rounds: int) -> None:
+def _locks(target: tuple[str, ...], lock_keys: list[str], rounds: int) -> None:
     namespace = unique_name("stress")
     inside = {k: CTX.Value("i", 0) for k in lock_keys}
     last_fence = {k: CTX.Value("q", 0) for k in lock_keys}
@@ -59,8 +60,7 @@ def _locks(endpoint: str, table: str, lock_keys: list[str], rounds: int) -> None
     procs = _run(
         _workers.lock_worker,
         lambda i: (
-            endpoint,
-            table,
+            target,
             namespace,
             lock_keys,
             rounds,
@@ -77,11 +77,9 @@ def _locks(endpoint: str, table: str, lock_keys: list[str], rounds: int) -> None
     assert all(v.value == 0 for v in inside.values())
 
 
-def _outbox(endpoint: str, table: str, client: Any, total: int) -> None:
-    from dynacoord.backends.dynamodb import DynamoDBBackend
-
+def _outbox(target: tuple[str, ...], total: int) -> None:
     namespace = unique_name("stress")
-    outbox = DynamoDBBackend(client, table_name=table, namespace=namespace).outbox
+    outbox = _workers.make_backend(target, namespace).outbox
     published: list[str] = []
     for start in range(0, total, 100):
         published += outbox.publish([Event("stress", i) for i in range(start, start + 100)])
@@ -92,7 +90,7 @@ def _outbox(endpoint: str, table: str, client: Any, total: int) -> None:
     deadline = 60 + total * 0.05
     procs = _run(
         _workers.outbox_worker,
-        lambda i: (endpoint, table, namespace, total, delivered, results, barrier, deadline),
+        lambda i: (target, namespace, total, delivered, results, barrier, deadline),
     )
     per_process = _collect(results, procs, timeout=deadline + 60)
     _join(procs, timeout=30)
@@ -105,7 +103,7 @@ def _outbox(endpoint: str, table: str, client: Any, total: int) -> None:
     assert (stats.pending, stats.in_flight, stats.failed) == (0, 0, 0)
 
 
-def _idempotency(endpoint: str, table: str, n_keys: int) -> None:
+def _idempotency(target: tuple[str, ...], n_keys: int) -> None:
     namespace = unique_name("stress")
     idem_keys = [f"order-{i}" for i in range(n_keys)]
     runs = {k: CTX.Value("i", 0) for k in idem_keys}
@@ -113,7 +111,7 @@ def _idempotency(endpoint: str, table: str, n_keys: int) -> None:
     barrier = CTX.Barrier(PROCESSES)
     procs = _run(
         _workers.idempotency_worker,
-        lambda i: (endpoint, table, namespace, idem_keys, runs, results, barrier),
+        lambda i: (target, namespace, idem_keys, runs, results, barrier),
     )
     per_process = _collect(results, procs, timeout=240)
     _join(procs, timeout=30)
@@ -124,43 +122,38 @@ def _idempotency(endpoint: str, table: str, n_keys: int) -> None:
         assert len(answers) == 1, f"processes saw different results for {k!r}: {answers}"
 
 
-@pytest.mark.integration
-def test_4_processes_locks_no_overlap_fences_increase(
-    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
-) -> None:
-    _locks(dynamodb_local.endpoint_url, ddb_table[1], ["p0", "p1"], rounds=15)
+@pytest.fixture(params=["dynamodb", "redis"])
+def target(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """Where the worker processes connect: DynamoDB Local (session table) or redis-server."""
+    if request.param == "redis":
+        return ("redis", str(request.getfixturevalue("redis_server").port))
+    server: DynamoDBLocal = request.getfixturevalue("dynamodb_local")
+    _, table = request.getfixturevalue("ddb_table")
+    return ("dynamodb", server.endpoint_url, table)
+
+
+def test_4_processes_locks_no_overlap_fences_increase(target: tuple[str, ...]) -> None:
+    _locks(target, ["p0", "p1"], rounds=15)
 
 
 @pytest.mark.stress
-def test_stress_4_processes_locks(
-    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
-) -> None:
-    _locks(dynamodb_local.endpoint_url, ddb_table[1], ["s0", "s1", "s2"], rounds=250)
+def test_stress_4_processes_locks(target: tuple[str, ...]) -> None:
+    _locks(target, ["s0", "s1", "s2"], rounds=250)
 
 
-@pytest.mark.integration
-def test_4_processes_outbox_each_event_once(
-    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
-) -> None:
-    _outbox(dynamodb_local.endpoint_url, ddb_table[1], ddb_table[0], total=300)
+def test_4_processes_outbox_each_event_once(target: tuple[str, ...]) -> None:
+    _outbox(target, total=300)
 
 
 @pytest.mark.stress
-def test_stress_4_processes_outbox_5000_events(
-    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
-) -> None:
-    _outbox(dynamodb_local.endpoint_url, ddb_table[1], ddb_table[0], total=5000)
+def test_stress_4_processes_outbox_5000_events(target: tuple[str, ...]) -> None:
+    _outbox(target, total=5000)
 
 
-@pytest.mark.integration
-def test_4_processes_idempotency_body_runs_once_per_key(
-    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
-) -> None:
-    _idempotency(dynamodb_local.endpoint_url, ddb_table[1], n_keys=10)
+def test_4_processes_idempotency_body_runs_once_per_key(target: tuple[str, ...]) -> None:
+    _idempotency(target, n_keys=10)
 
 
 @pytest.mark.stress
-def test_stress_4_processes_idempotency(
-    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
-) -> None:
-    _idempotency(dynamodb_local.endpoint_url, ddb_table[1], n_keys=200)
+def test_stress_4_processes_idempotency(target: tuple[str, ...]) -> None:
+    _idempotency(target, n_keys=200)
