@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
-from ._items import optional_int, optional_str
+from ._items import is_live, optional_int, optional_str
 from ._validate import check_int, check_str, non_negative_seconds, ttl_to_ms
-from .errors import InvalidValueError, RunError
+from .errors import InvalidValueError, RunError, RunNotFoundError, RunNotRunningError
 
 if TYPE_CHECKING:
     from .locks import Locks
@@ -197,6 +197,19 @@ class RunStore(Protocol):
     ) -> RunPage:
         """One index page of runs in ``status`` last updated before ``before_ms`` (oldest first)."""
         ...
+
+
+def write_refused(run_id: str, item: Mapping[str, Any] | None, now_ms: int) -> RunError:
+    """The error of a store write refused because the run is not running, from the stored item
+    (as the refusal returned it or as read right after): not found when it is missing or expired,
+    else not running."""
+    if not is_live(item, now_ms):
+        return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
+    assert item is not None
+    status = str(item.get("status", ""))
+    return RunNotRunningError(
+        f"run {run_id!r} is {status}, not running", run_id=run_id, status=status
+    )
 
 
 def _check_field(name: Any) -> str:

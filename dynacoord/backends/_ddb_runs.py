@@ -19,9 +19,9 @@ from typing import Any
 
 from .. import codec
 from .._items import is_live
-from ..errors import RunExistsError, RunNotFoundError, RunNotRunningError
+from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
-from ..runs import Run, RunPage, RunStatus
+from ..runs import Run, RunPage, RunStatus, write_refused
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBRunStore"]
@@ -40,15 +40,6 @@ class DynamoDBRunStore:
 
     def _primary(self, run_id: str) -> dict[str, Any]:
         return marshal(run_key(self._ns, run_id, status="running", updated_ms=0).primary)
-
-    def _refused(self, run_id: str, old: Mapping[str, Any] | None, now_ms: int) -> Exception:
-        if not is_live(old, now_ms):
-            return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
-        assert old is not None
-        status = str(old.get("status"))
-        return RunNotRunningError(
-            f"run {run_id!r} is {status}, not running", run_id=run_id, status=status
-        )
 
     def create(
         self, run_id: str, context: Mapping[str, Any], ttl_after_end_ms: int, now_ms: int
@@ -102,7 +93,7 @@ class DynamoDBRunStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            raise self._refused(run_id, failed.item, now_ms) from None
+            raise write_refused(run_id, failed.item, now_ms) from None
         return _run(unmarshal(response["Attributes"]))
 
     def update(

@@ -27,9 +27,9 @@ from pymongo.errors import DuplicateKeyError
 
 from .. import codec
 from .._items import is_live
-from ..errors import RunExistsError, RunNotFoundError, RunNotRunningError
+from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
-from ..runs import Run, RunPage, RunStatus
+from ..runs import Run, RunPage, RunStatus, write_refused
 from ._mongo import MongoCollection, literal, translate_errors
 
 __all__ = ["MongoRunStore"]
@@ -66,13 +66,7 @@ class MongoRunStore:
     def _refused(self, run_id: str, now_ms: int, what: str) -> Exception:
         with translate_errors(what):
             doc = self._c.find_one(self._key(run_id))
-        if not is_live(doc, now_ms):
-            return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
-        assert doc is not None
-        status = str(doc.get("status"))
-        return RunNotRunningError(
-            f"run {run_id!r} is {status}, not running", run_id=run_id, status=status
-        )
+        return write_refused(run_id, doc, now_ms)
 
     def create(
         self, run_id: str, context: Mapping[str, Any], ttl_after_end_ms: int, now_ms: int

@@ -18,9 +18,9 @@ from typing import Any
 
 from .. import codec
 from .._items import is_live
-from ..errors import RunExistsError, RunNotFoundError, RunNotRunningError
+from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
-from ..runs import Run, RunPage, RunStatus
+from ..runs import Run, RunPage, RunStatus, write_refused
 from ._redis import RedisConn, as_str, hash_fields, index_key, pairs, translate_errors
 
 __all__ = ["RedisRunStore"]
@@ -128,14 +128,6 @@ class RedisRunStore:
     def _key(self, run_id: str) -> str:
         return run_key(self._ns, run_id, status="running", updated_ms=0).pk
 
-    def _refused(self, run_id: str, fields: Mapping[str, str], now_ms: int) -> Exception:
-        if not is_live(fields, now_ms):
-            return RunNotFoundError(f"run {run_id!r} not found", run_id=run_id)
-        status = fields.get("status", "")
-        return RunNotRunningError(
-            f"run {run_id!r} is {status}, not running", run_id=run_id, status=status
-        )
-
     def create(
         self, run_id: str, context: Mapping[str, Any], ttl_after_end_ms: int, now_ms: int
     ) -> Run:
@@ -190,7 +182,7 @@ class RedisRunStore:
         reply = self._conn.run(_UPDATE, [self._key(run_id)], args, "run update")
         fields = pairs(list(reply[1:]))
         if int(reply[0]) != 1:
-            raise self._refused(run_id, fields, now_ms)
+            raise write_refused(run_id, fields, now_ms)
         return _run(fields)
 
     def finish(
@@ -221,7 +213,7 @@ class RedisRunStore:
         )
         fields = pairs(list(reply[1:]))
         if int(reply[0]) != 1:
-            raise self._refused(run_id, fields, now_ms)
+            raise write_refused(run_id, fields, now_ms)
         return _run(fields)
 
     def query(
