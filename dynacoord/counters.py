@@ -107,6 +107,14 @@ class CounterItem:
         return cls(kind, int(item.get("n", 0)), expires_at_ms)
 
 
+def value_fields(kind: str, value: Any) -> dict[str, Any]:
+    """The stored fields of a new counter (``n``) or flag (codec text ``value``) of ``kind``: the
+    same field names on every backend, read back by :meth:`CounterItem.from_item`."""
+    if kind == COUNTER:
+        return {"kind": kind, "n": int(value)}
+    return {"kind": kind, "value": codec.encode(value)}
+
+
 @dataclass(frozen=True, slots=True)
 class WriteOutcome:
     """What one conditional write of a counter or join returned."""

@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import codec
-from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome
+from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
@@ -141,12 +140,7 @@ class DynamoDBCounterStore:
     def put_if_absent(
         self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
     ) -> bool:
-        item: dict[str, Any] = dict(counter_key(self._ns, key).primary)
-        item["kind"] = kind
-        if kind == COUNTER:
-            item["n"] = value
-        else:
-            item["value"] = codec.encode(value)
+        item: dict[str, Any] = {**counter_key(self._ns, key).primary, **value_fields(kind, value)}
         if ttl_ms is not None:
             item["expires_at_ms"] = now_ms + ttl_ms
             item["ttl"] = _ttl_s(now_ms + ttl_ms)

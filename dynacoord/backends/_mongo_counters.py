@@ -25,8 +25,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from .. import codec
-from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome
+from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
 from ._mongo import MongoCollection, literal, translate_errors
 
@@ -110,11 +109,7 @@ class MongoCounterStore:
     def put_if_absent(
         self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
     ) -> bool:
-        fields: dict[str, Any] = {"kind": kind}
-        if kind == COUNTER:
-            fields["n"] = int(value)
-        else:
-            fields["value"] = codec.encode(value)
+        fields = value_fields(kind, value)
         return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import codec
-from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome
+from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
 from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
 
@@ -158,11 +157,7 @@ class RedisCounterStore:
     def put_if_absent(
         self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
     ) -> bool:
-        fields: dict[str, Any] = {"kind": kind}
-        if kind == COUNTER:
-            fields["n"] = int(value)
-        else:
-            fields["value"] = codec.encode(value)
+        fields = value_fields(kind, value)
         return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
