@@ -66,40 +66,37 @@ class DynamoDBLockStore:
         item = unmarshal(response["Attributes"])
         return AcquireResult(LockInfo(key, owner, int(item["fence"]), expires))
 
-    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
-        k = lock_key(self._ns, key)
-        expires = now_ms + ttl_ms
+    def _if_held(
+        self, key: str, owner: str, fence: int, now_ms: int, update: str, **attr_values: Any
+    ) -> bool:
+        """One UpdateItem, made only while ``owner`` holds the unexpired lock with ``fence``."""
         try:
             self._table.call(
                 "update_item",
-                Key=marshal(k.primary),
+                Key=marshal(lock_key(self._ns, key).primary),
                 ConditionExpression="#owner = :owner AND fence = :fence AND expires_at_ms > :now",
-                UpdateExpression="SET expires_at_ms = :exp, #ttl = :ttl",
+                UpdateExpression=update,
                 ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
                 ExpressionAttributeValues=values(
-                    owner=owner, fence=fence, now=now_ms, exp=expires, ttl=self._ttl(expires)
-                ),
-            )
-        except ConditionFailedError:
-            return None
-        return LockInfo(key, owner, fence, expires)
-
-    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
-        k = lock_key(self._ns, key)
-        try:
-            self._table.call(
-                "update_item",
-                Key=marshal(k.primary),
-                ConditionExpression="#owner = :owner AND fence = :fence AND expires_at_ms > :now",
-                UpdateExpression="SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner",
-                ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
-                ExpressionAttributeValues=values(
-                    owner=owner, fence=fence, now=now_ms, ttl=self._ttl(now_ms)
+                    owner=owner, fence=fence, now=now_ms, **attr_values
                 ),
             )
         except ConditionFailedError:
             return False
         return True
+
+    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
+        expires = now_ms + ttl_ms
+        update = "SET expires_at_ms = :exp, #ttl = :ttl"
+        if not self._if_held(
+            key, owner, fence, now_ms, update, exp=expires, ttl=self._ttl(expires)
+        ):
+            return None
+        return LockInfo(key, owner, fence, expires)
+
+    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+        update = "SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner"
+        return self._if_held(key, owner, fence, now_ms, update, ttl=self._ttl(now_ms))
 
     def force_release(self, key: str, now_ms: int) -> bool:
         k = lock_key(self._ns, key)

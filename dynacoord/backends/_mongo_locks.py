@@ -77,9 +77,11 @@ class MongoLockStore:
                     return AcquireResult(None, holder)
         return AcquireResult(None, None)
 
-    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
-        expires = now_ms + ttl_ms
-        with translate_errors("lock extend"):
+    def _if_held(
+        self, key: str, owner: str, fence: int, now_ms: int, update: dict[str, Any], what: str
+    ) -> bool:
+        """One update, made only while ``owner`` holds the unexpired lock with ``fence``."""
+        with translate_errors(what):
             result = self._c.update_one(
                 {
                     **self._filter(key),
@@ -87,33 +89,31 @@ class MongoLockStore:
                     "fence": fence,
                     "expires_at_ms": {"$gt": now_ms},
                 },
-                {
-                    "$set": {
-                        "expires_at_ms": expires,
-                        "expires_at": self._coll.gc_date(expires, now_ms, self._grace_ms),
-                    }
-                },
-            )
-        return LockInfo(key, owner, fence, expires) if result.matched_count == 1 else None
-
-    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
-        with translate_errors("lock release"):
-            result = self._c.update_one(
-                {
-                    **self._filter(key),
-                    "owner": owner,
-                    "fence": fence,
-                    "expires_at_ms": {"$gt": now_ms},
-                },
-                {
-                    "$set": {
-                        "expires_at_ms": now_ms,
-                        "expires_at": self._coll.gc_date(now_ms, now_ms, self._grace_ms),
-                    },
-                    "$unset": {"owner": ""},
-                },
+                update,
             )
         return bool(result.matched_count == 1)
+
+    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
+        expires = now_ms + ttl_ms
+        update = {
+            "$set": {
+                "expires_at_ms": expires,
+                "expires_at": self._coll.gc_date(expires, now_ms, self._grace_ms),
+            }
+        }
+        if not self._if_held(key, owner, fence, now_ms, update, "lock extend"):
+            return None
+        return LockInfo(key, owner, fence, expires)
+
+    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+        update = {
+            "$set": {
+                "expires_at_ms": now_ms,
+                "expires_at": self._coll.gc_date(now_ms, now_ms, self._grace_ms),
+            },
+            "$unset": {"owner": ""},
+        }
+        return self._if_held(key, owner, fence, now_ms, update, "lock release")
 
     def force_release(self, key: str, now_ms: int) -> bool:
         with translate_errors("lock force_release"):
