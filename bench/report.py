@@ -89,7 +89,33 @@ def _requests(s: dict[str, Any]) -> list[str]:
     )
     flagged = s.get("flagged") or []
     lines += ["", f"Operations above their minimum: {', '.join(flagged) if flagged else 'none'}."]
-    return lines + _missing(s)
+    lines += _missing(s)
+    lines += ["", "### The same operations on the Redis backend", ""]
+    if s.get("redis_error"):
+        return [*lines, f"Not measured: `{s['redis_error']}`"]
+    ddb = {(r["primitive"], r["operation"]): r for r in s.get("rows", [])}
+    redis_rows = []
+    for r in s.get("redis_rows", []):
+        d = ddb.get((r["primitive"], r["operation"]), {})
+        redis_rows.append(
+            [
+                r["primitive"],
+                r["operation"],
+                d.get("requests", "-"),
+                f"{r['requests']}" + (" (varies)" if r.get("varies") else "")
+                if "requests" in r
+                else f"`{r.get('error', '?')}`",
+            ]
+        )
+    lines += [
+        "Round trips to `redis-server` counted in redis-py's connection (a pipeline or a Lua "
+        "script call is one), after a first pass that loaded the scripts.",
+        "",
+    ]
+    lines += _table(
+        ["primitive", "operation", "DynamoDB requests", "Redis round trips"], redis_rows
+    )
+    return lines
 
 
 def _overhead(s: dict[str, Any]) -> list[str]:
