@@ -35,7 +35,7 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -110,6 +110,25 @@ class IdempotencyRecord:
 
     def live(self, now_ms: int) -> bool:
         return now_ms < self.expires_at_ms
+
+    @classmethod
+    def from_item(cls, key: str, item: Mapping[str, Any] | None) -> IdempotencyRecord | None:
+        """The record a stored item holds (the same field names on every backend), or None if
+        there is none (or its status is unknown). Expiry is the caller's to judge."""
+        if not item or "status" not in item:
+            return None
+        try:
+            status = IdempotencyStatus(str(item["status"]))
+        except ValueError:
+            return None
+        return cls(
+            key=key,
+            status=status,
+            expires_at_ms=int(item.get("expires_at_ms", 0)),
+            payload_hash=str(item["payload_hash"]) if item.get("payload_hash") else None,
+            result_text=str(item["result"]) if "result" in item else None,
+            token=str(item["token"]) if "token" in item else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,23 +21,6 @@ __all__ = ["DynamoDBIdempotencyStore"]
 _NAMES = {"#status": "status", "#token": "token", "#result": "result", "#ttl": "ttl"}
 
 
-def _record(key: str, item: dict[str, Any] | None) -> IdempotencyRecord | None:
-    if not item or "status" not in item:
-        return None
-    try:
-        status = IdempotencyStatus(str(item["status"]))
-    except ValueError:
-        return None
-    return IdempotencyRecord(
-        key=key,
-        status=status,
-        expires_at_ms=int(item.get("expires_at_ms", 0)),
-        payload_hash=str(item["payload_hash"]) if item.get("payload_hash") else None,
-        result_text=str(item["result"]) if "result" in item else None,
-        token=str(item["token"]) if "token" in item else None,
-    )
-
-
 class DynamoDBIdempotencyStore:
     def __init__(self, table: DynamoTable, namespace: str) -> None:
         self._table = table
@@ -72,7 +55,7 @@ class DynamoDBIdempotencyStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return ClaimResult(None, _record(key, failed.item))
+            return ClaimResult(None, IdempotencyRecord.from_item(key, failed.item))
         return ClaimResult(Claim(key, token, expires, payload_hash))
 
     def complete(self, key: str, token: str, result_text: str, ttl_ms: int, now_ms: int) -> bool:
@@ -117,7 +100,9 @@ class DynamoDBIdempotencyStore:
         return True
 
     def get(self, key: str) -> IdempotencyRecord | None:
-        return _record(key, self._table.get(idempotency_key(self._ns, key).primary))
+        return IdempotencyRecord.from_item(
+            key, self._table.get(idempotency_key(self._ns, key).primary)
+        )
 
     def delete(self, key: str) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")

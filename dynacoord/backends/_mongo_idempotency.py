@@ -26,23 +26,6 @@ __all__ = ["MongoIdempotencyStore"]
 _CLAIM_ATTEMPTS = 4
 
 
-def _record(key: str, doc: dict[str, Any] | None) -> IdempotencyRecord | None:
-    if not doc or "status" not in doc:
-        return None
-    try:
-        status = IdempotencyStatus(str(doc["status"]))
-    except ValueError:
-        return None
-    return IdempotencyRecord(
-        key=key,
-        status=status,
-        expires_at_ms=int(doc.get("expires_at_ms", 0)),
-        payload_hash=str(doc["payload_hash"]) if doc.get("payload_hash") else None,
-        result_text=str(doc["result"]) if "result" in doc else None,
-        token=str(doc["token"]) if "token" in doc else None,
-    )
-
-
 class MongoIdempotencyStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
@@ -76,7 +59,7 @@ class MongoIdempotencyStore:
                 return ClaimResult(Claim(key, token, expires, payload_hash))
             except DuplicateKeyError:
                 with translate_errors("idempotency get"):
-                    existing = _record(key, self._c.find_one(self._filter(key)))
+                    existing = IdempotencyRecord.from_item(key, self._c.find_one(self._filter(key)))
                 if existing is not None and existing.live(now_ms):
                     return ClaimResult(None, existing)
         return ClaimResult(None, existing)
@@ -110,7 +93,7 @@ class MongoIdempotencyStore:
 
     def get(self, key: str) -> IdempotencyRecord | None:
         with translate_errors("idempotency get"):
-            return _record(key, self._c.find_one(self._filter(key)))
+            return IdempotencyRecord.from_item(key, self._c.find_one(self._filter(key)))
 
     def delete(self, key: str) -> bool:
         with translate_errors("idempotency delete"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
+from ..idempotency import Claim, ClaimResult, IdempotencyRecord
 from ..keys import idempotency_key
 from ._redis import RedisConn, as_int, as_str, translate_errors
 
@@ -60,21 +60,8 @@ return 1
 
 
 def _record(key: str, values: list[Any]) -> IdempotencyRecord | None:
-    status, expires, payload_hash, result, token = (as_str(v) for v in values)
-    if status is None:
-        return None
-    try:
-        state = IdempotencyStatus(status)
-    except ValueError:
-        return None
-    return IdempotencyRecord(
-        key=key,
-        status=state,
-        expires_at_ms=as_int(expires),
-        payload_hash=payload_hash or None,
-        result_text=result,
-        token=token,
-    )
+    fields = {name: as_str(v) for name, v in zip(_FIELDS, values, strict=True)}
+    return IdempotencyRecord.from_item(key, {k: v for k, v in fields.items() if v is not None})
 
 
 class RedisIdempotencyStore:
