@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import is_live, optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import BackendError, InvalidValueError
 
@@ -51,6 +52,16 @@ class CacheEntry:
 
     encoded: str
     expires_at_ms: int | None = None
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any] | None, now_ms: int) -> CacheEntry | None:
+        """The live entry a stored item holds (the same field names on every backend: an int
+        value as ``n``, any other as codec text ``v``), or None if missing or expired."""
+        if not is_live(item, now_ms):
+            return None
+        assert item is not None
+        encoded = str(int(item["n"])) if "n" in item else str(item.get("v", "null"))
+        return cls(encoded, optional_int(item, "expires_at_ms"))
 
 
 @dataclass(frozen=True, slots=True)

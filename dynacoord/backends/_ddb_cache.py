@@ -60,16 +60,6 @@ class DynamoDBCacheStore:
             item["ttl"] = math.ceil(expires_at_ms / 1000)
         return item
 
-    @staticmethod
-    def _entry(item: dict[str, Any] | None, now_ms: int) -> CacheEntry | None:
-        if not item:
-            return None
-        expires = item.get("expires_at_ms")
-        if expires is not None and int(expires) <= now_ms:
-            return None
-        encoded = str(int(item["n"])) if "n" in item else str(item.get("v", "null"))
-        return CacheEntry(encoded, None if expires is None else int(expires))
-
     def _primary(self, key: str) -> dict[str, Any]:
         return marshal(cache_key(self._ns, key, self.partitions).primary)
 
@@ -79,7 +69,7 @@ class DynamoDBCacheStore:
     # -- single items ---------------------------------------------------------------------------
 
     def get(self, key: str, now_ms: int) -> CacheEntry | None:
-        return self._entry(self._table.get(cache_key(self._ns, key).primary), now_ms)
+        return CacheEntry.from_item(self._table.get(cache_key(self._ns, key).primary), now_ms)
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         self._table.call("put_item", Item=marshal(self._item(key, encoded, expires_at_ms)))
@@ -102,7 +92,7 @@ class DynamoDBCacheStore:
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._primary(key), ReturnValues="ALL_OLD")
         old = response.get("Attributes")
-        return self._entry(unmarshal(old) if old else None, now_ms) is not None
+        return CacheEntry.from_item(unmarshal(old) if old else None, now_ms) is not None
 
     def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
         if expires_at_ms is None:
@@ -138,7 +128,7 @@ class DynamoDBCacheStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            if self._entry(failed.item, now_ms) is not None:
+            if CacheEntry.from_item(failed.item, now_ms) is not None:
                 raise InvalidValueError(
                     f"cache key {key!r} holds a value that is not an integer: incr needs an "
                     "int (set it with an int, or delete it first)"
@@ -183,7 +173,7 @@ class DynamoDBCacheStore:
         found: dict[str, CacheEntry] = {}
         for raw in response.get("Responses", {}).get(name, []):
             item = unmarshal(raw)
-            entry = self._entry(item, now_ms)
+            entry = CacheEntry.from_item(item, now_ms)
             if entry is not None:
                 found[parse_pk(str(item["pk"])).key] = entry
         unprocessed = response.get("UnprocessedKeys", {}).get(name, {}).get("Keys", [])

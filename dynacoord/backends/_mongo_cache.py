@@ -63,16 +63,6 @@ class MongoCacheStore:
             doc["expires_at"] = self._coll.gc_date(expires_at_ms, now)
         return doc
 
-    @staticmethod
-    def _entry(doc: dict[str, Any] | None, now: int) -> CacheEntry | None:
-        if not doc:
-            return None
-        expires = doc.get("expires_at_ms")
-        if expires is not None and int(expires) <= now:
-            return None
-        encoded = str(int(doc["n"])) if "n" in doc else str(doc.get("v", "null"))
-        return CacheEntry(encoded, None if expires is None else int(expires))
-
     def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         item: dict[str, Any] = {**cache_key(self._ns, key).as_dict(), "v": encoded}
         if expires_at_ms is not None:
@@ -83,7 +73,7 @@ class MongoCacheStore:
 
     def get(self, key: str, now_ms: int) -> CacheEntry | None:
         with translate_errors("cache get"):
-            return self._entry(self._c.find_one(self._primary(key)), now_ms)
+            return CacheEntry.from_item(self._c.find_one(self._primary(key)), now_ms)
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         doc = self._doc(key, encoded, expires_at_ms, now_ms(self._clock))
@@ -115,7 +105,7 @@ class MongoCacheStore:
     def delete(self, key: str, now_ms: int) -> bool:
         with translate_errors("cache delete"):
             old = self._c.find_one_and_delete(self._primary(key))
-        return self._entry(old, now_ms) is not None
+        return CacheEntry.from_item(old, now_ms) is not None
 
     def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
         if expires_at_ms is None:
@@ -142,7 +132,7 @@ class MongoCacheStore:
             return int(doc["n"])
         with translate_errors("cache get"):
             current = self._c.find_one(self._primary(key))
-        if self._entry(current, now_ms) is not None:
+        if CacheEntry.from_item(current, now_ms) is not None:
             raise InvalidValueError(
                 f"cache key {key!r} holds a value that is not an integer (in MongoDB's signed "
                 "64-bit range): incr needs an int (set it with an int, or delete it first)"
@@ -181,7 +171,7 @@ class MongoCacheStore:
             docs = list(self._c.find({"pk": {"$in": list(by_pk)}, "sk": "CACHE"}))
         found: dict[str, CacheEntry] = {}
         for doc in docs:
-            entry = self._entry(doc, now_ms)
+            entry = CacheEntry.from_item(doc, now_ms)
             if entry is not None:
                 found[by_pk[str(doc["pk"])]] = entry
         return found, []

@@ -141,11 +141,8 @@ class RedisCacheStore:
     def _entry(n: Any, v: Any, expires: Any, now: int) -> CacheEntry | None:
         if n is None and v is None:
             return None
-        exp = None if expires is None else as_int(expires)
-        if exp is not None and exp <= now:
-            return None
-        text = as_str(n) if n is not None else as_str(v)
-        return CacheEntry(text or "null", exp)
+        fields = {"n": as_str(n), "v": as_str(v), "expires_at_ms": as_str(expires)}
+        return CacheEntry.from_item({k: x for k, x in fields.items() if x is not None}, now)
 
     def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         k = cache_key(self._ns, key)
