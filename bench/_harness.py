@@ -19,9 +19,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, free_port
+
+if TYPE_CHECKING:
+    from dynacoord.backends.dynamodb import DynamoDBBackend
 
 __all__ = [
     "FULL",
@@ -360,7 +363,9 @@ class BenchEnv:
             self.counter.attach(client)
         return client
 
-    def backend(self, *, namespace: str | None = None, client: Any = None, **kwargs: Any) -> Any:
+    def backend(
+        self, *, namespace: str | None = None, client: Any = None, **kwargs: Any
+    ) -> DynamoDBBackend:
         from dynacoord.backends.dynamodb import DynamoDBBackend
 
         return DynamoDBBackend(

@@ -109,7 +109,9 @@ def _process_worker(
         "dynamodb",
         endpoint_url=endpoint,
         config=Config(retries={"max_attempts": 3, "mode": "standard"}),
-        **DUMMY_CREDENTIALS,
+        aws_access_key_id=DUMMY_CREDENTIALS["aws_access_key_id"],
+        aws_secret_access_key=DUMMY_CREDENTIALS["aws_secret_access_key"],
+        region_name=DUMMY_CREDENTIALS["region_name"],
     )
     counter = RequestCounter()
     counter.attach(client)

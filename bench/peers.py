@@ -166,7 +166,7 @@ def _idempotency_peer(env: BenchEnv) -> dict[str, Any]:
     # No local cache: every call goes to DynamoDB, like dynacoord (which has none).
     config = IdempotencyConfig(event_key_jmespath="order_id", use_local_cache=False)
 
-    @idempotent_function(
+    @idempotent_function(  # type: ignore[untyped-decorator,unused-ignore]
         data_keyword_argument="order", persistence_store=persistence, config=config
     )
     def peer_handler(order: dict[str, Any]) -> dict[str, Any]:

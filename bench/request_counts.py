@@ -12,13 +12,15 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ._harness import BenchEnv, RedisCommandCounter, unique
 
 __all__ = ["run"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +60,22 @@ def _count(env: BenchEnv, op: Op, reps: int) -> dict[str, Any]:
 # -- per primitive: the operations and their minimum ---------------------------------------------
 
 
+def _must(value: T | None) -> T:
+    """The setup step's result, which must be there (a bench bug otherwise)."""
+    if value is None:
+        raise RuntimeError("benchmark setup step returned None")
+    return value
+
+
 def _lock_ops(env: BenchEnv, reps: int) -> list[Op]:
     locks = env.backend().locks
     n = reps + 1
-    held = [locks.acquire(f"held{i}", ttl=60) for i in range(n)]
-    leases = [locks.acquire(f"mine{i}", ttl=60) for i in range(n)]
-    owned = [locks.acquire(f"own{i}", ttl=60, owner=f"owner{i}") for i in range(n)]
-    forced = [locks.acquire(f"force{i}", ttl=60) for i in range(n)]
-    released = [locks.acquire(f"rel{i}", ttl=60) for i in range(n)]
-    assert all(x is not None for x in (*held, *leases, *owned, *forced, *released))
+    for i in range(n):
+        _must(locks.acquire(f"held{i}", ttl=60))
+        _must(locks.acquire(f"own{i}", ttl=60, owner=f"owner{i}"))
+        _must(locks.acquire(f"force{i}", ttl=60))
+    leases = [_must(locks.acquire(f"mine{i}", ttl=60)) for i in range(n)]
+    released = [_must(locks.acquire(f"rel{i}", ttl=60)) for i in range(n)]
 
     def hold(i: int) -> None:
         with locks.hold(f"hold{i}", ttl=60, heartbeat=False):
@@ -232,7 +241,13 @@ def _cache_ops(env: BenchEnv, reps: int) -> list[Op]:
             "read, lock, re-check read under the lock, write, unlock",
         ),
         Op("cache", "@cached (hit)", lambda i: cached_fn(i), 1, "one consistent GetItem"),
-        Op("cache", "@cached .invalidate", lambda i: cached_fn.invalidate(i), 1, "one DeleteItem"),
+        Op(
+            "cache",
+            "@cached .invalidate",
+            lambda i: cast("Any", cached_fn).invalidate(i),
+            1,
+            "one DeleteItem",
+        ),
     ]
 
 
@@ -379,8 +394,8 @@ def _idempotency_ops(env: BenchEnv, reps: int) -> list[Op]:
 
     for i in range(n):
         handler({"order_id": f"done{i}"})
-    claims = [idem.try_claim(f"claimed{i}").claim for i in range(n)]
-    released = [idem.try_claim(f"rel{i}").claim for i in range(n)]
+    claims = [_must(idem.try_claim(f"claimed{i}").claim) for i in range(n)]
+    released = [_must(idem.try_claim(f"rel{i}").claim) for i in range(n)]
     return [
         Op(
             "idempotency",
