@@ -25,9 +25,14 @@ from typing import Any
 
 from ..errors import BackendError, TableNotReadyError
 
-__all__ = ["MongoCollection", "literal", "translate_errors"]
+__all__ = ["MongoCollection", "literal", "live_filter", "translate_errors"]
 
 logger = logging.getLogger("dynacoord.backends.mongo")
+
+
+def live_filter(now_ms: int) -> dict[str, Any]:
+    """The query filter for "live at ``now_ms``": no ``expires_at_ms``, or one ahead of now."""
+    return {"$or": [{"expires_at_ms": {"$exists": False}}, {"expires_at_ms": {"$gt": now_ms}}]}
 
 
 def literal(value: Any) -> dict[str, Any]:

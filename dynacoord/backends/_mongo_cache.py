@@ -24,17 +24,13 @@ from .._clock import Clock, now_ms
 from ..cache import CacheEntry, KeyPage
 from ..errors import InvalidValueError
 from ..keys import cache_key
-from ._mongo import MongoCollection, translate_errors
+from ._mongo import MongoCollection, live_filter, translate_errors
 
 __all__ = ["MongoCacheStore"]
 
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
 _INT64 = (-(2**63), 2**63 - 1)
 _PAGE = 1000
-
-
-def _live(now: int) -> dict[str, Any]:
-    return {"$or": [{"expires_at_ms": {"$exists": False}}, {"expires_at_ms": {"$gt": now}}]}
 
 
 class MongoCacheStore:
@@ -118,13 +114,13 @@ class MongoCacheStore:
                 }
             }
         with translate_errors("cache touch"):
-            result = self._c.update_one({**self._primary(key), **_live(now_ms)}, update)
+            result = self._c.update_one({**self._primary(key), **live_filter(now_ms)}, update)
         return bool(result.matched_count == 1)
 
     def incr(self, key: str, by: int, now_ms: int) -> int | None:
         with translate_errors("cache incr"):
             doc = self._c.find_one_and_update(
-                {**self._primary(key), "n": {"$exists": True}, **_live(now_ms)},
+                {**self._primary(key), "n": {"$exists": True}, **live_filter(now_ms)},
                 {"$inc": {"n": by}},
                 return_document=ReturnDocument.AFTER,
             )

@@ -27,13 +27,9 @@ from pymongo.errors import DuplicateKeyError
 
 from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
-from ._mongo import MongoCollection, literal, translate_errors
+from ._mongo import MongoCollection, literal, live_filter, translate_errors
 
 __all__ = ["MongoCounterStore"]
-
-
-def _live(now: int) -> dict[str, Any]:
-    return {"$or": [{"expires_at_ms": {"$exists": False}}, {"expires_at_ms": {"$gt": now}}]}
 
 
 class MongoCounterStore:
@@ -101,7 +97,9 @@ class MongoCounterStore:
             "n": {"$add": [{"$ifNull": ["$n", 0]}, literal(by)]},
             **self._expiry_if_none(ttl_ms, now_ms),
         }
-        return self._in_place(key, {"kind": COUNTER, **_live(now_ms)}, stage, now_ms, "counter add")
+        return self._in_place(
+            key, {"kind": COUNTER, **live_filter(now_ms)}, stage, now_ms, "counter add"
+        )
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         return self._replace(key, {"kind": COUNTER, "n": by}, ttl_ms, now_ms, "counter restart")
@@ -125,7 +123,7 @@ class MongoCounterStore:
         expires = now_ms + ttl_ms
         with translate_errors("counter extend"):
             result = self._c.update_one(
-                {**self._key(key), **_live(now_ms)},
+                {**self._key(key), **live_filter(now_ms)},
                 {
                     "$set": {
                         "expires_at_ms": expires,
@@ -144,7 +142,7 @@ class MongoCounterStore:
             "kind": JOIN,
             "expected": expected,
             "members": {"$ne": member},
-            **_live(now_ms),
+            **live_filter(now_ms),
         }
         stage = {
             "kind": literal(JOIN),
