@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import BackendError
 
 __all__ = [
+    "LUA_REPLY",
     "RedisConn",
     "as_int",
     "as_str",
@@ -39,6 +40,17 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dynacoord.backends.redis")
+
+
+#: Lua ``reply(flag)``: ``{flag, field, value, ...}`` with every field of the hash ``KEYS[1]``
+#: (read back with :func:`pairs`). Scripts start with it.
+LUA_REPLY = """
+local function reply(flag)
+  local out = {flag}
+  for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do table.insert(out, v) end
+  return out
+end
+"""
 
 
 def as_str(value: Any) -> str | None:

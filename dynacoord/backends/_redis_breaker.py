@@ -17,23 +17,21 @@ from typing import Any
 
 from ..breaker import BreakerRecord, StartTrialResult
 from ..keys import breaker_key
-from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
+from ._redis import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, translate_errors
 
 __all__ = ["RedisBreakerStore"]
 
-_HEAD = """
+_HEAD = (
+    LUA_REPLY
+    + """
 local function num(field)
   local v = redis.call('HGET', KEYS[1], field)
   if v then return tonumber(v) end
   return nil
 end
-local function reply(flag)
-  local out = {flag}
-  for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do table.insert(out, v) end
-  return out
-end
 local st = redis.call('HGET', KEYS[1], 'state')
 """
+)
 
 # ARGV: now
 _FAIL = (

@@ -18,23 +18,20 @@ from typing import Any
 
 from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
-from ._redis import RedisConn, as_int, hash_fields, pairs, translate_errors
+from ._redis import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, translate_errors
 
 __all__ = ["RedisCounterStore"]
 
 # Common head. state(): 'absent' | 'expired' | 'live'. reply(flag): {flag, field, value, ...}.
-_HEAD = """
+_HEAD = (
+    LUA_REPLY
+    + """
 local now = tonumber(ARGV[1])
 local function state()
   if redis.call('EXISTS', KEYS[1]) == 0 then return 'absent' end
   local exp = redis.call('HGET', KEYS[1], 'expires_at_ms')
   if exp and tonumber(exp) <= now then return 'expired' end
   return 'live'
-end
-local function reply(flag)
-  local out = {flag}
-  for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do table.insert(out, v) end
-  return out
 end
 local function set_expiry(exp, gc, only_if_none)
   if exp == '' then return end
@@ -44,6 +41,7 @@ local function set_expiry(exp, gc, only_if_none)
 end
 local s = state()
 """
+)
 
 # ARGV: now, by, expires|'', gc
 _ADD = (

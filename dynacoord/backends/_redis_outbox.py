@@ -28,19 +28,25 @@ from .. import codec
 from ..errors import NotSupportedError
 from ..keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
-from ._redis import RedisConn, as_int, as_str, hash_fields, index_key, pairs, translate_errors
+from ._redis import (
+    LUA_REPLY,
+    RedisConn,
+    as_int,
+    as_str,
+    hash_fields,
+    index_key,
+    pairs,
+    translate_errors,
+)
 
 __all__ = ["RedisOutboxStore"]
 
 # ARGV[1] = now, ARGV[2] = index prefix "idx|OUTBOX#{ns}#", ARGV[3] = index suffix "#0"
-_HEAD = """
+_HEAD = (
+    LUA_REPLY
+    + """
 local now = tonumber(ARGV[1])
 local function idx(status) return ARGV[2] .. status .. ARGV[3] end
-local function reply(flag)
-  local out = {flag}
-  for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do table.insert(out, v) end
-  return out
-end
 local function live(key)
   if redis.call('EXISTS', key) == 0 then return false end
   local exp = redis.call('HGET', key, 'expires_at_ms')
@@ -61,6 +67,7 @@ local function held(token)
      and redis.call('HGET', KEYS[1], 'lease_token') == token
 end
 """
+)
 
 # KEYS = items; ARGV[4] = JSON list of {gsk, fields: [name, value, ...]} in KEYS order
 _PUBLISH = (

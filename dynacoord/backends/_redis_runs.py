@@ -21,17 +21,14 @@ from .._items import is_live
 from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ..runs import Run, RunPage, RunStatus, write_refused
-from ._redis import RedisConn, as_str, hash_fields, index_key, pairs, translate_errors
+from ._redis import LUA_REPLY, RedisConn, as_str, hash_fields, index_key, pairs, translate_errors
 
 __all__ = ["RedisRunStore"]
 
-_HEAD = """
+_HEAD = (
+    LUA_REPLY
+    + """
 local now = tonumber(ARGV[1])
-local function reply(flag)
-  local out = {flag}
-  for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do table.insert(out, v) end
-  return out
-end
 local function live()
   if redis.call('EXISTS', KEYS[1]) == 0 then return false end
   local exp = redis.call('HGET', KEYS[1], 'expires_at_ms')
@@ -43,6 +40,7 @@ local function unindex()
   if st and gsk then redis.call('ZREM', ARGV[2] .. st, gsk) end
 end
 """
+)
 
 # KEYS[1]=run; ARGV: now, index prefix "idx|RUN#{ns}#", gsi1sk, then field/value pairs
 _CREATE = (
