@@ -25,10 +25,52 @@ CRITICAL_SECTION_S = 0.001
 
 
 def run(env: BenchEnv) -> dict[str, Any]:
+    backend = env.backend(namespace=unique("contention"))
+    with env.counter.measure() as ops:
+        result = _contend(env, backend.locks)
+    requests = sum(ops.values())
+    total = result["acquisitions"]
+    result.update(
+        {
+            "status": "ok",
+            "requests": requests,
+            "requests_per_acquisition": round(requests / total, 2) if total else None,
+            "apis": dict(sorted(ops.items())),
+        }
+    )
+    result["redis"] = _redis(env)
+    return result
+
+
+def _redis(env: BenchEnv) -> dict[str, Any]:
+    """The same contention on the Redis backend (informational)."""
+    if env.redis is None:
+        return {"status": "error", "error": f"no redis-server: {env.redis_error}"}
+    try:
+        from dynacoord.backends.redis import RedisBackend
+    except ImportError as exc:
+        return {"status": "error", "error": f"Redis backend not available: {exc}"}
+    from ._harness import RedisCommandCounter
+
+    counter = RedisCommandCounter()
+    client = counter.attach(env.redis_client())
+    try:
+        locks = RedisBackend(client, namespace=unique("contention")).locks
+        with counter.measure() as box:
+            result = _contend(env, locks)
+        total = result["acquisitions"]
+        result["status"] = "ok"
+        result["round_trips_per_acquisition"] = round(box[0] / total, 2) if total else None
+        return result
+    except Exception as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        client.close()
+
+
+def _contend(env: BenchEnv, locks: Any) -> dict[str, Any]:
     threads_n = env.scale.contention_threads
     duration = env.scale.contention_seconds
-    backend = env.backend(namespace=unique("contention"))
-    locks = backend.locks
     key = "one-hot-key"
 
     occupied = threading.Lock()  # guards the bookkeeping below, never held across requests
@@ -66,23 +108,20 @@ def run(env: BenchEnv) -> dict[str, Any]:
                 lost_releases[index] += 1
             acquisitions[index] += 1
 
-    with env.counter.measure() as ops:
-        workers = [
-            threading.Thread(target=worker, args=(i,), name=f"bench-contention-{i}", daemon=True)
-            for i in range(threads_n)
-        ]
-        for thread in workers:
-            thread.start()
-        stop_at[0] = time.monotonic() + duration
-        started = time.perf_counter()
-        start_barrier.wait()
-        for thread in workers:
-            thread.join()
-        elapsed = time.perf_counter() - started
+    workers = [
+        threading.Thread(target=worker, args=(i,), name=f"bench-contention-{i}", daemon=True)
+        for i in range(threads_n)
+    ]
+    for thread in workers:
+        thread.start()
+    stop_at[0] = time.monotonic() + duration
+    started = time.perf_counter()
+    start_barrier.wait()
+    for thread in workers:
+        thread.join()
+    elapsed = time.perf_counter() - started
     total = sum(acquisitions)
-    requests = sum(ops.values())
     return {
-        "status": "ok",
         "threads": threads_n,
         "seconds": round(elapsed, 3),
         "ttl_s": TTL,
@@ -97,9 +136,6 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "fence_order_violations": state["fence_errors"],
         "lost_releases": sum(lost_releases),
         "acquire_timeouts": sum(timeouts),
-        "requests": requests,
-        "requests_per_acquisition": round(requests / total, 2) if total else None,
-        "apis": dict(sorted(ops.items())),
         "errors": errors[:5],
         "error_count": len(errors),
     }

@@ -275,26 +275,46 @@ def _contention(s: dict[str, Any]) -> list[str]:
     lines = [
         f"{s['threads']} threads, one key, {s['seconds']} s; each loop: blocking `acquire` "
         f"(ttl {s['ttl_s']} s, backoff with jitter), {s['critical_section_ms']:.0f} ms critical "
-        "section, `release`. Exclusion is checked in-process by each holder.",
+        "section, `release`. Exclusion is checked in-process by each holder; fences must rise "
+        "in the order the critical sections were entered. The Redis column runs the same loop "
+        "on the Redis backend (informational).",
         "",
     ]
+    r = s.get("redis") or {}
+    redis_ok = r.get("status") == "ok"
+
+    def both(key: str, fmt: Any = None) -> list[Any]:
+        conv = fmt or (lambda v: v)
+        return [conv(s[key]), conv(r[key]) if redis_ok else "-"]
+
+    def per_thread(v: list[int]) -> str:
+        return ", ".join(str(x) for x in v)
+
     lines += _table(
-        ["metric", "value"],
+        ["metric", "DynamoDB Local", "Redis"],
         [
-            ["successful acquisitions", s["acquisitions"]],
-            ["acquisitions per second", s["acquisitions_per_s"]],
-            ["per thread", ", ".join(str(x) for x in s["per_thread"])],
-            ["fairness (min / max per thread)", s["fairness_min_max"]],
-            ["mutual-exclusion violations (must be 0)", s["mutual_exclusion_violations"]],
-            ["fence-order violations (must be 0)", s["fence_order_violations"]],
-            ["releases that found the lock lost", s["lost_releases"]],
-            ["acquire calls that timed out (1 s)", s["acquire_timeouts"]],
-            ["requests per successful acquisition", s["requests_per_acquisition"]],
-            ["errors", s["error_count"]],
+            ["successful acquisitions", *both("acquisitions")],
+            ["acquisitions per second", *both("acquisitions_per_s")],
+            ["per thread", *both("per_thread", per_thread)],
+            ["fairness (min / max per thread)", *both("fairness_min_max")],
+            ["mutual-exclusion violations (must be 0)", *both("mutual_exclusion_violations")],
+            ["fence-order violations (must be 0)", *both("fence_order_violations")],
+            ["releases that found the lock lost", *both("lost_releases")],
+            ["acquire calls that timed out (1 s)", *both("acquire_timeouts")],
+            [
+                "requests (round trips) per successful acquisition",
+                s["requests_per_acquisition"],
+                r.get("round_trips_per_acquisition", "-"),
+            ],
+            ["errors", *both("error_count")],
         ],
     )
     if s.get("errors"):
         lines += ["", "First errors: " + "; ".join(f"`{e}`" for e in s["errors"])]
+    if r and not redis_ok:
+        lines += ["", f"Redis not measured: `{r.get('error')}`"]
+    elif r.get("errors"):
+        lines += ["", "First Redis errors: " + "; ".join(f"`{e}`" for e in r["errors"])]
     return lines
 
 
@@ -489,7 +509,14 @@ def summary(results: dict[str, Any]) -> list[str]:
                 f"lock contention ({ct['threads']} threads, one key)",
                 f"{_fmt(ct['acquisitions_per_s'], 0)} acquisitions/s, fairness "
                 f"{_fmt(ct['fairness_min_max'])}, {ct['mutual_exclusion_violations']} "
-                f"exclusion violations, {ct['fence_order_violations']} fence-order violations",
+                f"exclusion violations, {ct['fence_order_violations']} fence-order violations"
+                + (
+                    f" (Redis backend: {_fmt(ct['redis']['acquisitions_per_s'], 0)}/s, fairness "
+                    f"{_fmt(ct['redis']['fairness_min_max'])}, "
+                    f"{ct['redis']['mutual_exclusion_violations']} violations)"
+                    if (ct.get("redis") or {}).get("status") == "ok"
+                    else ""
+                ),
             ]
         )
     cs = _ok(sections, "coldstart")
