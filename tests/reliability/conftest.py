@@ -49,7 +49,7 @@ def scan_all(client: Any, table: str, ignore_prefix: str | None = None) -> list[
 #: (max_examples, stateful_step_count) of the model-based tests per backend kind: many on the
 #: in-process backends, fewer on the real servers.
 MODEL_BUDGET: dict[str, tuple[int, int]] = {
-    "moto": (20, 20),
+    "moto": (12, 20),
     "dynamodb": (8, 15),
     "redis": (15, 20),
     "mongo": (15, 20),
