@@ -60,11 +60,11 @@ class Faults:
     per request of that operation (``None`` = pass through)."""
 
     def __init__(self, client: Any) -> None:
-        self.plan: dict[str, list[str | None]] = {}
+        self.plan: dict[str, list[Any]] = {}
         self.log: list[tuple[str, str | None, int | None]] = []
         client.meta.events.register("before-send.dynamodb", self._hook)
 
-    def inject(self, operation: str, *faults: str | None) -> None:
+    def inject(self, operation: str, *faults: Any) -> None:
         self.plan.setdefault(operation, []).extend(faults)
 
     def _hook(self, request: Any, event_name: str, **_: Any) -> AWSResponse | None:
@@ -74,6 +74,9 @@ class Faults:
         if fault is None:
             self.log.append((operation, None, None))
             return None
+        if callable(fault):  # a hand-made answer, nothing sent
+            self.log.append((operation, "custom", None))
+            return fault(request)  # type: ignore[no-any-return]
         if fault.startswith("lost"):
             # Deliver the request for real, then lose the answer.
             real = _http.request(
@@ -340,6 +343,70 @@ def test_transaction_cancelled_with_mixed_reasons_writes_nothing(faulty):
     assert "update" in str(err.value)
     assert scan_all(clean, table) == before
     assert backend.outbox.get(event.id) is None
+
+
+def _cancelled(reasons: list[dict[str, Any]]) -> Callable[[Any], AWSResponse]:
+    def answer(request: Any) -> AWSResponse:
+        body = json.dumps(
+            {
+                "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+                "message": "Transaction cancelled, please refer cancellation reasons for specific "
+                "reasons [" + ", ".join(r["Code"] for r in reasons) + "]",
+                "CancellationReasons": reasons,
+            }
+        ).encode()
+        headers = {"Content-Type": "application/x-amz-json-1.0", "x-amzn-RequestId": "injected"}
+        return AWSResponse(request.url, 400, headers, _Raw(body))
+
+    return answer
+
+
+def test_publish_cancelled_by_a_conflict_raises_and_writes_nothing(faulty):
+    make, faults, clean = faulty
+    backend = make()
+    outbox = backend.outbox
+    before = scan_all(clean, backend.table_name)
+    events = [Event("e", 1), Event("e", 2)]
+    faults.inject(
+        "TransactWriteItems",
+        _cancelled([{"Code": "None"}, {"Code": "TransactionConflict", "Message": "conflict"}]),
+    )
+    with pytest.raises(TransactionCancelledError) as err:
+        outbox.publish(events)
+    assert [r.get("Code") for r in err.value.reasons] == ["None", "TransactionConflict"]
+    assert scan_all(clean, backend.table_name) == before
+    assert outbox.publish(events) == [e.id for e in events]  # a plain retry then succeeds
+    assert outbox.stats().pending == 2
+
+
+def test_publish_cancelled_with_mixed_reasons_keeps_the_stored_event_and_writes_the_rest(faulty):
+    """Reasons [ConditionalCheckFailed (this very event, stored by an earlier attempt),
+    TransactionConflict]: the first is success for that event; the rest is published again."""
+    make, faults, clean = faulty
+    backend = make()
+    outbox = backend.outbox
+    first, second = Event("e", 1), Event("e", 2)
+    outbox.publish(first)
+    stored = clean.get_item(
+        TableName=backend.table_name,
+        Key={"pk": {"S": f"OUTBOX#{backend.namespace}#{first.id}"}, "sk": {"S": "EVENT"}},
+        ConsistentRead=True,
+    )["Item"]
+    faults.inject(
+        "TransactWriteItems",
+        _cancelled(
+            [
+                {"Code": "ConditionalCheckFailed", "Message": "exists", "Item": stored},
+                {"Code": "TransactionConflict", "Message": "conflict"},
+            ]
+        ),
+    )
+    assert outbox.publish([first, second]) == [first.id, second.id]
+    got: list[Any] = []
+    worker = outbox.worker(got.append, heartbeat=False)
+    while worker.run_once():
+        pass
+    assert sorted(e.id for e in got) == sorted([first.id, second.id])
 
 
 # -- a worker killed mid-event ------------------------------------------------------------------
