@@ -19,9 +19,10 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from ._harness import BenchEnv, RequestCounter, unique
+from ._harness import BenchEnv, RedisCommandCounter, RequestCounter, unique
 
 __all__ = ["run"]
 
@@ -29,27 +30,30 @@ BATCH = 100
 POLL_INTERVAL = 0.05
 
 
-def _publish(env: BenchEnv, namespace: str, n: int) -> tuple[list[str], float, int]:
-    """Publish ``n`` events; returns their ids, the seconds it took and the requests it made."""
+def _publish(outbox: Any, n: int, count: Callable[[], int]) -> tuple[list[str], float, int]:
+    """Publish ``n`` events; returns their ids, the seconds it took and the requests it made.
+
+    ``count()`` is the running total of requests (round trips) of the outbox's client.
+    """
     from dynacoord.outbox import Event
 
-    outbox = env.backend(namespace=namespace).outbox
     ids: list[str] = []
+    before = count()
     started = time.perf_counter()
-    with env.counter.measure() as ops:
-        for offset in range(0, n, BATCH):
-            ids += outbox.publish(
-                [Event("bench.tick", {"n": j}) for j in range(offset, min(n, offset + BATCH))]
-            )
-    return ids, time.perf_counter() - started, sum(ops.values())
+    for offset in range(0, n, BATCH):
+        ids += outbox.publish(
+            [Event("bench.tick", {"n": j}) for j in range(offset, min(n, offset + BATCH))]
+        )
+    return ids, time.perf_counter() - started, count() - before
 
 
 def _deadline(n: int) -> float:
     return 30.0 + n * 0.06
 
 
-def _threads(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) -> dict[str, Any]:
-    outbox = env.backend(namespace=namespace).outbox
+def _threads(
+    outbox: Any, ids: list[str], workers_n: int, count: Callable[[], int]
+) -> dict[str, Any]:
     deliveries: list[tuple[str, float]] = []  # list.append is atomic under the GIL
 
     def handler(event: Any) -> None:
@@ -65,7 +69,7 @@ def _threads(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) -> d
         for i, w in enumerate(workers)
     ]
     wanted = set(ids)
-    before = env.counter.snapshot()[0]
+    before = count()
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -77,7 +81,7 @@ def _threads(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) -> d
     stop.set()
     for thread in threads:
         thread.join(timeout=60)
-    requests = env.counter.snapshot()[0] - before
+    requests = count() - before
     last = max((t for _, t in deliveries), default=started)
     return _summary(
         ids,
@@ -223,15 +227,53 @@ def _summary(
 
 
 CONFIGS = [(1, "threads"), (2, "threads"), (4, "threads"), (2, "processes")]
+REDIS_CONFIGS = [1, 4]
+
+
+def _redis(env: BenchEnv, n: int) -> dict[str, Any]:
+    """The same delivery on the Redis backend with 1 and 4 worker threads (informational)."""
+    if env.redis is None:
+        return {"status": "error", "error": f"no redis-server: {env.redis_error}"}
+    try:
+        from dynacoord.backends.redis import RedisBackend
+    except ImportError as exc:
+        return {"status": "error", "error": f"Redis backend not available: {exc}"}
+    counter = RedisCommandCounter()
+    client = counter.attach(env.redis_client())
+
+    def count() -> int:
+        return counter.total
+
+    rows: list[dict[str, Any]] = []
+    publish: dict[str, Any] = {}
+    try:
+        for workers_n in REDIS_CONFIGS:
+            outbox = RedisBackend(client, namespace=unique("outbox")).outbox
+            ids, seconds, requests = _publish(outbox, n, count)
+            publish = publish or {
+                "publish_events_per_s": round(n / seconds, 1) if seconds > 0 else None,
+                "publish_round_trips_per_event": round(requests / n, 3),
+            }
+            rows.append(_threads(outbox, ids, workers_n, count))
+    except Exception as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "rows": rows}
+    finally:
+        client.close()
+    return {"status": "ok", **publish, "rows": rows}
 
 
 def run(env: BenchEnv) -> dict[str, Any]:
     n = env.scale.outbox_events
     rows: list[dict[str, Any]] = []
     publish: dict[str, Any] = {}
+
+    def count() -> int:
+        return env.counter.snapshot()[0]
+
     for workers_n, kind in CONFIGS:
         namespace = unique("outbox")
-        ids, seconds, requests = _publish(env, namespace, n)
+        outbox = env.backend(namespace=namespace).outbox
+        ids, seconds, requests = _publish(outbox, n, count)
         if not publish:
             publish = {
                 "publish_seconds": round(seconds, 2),
@@ -240,13 +282,14 @@ def run(env: BenchEnv) -> dict[str, Any]:
             }
         try:
             if kind == "threads":
-                rows.append(_threads(env, namespace, ids, workers_n))
+                rows.append(_threads(outbox, ids, workers_n, count))
             else:
                 rows.append(_processes(env, namespace, ids, workers_n))
         except Exception as exc:
             rows.append({"workers": f"{workers_n} {kind}", "error": f"{type(exc).__name__}: {exc}"})
     return {
         "status": "ok",
+        "redis": _redis(env, n),
         "events": n,
         "batch_per_publish": BATCH,
         **publish,

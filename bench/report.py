@@ -268,6 +268,41 @@ def _outbox(s: dict[str, Any]) -> list[str]:
     )
     if s.get("note"):
         lines += ["", s["note"]]
+    r = s.get("redis")
+    if r:
+        lines += ["", "### The same delivery on the Redis backend (informational)", ""]
+        if r.get("status") != "ok":
+            return [*lines, f"Not measured: `{r.get('error')}`"]
+        lines += [
+            f"Worker threads only; publishing: {_fmt(r.get('publish_events_per_s'))} events/s, "
+            f"{_fmt(r.get('publish_round_trips_per_event'), 3)} round trips per event.",
+            "",
+        ]
+        lines += _table(
+            [
+                "workers",
+                "delivered",
+                "seconds",
+                "events/s",
+                "round trips per delivered event",
+                "lost (must be 0)",
+                "duplicates (must be 0)",
+                "lease lost",
+            ],
+            [
+                [
+                    x["workers"],
+                    x["delivered"],
+                    x["seconds"],
+                    x["events_per_s"],
+                    x["requests_per_event"],
+                    x["lost"],
+                    x["duplicates"],
+                    x.get("lease_lost_reports"),
+                ]
+                for x in r.get("rows", [])
+            ],
+        )
     return lines
 
 
@@ -445,6 +480,17 @@ def _ok(sections: dict[str, Any], key: str) -> dict[str, Any] | None:
     return section if section is not None and section.get("status") == "ok" else None
 
 
+def _redis_outbox_summary(r: dict[str, Any]) -> str:
+    rows = [x for x in r.get("rows", []) if "events_per_s" in x]
+    if r.get("status") != "ok" or not rows:
+        return ""
+    return (
+        " (Redis backend: "
+        + ", ".join(f"{x['workers']}: {_fmt(x['events_per_s'], 0)}/s" for x in rows)
+        + f"; lost {sum(x['lost'] for x in rows)}, duplicates {sum(x['duplicates'] for x in rows)})"
+    )
+
+
 def summary(results: dict[str, Any]) -> list[str]:
     """The headline numbers of a run as a two-column Markdown table (also for the README)."""
     sections = results.get("sections", {})
@@ -499,7 +545,8 @@ def summary(results: dict[str, Any]) -> list[str]:
                     + f"; {min(r['requests_per_event'] for r in good):.2f}-"
                     f"{max(r['requests_per_event'] for r in good):.2f} requests per event; "
                     f"lost {sum(r['lost'] for r in good)}, duplicates "
-                    f"{sum(r['duplicates'] for r in good)}",
+                    f"{sum(r['duplicates'] for r in good)}"
+                    + _redis_outbox_summary(ob.get("redis") or {}),
                 ]
             )
     ct = _ok(sections, "contention")
