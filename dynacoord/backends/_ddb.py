@@ -21,9 +21,13 @@ from ..errors import (
     ValueTooLargeError,
 )
 
-__all__ = ["ConditionFailedError", "DynamoTable"]
+__all__ = ["FREE", "ConditionFailedError", "DynamoTable"]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb")
+
+#: The condition of a write that creates an item: no item, or an expired one (DynamoDB's TTL
+#: sweeper may lag by days, so an expired item counts as absent). Needs ``:now``.
+FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -118,6 +122,20 @@ class DynamoTable:
         response = self.call("get_item", Key=marshal(key), ConsistentRead=consistent)
         raw = response.get("Item")
         return unmarshal(raw) if raw else None
+
+    def put_if_free(self, item: Mapping[str, Any], now_ms: int) -> bool:
+        """PutItem of ``item`` on condition :data:`FREE`; False (nothing written) when a live
+        item holds its key."""
+        try:
+            self.call(
+                "put_item",
+                Item=marshal(item),
+                ConditionExpression=FREE,
+                ExpressionAttributeValues=values(now=now_ms),
+            )
+        except ConditionFailedError:
+            return False
+        return True
 
     def query_pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """Yield every page of a Query (each page is one request), following LastEvaluatedKey."""

@@ -34,8 +34,6 @@ _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
 
 #: live: no expiry, or an expiry still ahead of ``:now``
 _LIVE = "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now)"
-#: free for a create: never written, swept, or expired (the sweeper may lag by days)
-_FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
 
 
 class DynamoDBCacheStore:
@@ -75,16 +73,7 @@ class DynamoDBCacheStore:
         self._table.call("put_item", Item=marshal(self._item(key, encoded, expires_at_ms)))
 
     def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
-        try:
-            self._table.call(
-                "put_item",
-                Item=marshal(self._item(key, encoded, expires_at_ms)),
-                ConditionExpression=_FREE,
-                ExpressionAttributeValues=values(now=now_ms),
-            )
-        except ConditionFailedError:
-            return False
-        return True
+        return self._table.put_if_free(self._item(key, encoded, expires_at_ms), now_ms)
 
     def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
         return self.add(key, str(value), expires_at_ms, now_ms)

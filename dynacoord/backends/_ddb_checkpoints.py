@@ -15,7 +15,7 @@ from typing import Any
 
 from ..checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
 from ..keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._ddb import DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBCheckpointStore"]
 
@@ -47,19 +47,9 @@ class DynamoDBCheckpointStore:
         if checkpoint.expires_at_ms is not None:
             item["expires_at_ms"] = checkpoint.expires_at_ms
             item["ttl"] = math.ceil(checkpoint.expires_at_ms / 1000)
-        try:
-            self._table.call(
-                "put_item",
-                Item=marshal(item),
-                # Never overwrite a live checkpoint (closes the race of two savers that picked
-                # the same next sequence); an expired one that the sweeper has not removed yet
-                # counts as absent.
-                ConditionExpression="attribute_not_exists(pk) OR expires_at_ms <= :now",
-                ExpressionAttributeValues=values(now=now_ms),
-            )
-        except ConditionFailedError:
-            return False
-        return True
+        # Never overwrite a live checkpoint (closes the race of two savers that picked the same
+        # next sequence); an expired one that the sweeper has not removed yet counts as absent.
+        return self._table.put_if_free(item, now_ms)
 
     def highest_sequence(self, task_id: str) -> int | None:
         response = self._query(task_id, ScanIndexForward=False, Limit=1, ProjectionExpression="sk")

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
-from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._ddb import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBCounterStore"]
 
@@ -35,8 +35,6 @@ _LIVE_OR_ABSENT = (
     "attribute_not_exists(pk) OR (#kind = :kind AND "
     "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now))"
 )
-#: absent or expired: the condition of every write that replaces the item
-_FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
 
 
 def _names(expression: str) -> dict[str, str]:
@@ -129,7 +127,7 @@ class DynamoDBCounterStore:
         return self._update(
             key,
             update=update,
-            condition=_FREE,
+            condition=FREE,
             now_ms=now_ms,
             kind=COUNTER,
             by=by,
@@ -144,16 +142,7 @@ class DynamoDBCounterStore:
         if ttl_ms is not None:
             item["expires_at_ms"] = now_ms + ttl_ms
             item["ttl"] = _ttl_s(now_ms + ttl_ms)
-        try:
-            self._table.call(
-                "put_item",
-                Item=marshal(item),
-                ConditionExpression=_FREE,
-                ExpressionAttributeValues=values(now=now_ms),
-            )
-        except ConditionFailedError:
-            return False
-        return True
+        return self._table.put_if_free(item, now_ms)
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         return CounterItem.from_item(self._table.get(counter_key(self._ns, key).primary), now_ms)
@@ -220,7 +209,7 @@ class DynamoDBCounterStore:
         return self._update(
             key,
             update=update,
-            condition=_FREE,
+            condition=FREE,
             now_ms=now_ms,
             kind=JOIN,
             expected=expected,

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
 from ..keys import idempotency_key
-from ._ddb import ConditionFailedError, DynamoTable, marshal, values
+from ._ddb import FREE, ConditionFailedError, DynamoTable, marshal, values
 
 __all__ = ["DynamoDBIdempotencyStore"]
 
@@ -49,7 +49,7 @@ class DynamoDBIdempotencyStore:
                 Item=marshal(item),
                 # Free means: never claimed, released, swept, or expired (a completed result past
                 # its TTL, or the lease of a crashed call). Exactly one of two racing claims wins.
-                ConditionExpression="attribute_not_exists(pk) OR expires_at_ms <= :now",
+                ConditionExpression=FREE,
                 ExpressionAttributeValues=values(now=now_ms),
                 # A refused claim returns the record that refused it: a replay is one request.
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..keys import lock_key
 from ..locks import AcquireResult, LockInfo
-from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._ddb import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBLockStore"]
 
@@ -44,7 +44,7 @@ class DynamoDBLockStore:
                 "update_item",
                 Key=marshal(k.primary),
                 # Free means: never created, swept, released, or expired (the sweeper may lag).
-                ConditionExpression="attribute_not_exists(pk) OR expires_at_ms <= :now",
+                ConditionExpression=FREE,
                 UpdateExpression=(
                     "SET #owner = :owner, expires_at_ms = :exp, #ttl = :ttl, "
                     "fence = if_not_exists(fence, :base) + :one"

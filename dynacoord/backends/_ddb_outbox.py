@@ -24,13 +24,12 @@ from .. import codec
 from ..errors import TransactionCancelledError
 from ..keys import outbox_index_pk, outbox_key, time_sk_bound
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
-from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._ddb import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBOutboxStore"]
 
 _NAMES = {"#status": "status"}
 # Fresh items only; an expired (retention over, not yet swept) completed event counts as absent.
-_NEW_EVENT_CONDITION = "attribute_not_exists(pk) OR expires_at_ms <= :now"
 _HOLDS_LEASE = "#status = :in_flight AND lease_token = :token"
 
 
@@ -73,7 +72,7 @@ class DynamoDBOutboxStore:
             "Item": marshal(self._item(event, due)),
             # An expired completed event (retention over, not swept yet) counts as absent. ``due``
             # (<= now) keeps the request independent of the publishing moment; see _publish_due.
-            "ConditionExpression": _NEW_EVENT_CONDITION,
+            "ConditionExpression": FREE,
             "ExpressionAttributeValues": values(now=due),
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }

@@ -57,16 +57,9 @@ class DynamoDBRunStore:
             "reconciles": 0,
         }
         codec.check_item_size(item, key=run_id)
-        try:
-            self._table.call(
-                "put_item",
-                Item=marshal(item),
-                # A finished run past its TTL is absent even if the sweeper has not removed it.
-                ConditionExpression="attribute_not_exists(pk) OR expires_at_ms <= :now",
-                ExpressionAttributeValues=values(now=now_ms),
-            )
-        except ConditionFailedError as exc:
-            raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id) from exc
+        # A finished run past its TTL is absent even if the sweeper has not removed it.
+        if not self._table.put_if_free(item, now_ms):
+            raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id)
         return _run(item)
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
