@@ -145,3 +145,24 @@ def outbox_victim(target: tuple[str, ...], namespace: str, started: Any) -> None
         time.sleep(600)
 
     outbox.worker(hang, lease=2, heartbeat=False, batch_size=1).run_once()
+
+
+def lock_victim(target: tuple[str, ...], namespace: str, started: Any) -> None:
+    """Take a lock for 2 s and hang holding it until killed."""
+    lease = make_backend(target, namespace).locks.acquire("victim", ttl=2, owner="victim")
+    assert lease is not None
+    started.set()
+    time.sleep(600)
+
+
+def idempotency_victim(target: tuple[str, ...], namespace: str, started: Any) -> None:
+    """Start an idempotent call with a 2 s lease and hang in its body until killed."""
+    backend = make_backend(target, namespace)
+
+    @backend.idempotent(key=lambda: "order-victim", in_progress_ttl=2)
+    def body() -> str:
+        started.set()
+        time.sleep(600)
+        return "never"
+
+    body()

@@ -452,3 +452,72 @@ def test_worker_killed_with_sigkill_mid_event_is_recovered_after_its_lease(
     assert later.worker(got.append, heartbeat=False).run_once() == 1
     assert [(e.id, e.attempt) for e in got] == [(event.id, 2)]
     assert later.get(event.id).status is EventStatus.COMPLETED
+
+
+def _kill_mid_work(target: tuple[str, ...], namespace: str, victim: Any) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    started = ctx.Event()
+    process = ctx.Process(target=victim, args=(target, namespace, started), daemon=True)
+    process.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not started.wait(0.2):
+            assert process.is_alive(), f"the victim exited early ({process.exitcode})"
+            assert time.monotonic() < deadline, "the victim never got going"
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+        assert process.exitcode == -signal.SIGKILL
+    finally:
+        if process.is_alive():
+            process.kill()
+
+
+def test_lock_holder_killed_with_sigkill_is_recovered_after_its_ttl(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+):
+    from tests.reliability import _workers
+
+    client, table = ddb_table
+    namespace = unique_name("kill")
+    _kill_mid_work(
+        ("dynamodb", dynamodb_local.endpoint_url, table), namespace, _workers.lock_victim
+    )
+    now = DynamoDBBackend(client, table_name=table, namespace=namespace).locks
+    held = now.get("victim")
+    assert held is not None and held.owner == "victim"
+    assert now.acquire("victim", ttl=5, owner="next") is None
+    later = DynamoDBBackend(
+        client, table_name=table, namespace=namespace, clock=ManualClock(time.time() + 3)
+    ).locks
+    lease = later.acquire("victim", ttl=5, owner="next")
+    assert lease is not None and lease.fence > held.fence
+
+
+def test_idempotent_call_killed_with_sigkill_is_taken_over_after_its_lease(
+    dynamodb_local: DynamoDBLocal, ddb_table: tuple[Any, str]
+):
+    from dynacoord import IdempotencyInProgressError
+    from tests.reliability import _workers
+
+    client, table = ddb_table
+    namespace = unique_name("kill")
+    _kill_mid_work(
+        ("dynamodb", dynamodb_local.endpoint_url, table), namespace, _workers.idempotency_victim
+    )
+    runs: list[str] = []
+
+    def body() -> str:
+        runs.append("ran")
+        return "done"
+
+    now = DynamoDBBackend(client, table_name=table, namespace=namespace)
+    with pytest.raises(IdempotencyInProgressError):
+        now.idempotent(key=lambda: "order-victim")(body)()
+    later = DynamoDBBackend(
+        client, table_name=table, namespace=namespace, clock=ManualClock(time.time() + 3)
+    )
+    assert later.idempotent(key=lambda: "order-victim")(body)() == "done"
+    assert later.idempotent(key=lambda: "order-victim")(body)() == "done"
+    assert runs == ["ran"]
