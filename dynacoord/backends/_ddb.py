@@ -21,13 +21,15 @@ from ..errors import (
     ValueTooLargeError,
 )
 
-__all__ = ["FREE", "ConditionFailedError", "DynamoTable"]
+__all__ = ["FREE", "LIVE", "ConditionFailedError", "DynamoTable"]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb")
 
 #: The condition of a write that creates an item: no item, or an expired one (DynamoDB's TTL
 #: sweeper may lag by days, so an expired item counts as absent). Needs ``:now``.
 FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
+#: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.
+LIVE = "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now)"
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()

@@ -26,14 +26,11 @@ from .. import codec
 from ..cache import CacheEntry, KeyPage
 from ..errors import InvalidValueError
 from ..keys import cache_index_pk, cache_key, parse_pk
-from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._ddb import LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBCacheStore"]
 
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
-
-#: live: no expiry, or an expiry still ahead of ``:now``
-_LIVE = "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now)"
 
 
 class DynamoDBCacheStore:
@@ -94,7 +91,7 @@ class DynamoDBCacheStore:
             self._table.call(
                 "update_item",
                 Key=self._primary(key),
-                ConditionExpression=f"attribute_exists(pk) AND {_LIVE}",
+                ConditionExpression=f"attribute_exists(pk) AND {LIVE}",
                 UpdateExpression=update,
                 ExpressionAttributeNames={"#ttl": "ttl"},
                 ExpressionAttributeValues=attr_values,
@@ -110,7 +107,7 @@ class DynamoDBCacheStore:
                 Key=self._primary(key),
                 # Only a live numeric entry: an expired counter must restart from 0 (the caller
                 # then creates it conditionally), and a string value must not grow an `n`.
-                ConditionExpression=f"attribute_exists(n) AND {_LIVE}",
+                ConditionExpression=f"attribute_exists(n) AND {LIVE}",
                 UpdateExpression="ADD n :by",
                 ExpressionAttributeValues=values(now=now_ms, by=by),
                 ReturnValues="UPDATED_NEW",

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ..keys import counter_key
-from ._ddb import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._ddb import FREE, LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBCounterStore"]
 
@@ -31,10 +31,7 @@ _NAMES = {
 }
 
 #: live or absent: the condition of every write that updates a live item in place
-_LIVE_OR_ABSENT = (
-    "attribute_not_exists(pk) OR (#kind = :kind AND "
-    "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now))"
-)
+_LIVE_OR_ABSENT = f"attribute_not_exists(pk) OR (#kind = :kind AND {LIVE})"
 
 
 def _names(expression: str) -> dict[str, str]:
@@ -158,10 +155,7 @@ class DynamoDBCounterStore:
             self._table.call(
                 "update_item",
                 Key=self._key(key),
-                ConditionExpression=(
-                    "attribute_exists(pk) AND "
-                    "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now)"
-                ),
+                ConditionExpression=f"attribute_exists(pk) AND {LIVE}",
                 UpdateExpression="SET expires_at_ms = :exp, #ttl = :ttl",
                 ExpressionAttributeNames={"#ttl": "ttl"},
                 ExpressionAttributeValues=values(now=now_ms, exp=expires, ttl=_ttl_s(expires)),
@@ -184,8 +178,7 @@ class DynamoDBCounterStore:
             update=f"{sets} ADD #members :mset, #n :one",
             condition=(
                 "attribute_not_exists(pk) OR (#kind = :kind AND #expected = :expected AND "
-                "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now) AND "
-                "NOT contains(#members, :member))"
+                f"{LIVE} AND NOT contains(#members, :member))"
             ),
             now_ms=now_ms,
             kind=JOIN,
