@@ -199,6 +199,19 @@ class RunStore(Protocol):
         ...
 
 
+def new_run_fields(run_id: str, ttl_after_end_ms: int, now_ms: int) -> dict[str, Any]:
+    """The stored fields (keys and context aside) of a run that starts now: the same field names
+    on every backend, read back by :meth:`Run.from_item`."""
+    return {
+        "run_id": run_id,
+        "status": RunStatus.RUNNING.value,
+        "created_ms": now_ms,
+        "updated_ms": now_ms,
+        "end_ttl_ms": ttl_after_end_ms,
+        "reconciles": 0,
+    }
+
+
 def write_refused(run_id: str, item: Mapping[str, Any] | None, now_ms: int) -> RunError:
     """The error of a store write refused because the run is not running, from the stored item
     (as the refusal returned it or as read right after): not found when it is missing or expired,

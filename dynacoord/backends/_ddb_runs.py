@@ -21,7 +21,7 @@ from .. import codec
 from .._items import is_live
 from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
-from ..runs import Run, RunPage, RunStatus, write_refused
+from ..runs import Run, RunPage, RunStatus, new_run_fields, write_refused
 from ._ddb import ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBRunStore"]
@@ -47,14 +47,9 @@ class DynamoDBRunStore:
         key = run_key(self._ns, run_id, status=RunStatus.RUNNING.value, updated_ms=now_ms)
         item: dict[str, Any] = {
             **key.as_dict(),
-            "run_id": run_id,
-            "status": RunStatus.RUNNING.value,
+            **new_run_fields(run_id, ttl_after_end_ms, now_ms),
             "ctx": {name: codec.encode(value) for name, value in context.items()},
-            "created_ms": now_ms,
-            "updated_ms": now_ms,
-            "end_ttl_ms": ttl_after_end_ms,
             "end_ttl_s": math.ceil(ttl_after_end_ms / 1000),
-            "reconciles": 0,
         }
         codec.check_item_size(item, key=run_id)
         # A finished run past its TTL is absent even if the sweeper has not removed it.

@@ -29,7 +29,7 @@ from .. import codec
 from .._items import is_live
 from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
-from ..runs import Run, RunPage, RunStatus, write_refused
+from ..runs import Run, RunPage, RunStatus, new_run_fields, write_refused
 from ._mongo import MongoCollection, literal, translate_errors
 
 __all__ = ["MongoRunStore"]
@@ -77,13 +77,8 @@ class MongoRunStore:
         codec.check_item_size({**key.as_dict(), "run_id": run_id, "ctx": ctx}, key=run_id)
         doc: dict[str, Any] = {
             **key.as_dict(),
-            "run_id": run_id,
-            "status": RunStatus.RUNNING.value,
+            **new_run_fields(run_id, ttl_after_end_ms, now_ms),
             "ctx": {_escape(name): text for name, text in ctx.items()},
-            "created_ms": now_ms,
-            "updated_ms": now_ms,
-            "end_ttl_ms": ttl_after_end_ms,
-            "reconciles": 0,
         }
         try:
             with translate_errors("run start"):

@@ -20,7 +20,7 @@ from .. import codec
 from .._items import is_live
 from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
-from ..runs import Run, RunPage, RunStatus, write_refused
+from ..runs import Run, RunPage, RunStatus, new_run_fields, write_refused
 from ._redis import LUA_REPLY, RedisConn, as_str, hash_fields, index_key, pairs, translate_errors
 
 __all__ = ["RedisRunStore"]
@@ -133,15 +133,7 @@ class RedisRunStore:
         ctx = {name: codec.encode(value) for name, value in context.items()}
         # Same size limit as the DynamoDB item, so a run fits every backend.
         codec.check_item_size({**key.as_dict(), "run_id": run_id, "ctx": ctx}, key=run_id)
-        fields: dict[str, Any] = {
-            "run_id": run_id,
-            "status": RunStatus.RUNNING.value,
-            "created_ms": now_ms,
-            "updated_ms": now_ms,
-            "end_ttl_ms": ttl_after_end_ms,
-            "reconciles": 0,
-            "gsi1sk": key.gsi1sk,
-        }
+        fields = {**new_run_fields(run_id, ttl_after_end_ms, now_ms), "gsi1sk": key.gsi1sk}
         fields.update({f"c:{name}": text for name, text in ctx.items()})
         args: list[Any] = [now_ms, self._index_prefix, key.gsi1sk]
         for name, value in fields.items():
