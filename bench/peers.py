@@ -291,9 +291,9 @@ def _breaker_peer(env: BenchEnv) -> dict[str, Any]:
         "status": "ok",
         **closed,
         "note": (
-            "requests are Redis round trips (a pipeline or script is one); pybreaker keeps its "
-            "state in several keys and reads them per call, dynacoord runs one script per "
-            "state read"
+            "requests are Redis round trips; per closed, successful call pybreaker reads its "
+            "state key (GET) and resets its failure counter (SET, a write on every success); "
+            "dynacoord reads its one breaker hash (HGETALL) and writes only after failures"
         ),
     }
 

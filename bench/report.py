@@ -192,7 +192,9 @@ def _overhead(s: dict[str, Any]) -> list[str]:
     redis_rows = []
     for r in s.get("redis_rows", []):
         if "error" in r:
-            redis_rows.append([r["primitive"], r["operation"], "-", "", "", "", "", "", r["error"]])
+            redis_rows.append(
+                [r["primitive"], r["operation"], f"`{r['error']}`", "", "", "", "", ""]
+            )
             continue
         d, w = r["dynacoord"], r["raw"]
         redis_rows.append(
@@ -205,7 +207,6 @@ def _overhead(s: dict[str, Any]) -> list[str]:
                 f"{r['extra_ms_median'] * 1000:.0f}",
                 f"{r['ratio_median']:.3f}",
                 f"{r['ratio_paired']:.3f}",
-                "",
             ]
         )
     if redis_rows:
@@ -219,7 +220,6 @@ def _overhead(s: dict[str, Any]) -> list[str]:
                 "extra µs",
                 "ratio (median)",
                 "paired",
-                "",
             ],
             redis_rows,
         )
