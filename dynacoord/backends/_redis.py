@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import BackendError
 
 __all__ = [
+    "LUA_LIVE",
     "LUA_REPLY",
     "RedisConn",
     "as_int",
@@ -41,6 +42,15 @@ __all__ = [
 
 logger = logging.getLogger("dynacoord.backends.redis")
 
+
+#: Lua ``live(key, now)``: the hash exists and has no ``expires_at_ms`` or one after ``now``.
+LUA_LIVE = """
+local function live(key, now)
+  if redis.call('EXISTS', key) == 0 then return false end
+  local exp = redis.call('HGET', key, 'expires_at_ms')
+  return (not exp) or tonumber(exp) > tonumber(now)
+end
+"""
 
 #: Lua ``reply(flag)``: ``{flag, field, value, ...}`` with every field of the hash ``KEYS[1]``
 #: (read back with :func:`pairs`). Scripts start with it.

@@ -22,7 +22,7 @@ from .._clock import Clock, now_ms
 from ..cache import CacheEntry, KeyPage
 from ..errors import InvalidValueError
 from ..keys import cache_index_pk, cache_key
-from ._redis import RedisConn, as_int, as_str, index_key, translate_errors
+from ._redis import LUA_LIVE, RedisConn, as_int, as_str, index_key, translate_errors
 
 __all__ = ["RedisCacheStore"]
 
@@ -30,18 +30,11 @@ _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
 _INT64 = (-(2**63), 2**63 - 1)
 _PAGE = 1000
 
-#: live: no expiry, or an expiry ahead of now (ARGV[1] in the scripts below)
-_IS_LIVE = """
-local function live(key, now)
-  if redis.call('EXISTS', key) == 0 then return false end
-  local exp = redis.call('HGET', key, 'expires_at_ms')
-  return (not exp) or tonumber(exp) > tonumber(now)
-end
-"""
+# Every script below calls live(KEYS[1], ARGV[1]): ARGV[1] is now.
 
 # KEYS[1]=item, KEYS[2]=index; ARGV: now, member, field (n|v), value, expires|'', gc ms|''
 _ADD = (
-    _IS_LIVE
+    LUA_LIVE
     + """
 if live(KEYS[1], ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1])
@@ -57,7 +50,7 @@ return 1
 
 # KEYS[1]=item, KEYS[2]=index; ARGV: now, member
 _DELETE = (
-    _IS_LIVE
+    LUA_LIVE
     + """
 local was = live(KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[1])
@@ -69,7 +62,7 @@ return 0
 
 # KEYS[1]=item; ARGV: now, expires|'', gc ms|''
 _TOUCH = (
-    _IS_LIVE
+    LUA_LIVE
     + """
 if not live(KEYS[1], ARGV[1]) then return 0 end
 if ARGV[2] == '' then
@@ -86,7 +79,7 @@ return 1
 # KEYS[1]=item; ARGV: now, by. Returns {0} absent/expired, {2} not an integer, {3} overflow,
 # {1, value} (value read back as a string: a Lua number would round above 2^53).
 _INCR = (
-    _IS_LIVE
+    LUA_LIVE
     + """
 if not live(KEYS[1], ARGV[1]) then return {0} end
 if redis.call('HEXISTS', KEYS[1], 'n') == 0 then return {2} end

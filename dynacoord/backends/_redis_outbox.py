@@ -29,6 +29,7 @@ from ..errors import NotSupportedError
 from ..keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ..outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._redis import (
+    LUA_LIVE,
     LUA_REPLY,
     RedisConn,
     as_int,
@@ -44,14 +45,10 @@ __all__ = ["RedisOutboxStore"]
 # ARGV[1] = now, ARGV[2] = index prefix "idx|OUTBOX#{ns}#", ARGV[3] = index suffix "#0"
 _HEAD = (
     LUA_REPLY
+    + LUA_LIVE
     + """
 local now = tonumber(ARGV[1])
 local function idx(status) return ARGV[2] .. status .. ARGV[3] end
-local function live(key)
-  if redis.call('EXISTS', key) == 0 then return false end
-  local exp = redis.call('HGET', key, 'expires_at_ms')
-  return (not exp) or tonumber(exp) > now
-end
 local function unindex(key)
   local st = redis.call('HGET', key, 'status')
   local gsk = redis.call('HGET', key, 'gsi1sk')
@@ -76,7 +73,7 @@ _PUBLISH = (
 local events = cjson.decode(ARGV[4])
 local clashes = {0}
 for i, key in ipairs(KEYS) do
-  if live(key) then
+  if live(key, now) then
     table.insert(clashes, i)
     table.insert(clashes, redis.call('HGETALL', key))
   end
@@ -96,7 +93,7 @@ return {1}
 _CLAIM = (
     _HEAD
     + """
-if not live(KEYS[1]) or redis.call('HGET', KEYS[1], 'status') ~= ARGV[4] then return {0} end
+if not live(KEYS[1], now) or redis.call('HGET', KEYS[1], 'status') ~= ARGV[4] then return {0} end
 if tonumber(redis.call('HGET', KEYS[1], 'due_ms') or '0') > now then return {0} end
 local current = redis.call('HGET', KEYS[1], 'lease_token')
 if (ARGV[5] == '' and current) or (ARGV[5] ~= '' and current ~= ARGV[5]) then return {0} end
@@ -167,7 +164,7 @@ return 1
 _RETRY_FAILED = (
     _HEAD
     + """
-if not live(KEYS[1]) then return 'not_found' end
+if not live(KEYS[1], now) then return 'not_found' end
 if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then return 'not_failed' end
 move('pending', ARGV[4])
 redis.call('HSET', KEYS[1], 'attempts', 0, 'due_ms', ARGV[1], 'updated_ms', ARGV[1])

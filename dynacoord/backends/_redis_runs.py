@@ -21,19 +21,24 @@ from .._items import is_live
 from ..errors import RunExistsError
 from ..keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ..runs import Run, RunPage, RunStatus, new_run_fields, write_refused
-from ._redis import LUA_REPLY, RedisConn, as_str, hash_fields, index_key, pairs, translate_errors
+from ._redis import (
+    LUA_LIVE,
+    LUA_REPLY,
+    RedisConn,
+    as_str,
+    hash_fields,
+    index_key,
+    pairs,
+    translate_errors,
+)
 
 __all__ = ["RedisRunStore"]
 
 _HEAD = (
     LUA_REPLY
+    + LUA_LIVE
     + """
 local now = tonumber(ARGV[1])
-local function live()
-  if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-  local exp = redis.call('HGET', KEYS[1], 'expires_at_ms')
-  return (not exp) or tonumber(exp) > now
-end
 local function unindex()
   local st = redis.call('HGET', KEYS[1], 'status')
   local gsk = redis.call('HGET', KEYS[1], 'gsi1sk')
@@ -46,7 +51,7 @@ end
 _CREATE = (
     _HEAD
     + """
-if live() then return {0} end
+if live(KEYS[1], now) then return {0} end
 unindex()
 redis.call('DEL', KEYS[1])
 for i = 4, #ARGV, 2 do
@@ -62,7 +67,7 @@ return {1}
 _UPDATE = (
     _HEAD
     + """
-if not live() or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return reply(0) end
+if not live(KEYS[1], now) or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return reply(0) end
 unindex()
 local nset = tonumber(ARGV[5])
 for i = 6, 5 + 2 * nset, 2 do
@@ -82,7 +87,7 @@ return reply(1)
 _FINISH = (
     _HEAD
     + """
-if not live() or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return reply(0) end
+if not live(KEYS[1], now) or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return reply(0) end
 unindex()
 local ttl = tonumber(redis.call('HGET', KEYS[1], 'end_ttl_ms') or '0')
 local expires = now + ttl
