@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from . import FULL, RESULTS_DIR, SECTIONS, TINY, run_all
+from .report import summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         command="make bench" if command == "python -m bench" else command,
     )
     failed = [k for k, v in results["sections"].items() if v.get("status") == "error"]
-    print(f"report: {args.out / 'REPORT.md'} ({results['meta']['duration_s']} s)")
+    print("\n".join(summary(results)))
+    print(f"\nreport: {args.out / 'REPORT.md'} ({results['meta']['duration_s']} s)")
     if failed:
         print(f"sections with errors: {', '.join(failed)}", file=sys.stderr)
     return 0
