@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -81,3 +81,21 @@ class MongoCollection:
         grace = self.gc_grace_ms if grace_ms is None else grace_ms
         at_ms = int(time.time() * 1000) + max(0, expires_at_ms - now_ms) + grace
         return datetime.datetime.fromtimestamp(at_ms / 1000, tz=datetime.timezone.utc)
+
+    def replace_if_free(
+        self, key: Mapping[str, Any], doc: Mapping[str, Any], now_ms: int, what: str
+    ) -> bool:
+        """Write ``doc`` under ``key`` unless a live document holds it; False (nothing written)
+        then. One upserting ``replace_one`` filtered on "expired": when a live document (or one
+        without expiry) holds the key, the filter does not match and the upsert's insert hits the
+        unique (pk, sk) index (``DuplicateKeyError``)."""
+        from pymongo.errors import DuplicateKeyError
+
+        try:
+            with translate_errors(what):
+                self.collection.replace_one(
+                    {**key, "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
+                )
+        except DuplicateKeyError:
+            return False
+        return True

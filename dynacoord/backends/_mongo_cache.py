@@ -86,14 +86,8 @@ class MongoCacheStore:
 
     def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
         doc = self._doc(key, encoded, expires_at_ms, now_ms)
-        try:
-            with translate_errors("cache add"):
-                self._c.replace_one(
-                    {**self._primary(key), "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
-                )
-        except DuplicateKeyError:
-            return False  # a live entry (or one without expiry) holds the key
-        return True
+        # False: a live entry (or one without expiry) holds the key
+        return self._coll.replace_if_free(self._primary(key), doc, now_ms, "cache add")
 
     def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
         return self.add(key, str(value), expires_at_ms, now_ms)

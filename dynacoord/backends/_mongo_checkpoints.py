@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pymongo
-from pymongo.errors import DuplicateKeyError
 
 from ..checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
 from ..keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
@@ -46,14 +45,7 @@ class MongoCheckpointStore:
         if checkpoint.expires_at_ms is not None:
             doc["expires_at_ms"] = checkpoint.expires_at_ms
             doc["expires_at"] = self._coll.gc_date(checkpoint.expires_at_ms, now_ms)
-        try:
-            with translate_errors("checkpoint insert"):
-                self._c.replace_one(
-                    {**k.primary, "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
-                )
-        except DuplicateKeyError:
-            return False
-        return True
+        return self._coll.replace_if_free(k.primary, doc, now_ms, "checkpoint insert")
 
     def highest_sequence(self, task_id: str) -> int | None:
         with translate_errors("checkpoint highest_sequence"):

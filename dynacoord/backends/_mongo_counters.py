@@ -80,12 +80,7 @@ class MongoCounterStore:
         if ttl_ms is not None:
             doc["expires_at_ms"] = now_ms + ttl_ms
             doc["expires_at"] = self._coll.gc_date(now_ms + ttl_ms, now_ms)
-        try:
-            with translate_errors(what):
-                self._c.replace_one(
-                    {**self._key(key), "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
-                )
-        except DuplicateKeyError:
+        if not self._coll.replace_if_free(self._key(key), doc, now_ms, what):
             with translate_errors(what):
                 current = self._c.find_one(self._key(key))
             return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymongo.errors import DuplicateKeyError
-
 from ..idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
 from ..keys import idempotency_key
 from ._mongo import MongoCollection, translate_errors
@@ -51,17 +49,12 @@ class MongoIdempotencyStore:
             doc["payload_hash"] = payload_hash
         existing: IdempotencyRecord | None = None
         for _ in range(_CLAIM_ATTEMPTS):
-            try:
-                with translate_errors("idempotency claim"):
-                    self._c.replace_one(
-                        {**self._filter(key), "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
-                    )
+            if self._coll.replace_if_free(self._filter(key), doc, now_ms, "idempotency claim"):
                 return ClaimResult(Claim(key, token, expires, payload_hash))
-            except DuplicateKeyError:
-                with translate_errors("idempotency get"):
-                    existing = IdempotencyRecord.from_item(key, self._c.find_one(self._filter(key)))
-                if existing is not None and existing.live(now_ms):
-                    return ClaimResult(None, existing)
+            with translate_errors("idempotency get"):
+                existing = IdempotencyRecord.from_item(key, self._c.find_one(self._filter(key)))
+            if existing is not None and existing.live(now_ms):
+                return ClaimResult(None, existing)
         return ClaimResult(None, existing)
 
     def complete(self, key: str, token: str, result_text: str, ttl_ms: int, now_ms: int) -> bool:

@@ -23,7 +23,6 @@ from typing import Any
 
 import pymongo
 from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError
 
 from .. import codec
 from .._items import is_live
@@ -80,14 +79,9 @@ class MongoRunStore:
             **new_run_fields(run_id, ttl_after_end_ms, now_ms),
             "ctx": {_escape(name): text for name, text in ctx.items()},
         }
-        try:
-            with translate_errors("run start"):
-                # A finished run past its TTL is absent even if the TTL monitor has not run.
-                self._c.replace_one(
-                    {**key.primary, "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
-                )
-        except DuplicateKeyError as exc:
-            raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id) from exc
+        # A finished run past its TTL is absent even if the TTL monitor has not run.
+        if not self._coll.replace_if_free(key.primary, doc, now_ms, "run start"):
+            raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id)
         return _run(doc)
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
