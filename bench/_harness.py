@@ -267,6 +267,23 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b > 0 else float("nan")
 
 
+def paired_ratio_ci(
+    a: list[float], b: list[float], *, resamples: int = 400, seed: int = 1
+) -> tuple[float, float]:
+    """A 95 % bootstrap interval of :func:`paired_ratio` (percentile method, fixed seed)."""
+    import random
+
+    pairs = [x / y for x, y in zip(a, b) if y > 0]
+    if len(pairs) < 2:
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    return (
+        round(medians[int(0.025 * (resamples - 1))], 3),
+        round(medians[int(0.975 * (resamples - 1))], 3),
+    )
+
+
 def paired_ratio(a: list[float], b: list[float]) -> float:
     """Median of the per-pair ratios ``a[i] / b[i]`` (pairs were timed back to back, so a slow
     moment of the machine hits both halves of a pair: steadier than a ratio of medians)."""

@@ -18,7 +18,7 @@ from typing import Any
 from botocore import xform_name
 from botocore.exceptions import ClientError
 
-from ._harness import BenchEnv, interleaved, paired_ratio, ratio, stats, unique
+from ._harness import BenchEnv, interleaved, paired_ratio, paired_ratio_ci, ratio, stats, unique
 
 __all__ = ["TARGET", "run"]
 
@@ -611,6 +611,7 @@ def _measure(
                     "ratio_median": r,
                     "ratio_p95": ratio(sa.p95_ms, sb.p95_ms),
                     "ratio_paired": paired_ratio(a, b),
+                    "ratio_paired_ci95": paired_ratio_ci(a, b),
                     "extra_ms_median": round(sa.median_ms - sb.median_ms, 4),
                     "within_target": r <= TARGET,
                 }

@@ -23,7 +23,16 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import BenchEnv, RedisCommandCounter, interleaved, paired_ratio, ratio, stats, unique
+from ._harness import (
+    BenchEnv,
+    RedisCommandCounter,
+    interleaved,
+    paired_ratio,
+    paired_ratio_ci,
+    ratio,
+    stats,
+    unique,
+)
 
 __all__ = ["run"]
 
@@ -57,6 +66,7 @@ def _compare(
         "ratio_median": ratio(sa.median_ms, sb.median_ms),
         "ratio_p95": ratio(sa.p95_ms, sb.p95_ms),
         "ratio_paired": paired_ratio(a, b),
+        "ratio_paired_ci95": paired_ratio_ci(a, b),
         "requests_dynacoord": requests_dyn,
         "requests_peer": requests_peer,
     }

@@ -38,6 +38,13 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
+def _paired(r: dict[str, Any]) -> str:
+    """The paired ratio with its 95 % bootstrap interval."""
+    lo, hi = r.get("ratio_paired_ci95") or (None, None)
+    text = f"{r['ratio_paired']:.3f}"
+    return text if lo is None else f"{text} ({lo:.3f}-{hi:.3f})"
+
+
 def _not_measured(section: dict[str, Any] | None) -> list[str]:
     if section is None:
         return ["**Not measured in this run** (section not selected)."]
@@ -129,7 +136,7 @@ def _overhead(s: dict[str, Any]) -> list[str]:
         f"{s.get('samples')} samples per side after {s.get('warmup')} warm-up, interleaved A/B "
         f"(order alternating every sample). Ratio = median dynacoord / median raw (target "
         f"≤ {s.get('target')}); *paired* = median of the per-sample ratios of back-to-back "
-        f"pairs, steadier on a busy machine. Both sides pay the same request-counting hook.",
+        f"pairs, steadier on a busy machine, with its 95 % bootstrap interval. Both sides pay the same request-counting hook.",
         "",
     ]
     rows = []
@@ -152,7 +159,7 @@ def _overhead(s: dict[str, Any]) -> list[str]:
                 f"**{r['ratio_median']:.3f}**"
                 if not r["within_target"]
                 else f"{r['ratio_median']:.3f}",
-                f"{r['ratio_paired']:.3f}",
+                _paired(r),
                 f"{r['ratio_p95']:.3f}",
             ]
         )
@@ -206,7 +213,7 @@ def _overhead(s: dict[str, Any]) -> list[str]:
                 f"{w['median_ms']:.3f}",
                 f"{r['extra_ms_median'] * 1000:.0f}",
                 f"{r['ratio_median']:.3f}",
-                f"{r['ratio_paired']:.3f}",
+                _paired(r),
             ]
         )
     if redis_rows:
@@ -415,7 +422,7 @@ def _peer_rows(name: str, case: str, r: dict[str, Any]) -> list[Any]:
         d["p95_ms"],
         p["p95_ms"],
         f"**{r['ratio_median']:.3f}**",
-        f"{r['ratio_paired']:.3f}",
+        _paired(r),
         f"{r['ratio_p95']:.3f}",
         f"{r['requests_dynacoord']} / {r['requests_peer']}",
     ]
