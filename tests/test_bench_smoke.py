@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from bench import TINY, run_all
-from bench._harness import RedisCommandCounter, RedisServer, RequestCounter, interleaved, stats
+from bench._harness import (
+    RedisCommandCounter,
+    RedisServer,
+    RequestCounter,
+    interleaved,
+    paired_ratio,
+    paired_ratio_ci,
+    stats,
+)
 from bench.coldstart import parse_importtime
 from bench.report import SECTION_TITLES, render
 from dynacoord.testing import DynamoDBLocal, free_port, unique_name
@@ -112,6 +120,16 @@ def test_interleaved_alternates_and_keeps_indexes() -> None:
     assert s.n == 4
     assert s.median_ms == pytest.approx(2.5)
     assert s.min_ms == pytest.approx(1.0)
+
+
+def test_paired_ratio_and_its_interval() -> None:
+    b = [0.001 * (1 + i % 7) for i in range(50)]
+    a = [2 * x for x in b]
+    assert paired_ratio(a, b) == 2.0
+    assert paired_ratio_ci(a, b) == (2.0, 2.0)
+    noisy = [x * (1.5 if i % 2 else 2.5) for i, x in enumerate(b)]
+    lo, hi = paired_ratio_ci(noisy, b)
+    assert 1.5 <= lo <= paired_ratio(noisy, b) <= hi <= 2.5
 
 
 def test_parse_importtime_adds_top_level_entries_of_the_package() -> None:
