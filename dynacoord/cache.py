@@ -20,6 +20,7 @@ import inspect
 import json
 import logging
 import random
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -44,6 +45,16 @@ _GLOB_CHARS = "*?["
 
 #: Attempts at resending the unprocessed part of one batch before giving up.
 _BATCH_ATTEMPTS = 10
+
+
+_INT64_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def is_int64_text(encoded: str) -> bool:
+    """True if the codec text ``encoded`` is a plain integer in the signed 64-bit range: what
+    MongoDB and Redis store as a number (field ``n``) so that ``incr`` is one atomic increment."""
+    return bool(_INT64_TEXT.fullmatch(encoded)) and _INT64[0] <= int(encoded) <= _INT64[1]
 
 
 @dataclass(frozen=True, slots=True)

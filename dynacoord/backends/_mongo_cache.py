@@ -21,15 +21,13 @@ from pymongo.errors import DuplicateKeyError
 
 from .. import codec
 from .._clock import Clock, now_ms
-from ..cache import CacheEntry, KeyPage
+from ..cache import CacheEntry, KeyPage, is_int64_text
 from ..errors import InvalidValueError
 from ..keys import cache_key
 from ._mongo import MongoCollection, live_filter, translate_errors
 
 __all__ = ["MongoCacheStore"]
 
-_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
-_INT64 = (-(2**63), 2**63 - 1)
 _PAGE = 1000
 
 
@@ -50,7 +48,7 @@ class MongoCacheStore:
 
     def _doc(self, key: str, encoded: str, expires_at_ms: int | None, now: int) -> dict[str, Any]:
         doc: dict[str, Any] = dict(cache_key(self._ns, key).as_dict())
-        if _INT_TEXT.fullmatch(encoded) and _INT64[0] <= int(encoded) <= _INT64[1]:
+        if is_int64_text(encoded):
             doc["n"] = int(encoded)
         else:
             doc["v"] = encoded

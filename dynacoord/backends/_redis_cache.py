@@ -14,20 +14,17 @@ always fits in the others.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from .. import codec
 from .._clock import Clock, now_ms
-from ..cache import CacheEntry, KeyPage
+from ..cache import CacheEntry, KeyPage, is_int64_text
 from ..errors import InvalidValueError
 from ..keys import cache_index_pk, cache_key
 from ._redis import LUA_LIVE, RedisConn, as_int, as_str, index_key, translate_errors
 
 __all__ = ["RedisCacheStore"]
 
-_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
-_INT64 = (-(2**63), 2**63 - 1)
 _PAGE = 1000
 
 # Every script below calls live(KEYS[1], ARGV[1]): ARGV[1] is now.
@@ -110,7 +107,7 @@ return out
 
 
 def _field(encoded: str) -> tuple[str, str]:
-    if _INT_TEXT.fullmatch(encoded) and _INT64[0] <= int(encoded) <= _INT64[1]:
+    if is_int64_text(encoded):
         return "n", encoded
     return "v", encoded
 
