@@ -274,6 +274,10 @@ def _captured(
             setup(f"d{i}")
             setup(f"r{i}")
     api, params = _capture_one(env.client, lambda: call(TEMPLATE))
+    # botocore fills in an idempotency token; the raw side must get its own (a reused token with
+    # other content is refused), so botocore generates it again on every raw call, as it does
+    # for dynacoord.
+    params.pop("ClientRequestToken", None)
     method = getattr(env.client, xform_name(api))
 
     # Built before the clock runs: the floor is the bare boto3 call (stricter than a caller who
@@ -294,6 +298,8 @@ def _captured(
 
 def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
     cache = env.backend().cache(default_ttl=3600)
+    hundred = [f"many{j}" for j in range(100)]
+    cache.set_many({key: {"j": j} for j, key in enumerate(hundred)})
     return [
         _captured(
             env,
@@ -324,19 +330,42 @@ def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
             lambda k: cache.delete("del" + k),
             setup=lambda k: cache.set("del" + k, 1),
         ),
+        # the keys of "get (hit)" exist for both sides
+        _captured(env, total, "cache", "has", lambda k: cache.has(k)),
+        _captured(env, total, "cache", "touch", lambda k: cache.touch(k, 3600)),
+        _captured(
+            env,
+            total,
+            "cache",
+            "get_many (100 keys, read only: the same keys each time)",
+            lambda k: cache.get_many(hundred),
+        ),
     ]
 
 
 def _breaker_pairs(env: BenchEnv, total: int) -> list[Pair]:
-    breaker = env.backend().breaker("bench-closed")
+    from dynacoord import CircuitOpenError
+
+    backend = env.backend()
+    breaker = backend.breaker("bench-closed")
+    opened = backend.breaker("bench-open", reset_timeout=3600)
+    opened.trip()
 
     def ok() -> int:
         return 1
+
+    def refused(k: str) -> None:
+        try:
+            opened.call(ok)
+        except CircuitOpenError:
+            return
+        raise AssertionError("the open breaker let a call through")
 
     return [
         _captured(
             env, total, "breaker", "protected call (closed, success)", lambda k: breaker.call(ok)
         ),
+        _captured(env, total, "breaker", "protected call (open: CircuitOpenError)", refused),
         _captured(env, total, "breaker", "status()", lambda k: breaker.status()),
     ]
 
@@ -361,6 +390,7 @@ def _checkpoint_pairs(env: BenchEnv, total: int) -> list[Pair]:
             setup=lambda k: cps.save("l" + k, data, sequence=1),
         ),
         _captured(env, total, "checkpoints", "load_latest", lambda k: cps.load_latest("l" + k)),
+        _captured(env, total, "checkpoints", "list (1 checkpoint)", lambda k: cps.list("l" + k)),
     ]
 
 
@@ -382,6 +412,14 @@ def _idempotency_pairs(env: BenchEnv, total: int) -> list[Pair]:
             refused=True,
         ),
         _captured(env, total, "idempotency", "get", lambda k: backend.idempotency.get(k)),
+        _captured(
+            env,
+            total,
+            "idempotency",
+            "try_claim",
+            lambda k: backend.idempotency.try_claim("tc" + k),
+        ),
+        _captured(env, total, "idempotency", "delete", lambda k: backend.idempotency.delete(k)),
     ]
 
 
@@ -399,6 +437,15 @@ def _outbox_pairs(env: BenchEnv, total: int) -> list[Pair]:
             lambda k: outbox.publish(Event("order.created", payload, id="p" + k)),
         ),
         _captured(env, total, "outbox", "get", lambda k: outbox.get("p" + k)),
+        _captured(
+            env,
+            total,
+            "outbox",
+            "publish (25 events)",
+            lambda k: outbox.publish(
+                [Event("order.created", payload, id=f"b{k}-{j}") for j in range(25)]
+            ),
+        ),
     ]
 
 
@@ -429,6 +476,10 @@ def _counter_pairs(env: BenchEnv, total: int) -> list[Pair]:
             lambda k: counters.join("j" + k, "second", expected=3),
             setup=lambda k: counters.join("j" + k, "first", expected=3),
         ),
+        _captured(
+            env, total, "counters", "extend_ttl", lambda k: counters.extend_ttl("c" + k, 600)
+        ),
+        _captured(env, total, "counters", "delete", lambda k: counters.delete("f" + k)),
     ]
 
 
@@ -438,6 +489,8 @@ def _run_pairs(env: BenchEnv, total: int) -> list[Pair]:
         _captured(env, total, "runs", "start", lambda k: runs.start("s" + k, context={"step": 0})),
         _captured(env, total, "runs", "get", lambda k: runs.get("s" + k)),
         _captured(env, total, "runs", "heartbeat", lambda k: runs.heartbeat("s" + k)),
+        _captured(env, total, "runs", "set", lambda k: runs.set("s" + k, "step", 1)),
+        _captured(env, total, "runs", "complete", lambda k: runs.complete("s" + k, {"ok": True})),
     ]
 
 
