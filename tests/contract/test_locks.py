@@ -165,8 +165,10 @@ def test_hold_context_releases_and_raises_when_taken(make_backend):
 
 def test_heartbeat_keeps_lock_past_ttl(make_backend):
     locks = make_backend().locks
-    with locks.hold("hb", ttl=0.6, owner="a") as lease:
-        time.sleep(1.5)
+    # TTL 1.2 s renewed every 0.4 s: 0.8 s of slack for a loaded machine, and 2.5 s of work
+    # outlives the TTL twice over.
+    with locks.hold("hb", ttl=1.2, owner="a") as lease:
+        time.sleep(2.5)
         assert not lease.lost
         assert locks.get("hb").owner == "a"
         assert locks.acquire("hb", ttl=1, owner="b") is None
