@@ -406,12 +406,13 @@ def test_heartbeat_keeps_a_long_handler_s_lease(make_backend):
     other_result = []
 
     def long_handler(event):
-        time.sleep(0.5)  # the lease is 0.3 s: only the heartbeat keeps it
+        # The lease is 0.9 s (renewed every 0.3 s): after 1.5 s only the heartbeat keeps it.
+        time.sleep(1.5)
         other_result.append(other.run_once())
         time.sleep(0.1)
 
-    other = outbox.worker(lambda e: None, lease=0.3)
-    worker = outbox.worker(long_handler, lease=0.3)
+    other = outbox.worker(lambda e: None, lease=0.9)
+    worker = outbox.worker(long_handler, lease=0.9)
     assert worker.run_once() == 1
     assert other_result == [0]
     assert worker.delivered == 1 and worker.lost == 0
