@@ -66,7 +66,7 @@ class Scale:
 
 FULL = Scale(
     name="full",
-    samples=400,
+    samples=300,
     warmup=40,
     count_reps=5,
     contention_seconds=10.0,

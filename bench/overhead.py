@@ -337,7 +337,7 @@ def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
             env,
             total,
             "cache",
-            "get_many (100 keys, read only: the same keys each time)",
+            "get_many (100 keys; the same keys every sample)",
             lambda k: cache.get_many(hundred),
         ),
     ]
@@ -654,6 +654,7 @@ def _measure(
                 continue
             sa, sb = stats(a), stats(b)
             r = ratio(sa.median_ms, sb.median_ms)
+            paired = paired_ratio(a, b)
             rows.append(
                 {
                     "primitive": pair.primitive,
@@ -663,10 +664,12 @@ def _measure(
                     "raw": sb.as_dict(),
                     "ratio_median": r,
                     "ratio_p95": ratio(sa.p95_ms, sb.p95_ms),
-                    "ratio_paired": paired_ratio(a, b),
+                    "ratio_paired": paired,
                     "ratio_paired_ci95": paired_ratio_ci(a, b),
                     "extra_ms_median": round(sa.median_ms - sb.median_ms, 4),
-                    "within_target": r <= TARGET,
+                    # judged on the paired ratio: the pairs were timed back to back, so a busy
+                    # moment of the shared machine hits both halves; a ratio of medians is not
+                    "within_target": paired <= TARGET,
                 }
             )
     return rows, missing
