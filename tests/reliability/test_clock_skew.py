@@ -53,7 +53,7 @@ def _pair(make_backend: Any, skew: float) -> tuple[ManualClock, Any, Any]:
 
 
 @pytest.mark.parametrize("skew", SKEWS)
-@pytest.mark.parametrize("ttl", [3.0, 6.0])
+@pytest.mark.parametrize("ttl", [4.0])
 def test_lock_is_never_free_for_the_other_client_within_the_margin(make_backend, skew, ttl):
     true, a, b = _pair(make_backend, skew)
     lease = a.locks.acquire("job", ttl=ttl, owner="a")
