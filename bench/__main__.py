@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", choices=("full", "tiny"), default="full")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where REPORT.md goes")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument(
+        "--samples", type=int, default=None, help="timed samples per side (overhead, peers)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # the peers log every lock at INFO; keep the console to the bench's own progress
@@ -26,8 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench" + ("" if args.scale == "full" else f" --scale {args.scale}")
     if args.only != list(SECTIONS):
         command += " --only " + " ".join(args.only)
+    scale = FULL if args.scale == "full" else TINY
+    if args.samples is not None:
+        if args.samples < 2:
+            parser.error("--samples must be at least 2")
+        scale = dataclasses.replace(scale, samples=args.samples, peer_samples=args.samples)
+        command += f" --samples {args.samples}"
     results = run_all(
-        FULL if args.scale == "full" else TINY,
+        scale,
         out_dir=args.out,
         sections=args.only,
         command="make bench" if command == "python -m bench" else command,
