@@ -183,6 +183,9 @@ def _check_progress(progress: Any) -> float | None:
     value = float(progress)
     if not math.isfinite(value) or not 0 <= value <= 100:
         raise ValueError(f"progress must be between 0 and 100, got {progress!r}")
+    if 0 < value < 1e-100:
+        # A DynamoDB number cannot be below 1e-130 in magnitude (boto3 raises decimal.Underflow).
+        raise ValueError(f"progress {progress!r} is too small to store; use 0 for no progress")
     return value
 
 

@@ -242,6 +242,11 @@ def _other_cases() -> Iterator[Case]:
             ValueError,
         ),
         (
+            "checkpoints.save.progress=1e-320",
+            lambda b: b.checkpoints.save("t", 1, progress=1e-320),
+            ValueError,
+        ),
+        (
             "checkpoints.cleanup.keep=-1",
             lambda b: b.checkpoints.cleanup("task-1", keep=-1),
             ValueError,
