@@ -109,7 +109,15 @@ def encode(value: Any) -> str:
         tree = _to_jsonable(value, 0, "value")
     except RecursionError as exc:  # pragma: no cover - depth check fires first
         raise InvalidValueError("value is recursive") from exc
-    return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidValueError(
+            f"value contains a lone surrogate ({text[exc.start : exc.end]!r}), which is not "
+            "valid UTF-8 text and cannot be stored"
+        ) from exc
+    return text
 
 
 def decode(text: str | bytes) -> Any:

@@ -58,6 +58,8 @@ MAX_JOIN_MEMBER_BYTES = 128
 #: race (each loss means another caller made the item live, so the next add succeeds unless the
 #: item expired again in between: only possible with TTLs of a few milliseconds).
 _MAX_RESTARTS = 8
+#: DynamoDB numbers hold 38 significant digits: a larger int would fail inside boto3's serializer.
+MAX_COUNTER_VALUE = 10**38 - 1
 
 COUNTER = "counter"
 FLAG = "flag"
@@ -210,7 +212,7 @@ class Counters:
         :meth:`extend_ttl` to push an expiry. One request unless the counter has expired.
         """
         keys.validate_key(key, "counter key")
-        check_int(by, "by")
+        check_int(by, "by", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         now = now_ms(self.clock)
         for _ in range(_MAX_RESTARTS):
@@ -239,6 +241,7 @@ class Counters:
         keys.validate_key(key, "counter key")
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         if isinstance(value, int) and not isinstance(value, bool):
+            check_int(value, "value", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
             return self._store.put_if_absent(key, COUNTER, value, ttl_ms, now_ms(self.clock))
         encoded = codec.encode(value)  # refuses unsupported values before anything is written
         codec.check_item_size({"pk": key, "v": encoded}, key=key)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import random
 import threading
 import time
@@ -142,6 +143,8 @@ class Event:
                     f"{occurred_at.__class__.__name__}"
                 )
             occurred = float(occurred_at)
+            if not math.isfinite(occurred):
+                raise ValueError(f"occurred_at must be finite epoch seconds, got {occurred_at!r}")
         if metadata is None:
             meta: dict[str, Any] = {}
         elif isinstance(metadata, Mapping):

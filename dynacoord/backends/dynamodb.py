@@ -48,6 +48,16 @@ class DynamoDBBackend(Backend):
             )
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 64:
             raise ConfigurationError(f"shards must be an int in 1..64, got {shards!r}")
+        if (
+            isinstance(lock_fence_grace, bool)
+            or not isinstance(lock_fence_grace, int)
+            or lock_fence_grace < 0
+        ):
+            # The grace keeps a released lock's item (and its fence) past its expiry; a negative
+            # one would let the sweeper remove it early and weaken the fence guarantee.
+            raise ConfigurationError(
+                f"lock_fence_grace must be an int >= 0 (seconds), got {lock_fence_grace!r}"
+            )
         self.client = client
         self.table_name = table_name
         self.shards = shards

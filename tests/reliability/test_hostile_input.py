@@ -96,6 +96,8 @@ BAD_VALUES: list[tuple[str, Any, type[BaseException]]] = [
     ("over-400kb-str", BIG_STR, ValueTooLargeError),
     ("over-400kb-bytes", BIG_BYTES, ValueTooLargeError),
     ("function", print, InvalidValueError),
+    ("lone-surrogate", "a\ud800", InvalidValueError),
+    ("surrogate-dict-key", {"\udfff": 1}, InvalidValueError),
 ]
 
 BAD_NAMESPACES: list[tuple[str, Any, type[BaseException]]] = [
@@ -253,6 +255,36 @@ def _other_cases() -> Iterator[Case]:
         ),
         ("checkpoints.load=''", lambda b: b.checkpoints.load(""), ValueError),
         ("checkpoints.load=garbage", lambda b: b.checkpoints.load("no-sequence-here"), ValueError),
+        (
+            "counters.increment.by=10**40",
+            lambda b: b.counters.increment("ctr", 10**40),
+            ValueError,
+        ),
+        (
+            "counters.set_if_absent(10**40)",
+            lambda b: b.counters.set_if_absent("new", -(10**40)),
+            ValueError,
+        ),
+        (
+            "outbox.Event(occurred_at=inf)",
+            lambda b: Event("t", 1, occurred_at=math.inf),
+            ValueError,
+        ),
+        (
+            "outbox.Event(occurred_at=nan)",
+            lambda b: Event("t", 1, occurred_at=math.nan),
+            ValueError,
+        ),
+        (
+            "DynamoDBBackend.lock_fence_grace=-1",
+            lambda b: DynamoDBBackend(b.client, table_name=b.table_name, lock_fence_grace=-1),
+            ValueError,
+        ),
+        (
+            "DynamoDBBackend.lock_fence_grace='1h'",
+            lambda b: DynamoDBBackend(b.client, table_name=b.table_name, lock_fence_grace="1h"),
+            ValueError,
+        ),
         ("outbox.publish(str)", lambda b: b.outbox.publish("not an event"), TypeError),
         ("outbox.publish([None])", lambda b: b.outbox.publish([None]), TypeError),
         (
