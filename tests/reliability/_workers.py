@@ -13,6 +13,10 @@ from typing import Any
 
 from dynacoord.testing import DUMMY_CREDENTIALS
 
+#: Lease (seconds) the victims of the SIGKILL tests hold: long enough that a loaded machine does
+#: not let it run out before the parent checks that nobody else can take it.
+VICTIM_LEASE = 15
+
 
 def make_backend(target: tuple[str, ...], namespace: str) -> Any:
     """A backend in this process: ``("dynamodb", endpoint_url, table)`` or ``("redis", port)``."""
@@ -137,29 +141,32 @@ def idempotency_worker(
 
 
 def outbox_victim(target: tuple[str, ...], namespace: str, started: Any) -> None:
-    """Claim one event and hang in its handler until killed (SIGKILL from the parent)."""
+    """Claim one event (15 s lease) and hang in its handler until killed (SIGKILL from the
+    parent)."""
     outbox = make_backend(target, namespace).outbox
 
     def hang(event: Any) -> None:
         started.set()
         time.sleep(600)
 
-    outbox.worker(hang, lease=2, heartbeat=False, batch_size=1).run_once()
+    outbox.worker(hang, lease=VICTIM_LEASE, heartbeat=False, batch_size=1).run_once()
 
 
 def lock_victim(target: tuple[str, ...], namespace: str, started: Any) -> None:
-    """Take a lock for 2 s and hang holding it until killed."""
-    lease = make_backend(target, namespace).locks.acquire("victim", ttl=2, owner="victim")
+    """Take a lock (15 s) and hang holding it until killed."""
+    lease = make_backend(target, namespace).locks.acquire(
+        "victim", ttl=VICTIM_LEASE, owner="victim"
+    )
     assert lease is not None
     started.set()
     time.sleep(600)
 
 
 def idempotency_victim(target: tuple[str, ...], namespace: str, started: Any) -> None:
-    """Start an idempotent call with a 2 s lease and hang in its body until killed."""
+    """Start an idempotent call (15 s lease) and hang in its body until killed."""
     backend = make_backend(target, namespace)
 
-    @backend.idempotent(key=lambda: "order-victim", in_progress_ttl=2)
+    @backend.idempotent(key=lambda: "order-victim", in_progress_ttl=VICTIM_LEASE)
     def body() -> str:
         started.set()
         time.sleep(600)

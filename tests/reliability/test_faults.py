@@ -443,11 +443,14 @@ def test_worker_killed_with_sigkill_mid_event_is_recovered_after_its_lease(
     record = outbox.get(event.id)
     assert record is not None and record.status is EventStatus.IN_FLIGHT
     got: list[Any] = []
-    # Before the 2 s lease ends nobody may take it; after it (seen through a clock 3 s ahead, so
+    # Before the lease ends nobody may take it; after it (seen through a clock a lease ahead, so
     # the test does not sleep) any worker recovers and delivers it.
     assert outbox.worker(got.append, heartbeat=False).run_once() == 0
     later = DynamoDBBackend(
-        client, table_name=table, namespace=namespace, clock=ManualClock(time.time() + 3)
+        client,
+        table_name=table,
+        namespace=namespace,
+        clock=ManualClock(time.time() + _workers.VICTIM_LEASE + 1),
     ).outbox
     assert later.worker(got.append, heartbeat=False).run_once() == 1
     assert [(e.id, e.attempt) for e in got] == [(event.id, 2)]
@@ -489,7 +492,10 @@ def test_lock_holder_killed_with_sigkill_is_recovered_after_its_ttl(
     assert held is not None and held.owner == "victim"
     assert now.acquire("victim", ttl=5, owner="next") is None
     later = DynamoDBBackend(
-        client, table_name=table, namespace=namespace, clock=ManualClock(time.time() + 3)
+        client,
+        table_name=table,
+        namespace=namespace,
+        clock=ManualClock(time.time() + _workers.VICTIM_LEASE + 1),
     ).locks
     lease = later.acquire("victim", ttl=5, owner="next")
     assert lease is not None and lease.fence > held.fence
@@ -516,7 +522,10 @@ def test_idempotent_call_killed_with_sigkill_is_taken_over_after_its_lease(
     with pytest.raises(IdempotencyInProgressError):
         now.idempotent(key=lambda: "order-victim")(body)()
     later = DynamoDBBackend(
-        client, table_name=table, namespace=namespace, clock=ManualClock(time.time() + 3)
+        client,
+        table_name=table,
+        namespace=namespace,
+        clock=ManualClock(time.time() + _workers.VICTIM_LEASE + 1),
     )
     assert later.idempotent(key=lambda: "order-victim")(body)() == "done"
     assert later.idempotent(key=lambda: "order-victim")(body)() == "done"
