@@ -224,7 +224,10 @@ def _idempotency_runs(
         "note": (
             "Powertools with use_local_cache=False (every call goes to DynamoDB, as in "
             "dynacoord, which has no local cache) and no Lambda context; it stores an MD5 of the "
-            "selected key, dynacoord the key itself; neither validates the payload here"
+            "selected key, dynacoord the key itself; neither validates the payload here. Same "
+            "requests on both sides (a conditional PutItem claim, then an UpdateItem), but "
+            "dynacoord's completion is conditional on its claim token (a call whose lease was "
+            "taken over cannot overwrite the new owner's record) and Powertools' is not"
         ),
     }
 
