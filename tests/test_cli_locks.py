@@ -100,3 +100,14 @@ def test_lock_usage_errors(cli: Any) -> None:
     assert code == 2 and "--owner and --fence" in err
     code, _, err = cli("lock", "acquire", "", "--ttl", "5")
     assert code == 2 and "must not be empty" in err
+
+
+def test_json_flag_is_accepted_before_and_after_the_command():
+    from dynacoord.cli import build_parser
+
+    parser = build_parser()
+    after = parser.parse_args(["lock", "show", "k", "--json"])
+    before = parser.parse_args(["--json", "lock", "show", "k"])
+    neither = parser.parse_args(["lock", "show", "k"])
+    assert after.json is True and before.json is True and neither.json is False
+    assert parser.parse_args(["cache", "keys", "-q"]).quiet is True
