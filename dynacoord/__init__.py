@@ -1,6 +1,7 @@
 """dynacoord: coordination primitives for services on AWS, on one DynamoDB table.
 
-``import dynacoord`` is cheap (it does not import boto3): the backends are loaded on first use.
+``import dynacoord`` is cheap: it does not import boto3, and each primitive module is loaded on
+first use.
 """
 
 from __future__ import annotations
@@ -8,11 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, ManualClock, SystemClock
-from .breaker import BreakerStatus, CircuitBreaker
-from .breaker import State as BreakerState
-from .cache import Cache
-from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
-from .counters import CounterItem, Counters, JoinResult
 from .errors import (
     BackendError,
     CheckpointExistsError,
@@ -49,16 +45,29 @@ from .errors import (
     TransactionTooLargeError,
     ValueTooLargeError,
 )
-from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, IdempotencyStatus
-from .jobs import ConsumeStats, SQSJobQueue
-from .locks import Lease, LockInfo, Locks
-from .outbox import Event, EventRecord, EventStatus, Outbox, OutboxStats, OutboxWorker, RetryReport
-from .relays import EventBridgeRelay, SNSRelay, SQSRelay
-from .runs import ReconcileStats, Run, Runs, RunStatus
-from .transaction import Transaction
 
 if TYPE_CHECKING:
     from .backends.dynamodb import DynamoDBBackend
+    from .breaker import BreakerStatus, CircuitBreaker
+    from .breaker import State as BreakerState
+    from .cache import Cache
+    from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
+    from .counters import CounterItem, Counters, JoinResult
+    from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, IdempotencyStatus
+    from .jobs import ConsumeStats, SQSJobQueue
+    from .locks import Lease, LockInfo, Locks
+    from .outbox import (
+        Event,
+        EventRecord,
+        EventStatus,
+        Outbox,
+        OutboxStats,
+        OutboxWorker,
+        RetryReport,
+    )
+    from .relays import EventBridgeRelay, SNSRelay, SQSRelay
+    from .runs import ReconcileStats, Run, Runs, RunStatus
+    from .transaction import Transaction
 
 __version__ = "0.1.0"
 
@@ -139,16 +148,59 @@ __all__ = [
     "__version__",
 ]
 
-# Loaded on first attribute access so that `import dynacoord` does not pay for boto3.
-_LAZY = {"DynamoDBBackend": "dynacoord.backends.dynamodb"}
+# Everything but the errors and clocks is loaded on first attribute access: `import dynacoord`
+# in a Lambda cold start then costs only what the handler uses (and never boto3 by itself).
+_LAZY: dict[str, tuple[str, str]] = {
+    "DynamoDBBackend": ("dynacoord.backends.dynamodb", "DynamoDBBackend"),
+    "BreakerState": ("dynacoord.breaker", "State"),
+    "BreakerStatus": ("dynacoord.breaker", "BreakerStatus"),
+    "Cache": ("dynacoord.cache", "Cache"),
+    "Checkpoint": ("dynacoord.checkpoints", "Checkpoint"),
+    "CheckpointTask": ("dynacoord.checkpoints", "CheckpointTask"),
+    "Checkpoints": ("dynacoord.checkpoints", "Checkpoints"),
+    "CircuitBreaker": ("dynacoord.breaker", "CircuitBreaker"),
+    "Claim": ("dynacoord.idempotency", "Claim"),
+    "ClaimResult": ("dynacoord.idempotency", "ClaimResult"),
+    "ConsumeStats": ("dynacoord.jobs", "ConsumeStats"),
+    "CounterItem": ("dynacoord.counters", "CounterItem"),
+    "Counters": ("dynacoord.counters", "Counters"),
+    "Event": ("dynacoord.outbox", "Event"),
+    "EventBridgeRelay": ("dynacoord.relays", "EventBridgeRelay"),
+    "EventRecord": ("dynacoord.outbox", "EventRecord"),
+    "EventStatus": ("dynacoord.outbox", "EventStatus"),
+    "Idempotency": ("dynacoord.idempotency", "Idempotency"),
+    "IdempotencyRecord": ("dynacoord.idempotency", "IdempotencyRecord"),
+    "IdempotencyStatus": ("dynacoord.idempotency", "IdempotencyStatus"),
+    "JoinResult": ("dynacoord.counters", "JoinResult"),
+    "Lease": ("dynacoord.locks", "Lease"),
+    "LockInfo": ("dynacoord.locks", "LockInfo"),
+    "Locks": ("dynacoord.locks", "Locks"),
+    "Outbox": ("dynacoord.outbox", "Outbox"),
+    "OutboxStats": ("dynacoord.outbox", "OutboxStats"),
+    "OutboxWorker": ("dynacoord.outbox", "OutboxWorker"),
+    "ReconcileStats": ("dynacoord.runs", "ReconcileStats"),
+    "RetryReport": ("dynacoord.outbox", "RetryReport"),
+    "Run": ("dynacoord.runs", "Run"),
+    "RunStatus": ("dynacoord.runs", "RunStatus"),
+    "Runs": ("dynacoord.runs", "Runs"),
+    "SNSRelay": ("dynacoord.relays", "SNSRelay"),
+    "SQSJobQueue": ("dynacoord.jobs", "SQSJobQueue"),
+    "SQSRelay": ("dynacoord.relays", "SQSRelay"),
+    "Transaction": ("dynacoord.transaction", "Transaction"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
+    target = _LAZY.get(name)
+    if target is None:
         raise AttributeError(f"module 'dynacoord' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module_name), name)
+    module_name, attribute = target
+    value = getattr(importlib.import_module(module_name), attribute)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
