@@ -7,9 +7,6 @@
 * ``mongo_backend_factory``: the same on ``mongomock`` (kind ``mongo``).
 * ``mongodb_backend_factory``: the same on a real MongoDB at ``MONGODB_URI`` (kind ``mongodb``,
   only in the contract parametrization when the variable is set).
-
-A contract module runs on these backends only once its primitive is listed in
-:data:`IMPLEMENTED`; other modules skip with a reason instead of failing.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ from dynacoord.testing import free_port
 
 __all__ = [
     "EXTRA_CONTRACT_BACKENDS",
-    "IMPLEMENTED",
     "RedisServer",
     "mongo_backend_factory",
     "mongo_database",
@@ -41,9 +37,6 @@ __all__ = [
     "redis_client",
     "redis_server",
 ]
-
-#: Contract modules (tests/contract/test_<name>.py) that run on Redis and MongoDB.
-IMPLEMENTED = {"locks", "checkpoints", "idempotency", "cache", "breaker", "counters", "runs", "outbox"}
 
 #: Kinds appended to the contract parametrization: mongo = mongomock, mongodb = MONGODB_URI.
 EXTRA_CONTRACT_BACKENDS = [
@@ -67,16 +60,6 @@ def _unavailable(reason: str) -> None:
 
 def _namespace() -> str:
     return f"ns-{uuid.uuid4().hex[:12]}"
-
-
-def _skip_unimplemented(request: pytest.FixtureRequest, kind: str) -> None:
-    module = getattr(request.node, "module", None)
-    name = getattr(module, "__name__", "")
-    if ".contract." not in f".{name}":
-        return
-    primitive = name.rsplit(".", 1)[-1].removeprefix("test_")
-    if primitive not in IMPLEMENTED:
-        pytest.skip(f"{primitive} is not implemented on the {kind} backend yet")
 
 
 # -- Redis ----------------------------------------------------------------------------------------
@@ -179,8 +162,7 @@ def redis_client(redis_server: RedisServer) -> Iterator[Any]:
 
 
 @pytest.fixture()
-def redis_backend_factory(request: pytest.FixtureRequest, redis_client: Any) -> BackendFactory:
-    _skip_unimplemented(request, "redis")
+def redis_backend_factory(redis_client: Any) -> BackendFactory:
     from dynacoord.backends.redis import RedisBackend
 
     def make(*, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any) -> Backend:
@@ -233,18 +215,14 @@ def _mongo_factory(database: Any) -> BackendFactory:
 
 
 @pytest.fixture()
-def mongo_backend_factory(request: pytest.FixtureRequest, mongo_database: Any) -> BackendFactory:
-    _skip_unimplemented(request, "mongo")
+def mongo_backend_factory(mongo_database: Any) -> BackendFactory:
     factory = _mongo_factory(mongo_database)
     factory.mongomock = True  # type: ignore[attr-defined]
     return factory
 
 
 @pytest.fixture()
-def mongodb_backend_factory(
-    request: pytest.FixtureRequest, mongodb_database: Any
-) -> BackendFactory:
-    _skip_unimplemented(request, "mongodb")
+def mongodb_backend_factory(mongodb_database: Any) -> BackendFactory:
     factory = _mongo_factory(mongodb_database)
     factory.mongomock = False  # type: ignore[attr-defined]
     return factory

@@ -13,16 +13,12 @@ from dynacoord import (
     InvalidValueError,
     JoinMismatchError,
     ManualClock,
-    NotSupportedError,
 )
 from tests.conftest import needs_atomic_store
 
 
 def counters_of(make_backend, **kwargs):
-    try:
-        return make_backend(**kwargs).counters
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    return make_backend(**kwargs).counters
 
 
 def run_threads(n, target):

@@ -11,7 +11,6 @@ from dynacoord import (
     InvalidKeyError,
     InvalidValueError,
     ManualClock,
-    NotSupportedError,
     RunExistsError,
     RunNotFoundError,
     RunNotRunningError,
@@ -23,10 +22,7 @@ DAY = 24 * 3600
 
 
 def runs_of(make_backend, **kwargs):
-    try:
-        return make_backend(**kwargs).runs
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    return make_backend(**kwargs).runs
 
 
 # -- lifecycle ------------------------------------------------------------------------------------
@@ -289,10 +285,7 @@ def test_handler_may_end_the_run(make_backend):
 def test_a_run_locked_by_another_reconciler_is_skipped(make_backend):
     clock = ManualClock()
     backend = make_backend(clock=clock)
-    try:
-        runs = backend.runs
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    runs = backend.runs
     runs.start("r")
     clock.advance(120)
     lease = backend.locks.acquire("reconcile:r", 30, owner="other-reconciler")
@@ -307,10 +300,7 @@ def test_two_reconcilers_at_once_handle_each_stalled_run_once(make_backend):
     needs_atomic_store(make_backend)
     clock = ManualClock()
     first = make_backend(clock=clock)
-    try:
-        runs_a = first.runs
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    runs_a = first.runs
     runs_b = make_backend(clock=clock, namespace=first.namespace).runs
     runs_a.page_size = runs_b.page_size = 3
     ids = [f"run{i}" for i in range(12)]
