@@ -132,3 +132,35 @@ def ddb_backend(ddb_table: tuple[Any, str]) -> Backend:
     """A DynamoDB Local backend only (concurrency cases that need a real server)."""
     client, table = ddb_table
     return _dynamodb_factory(client, table)()
+
+
+@pytest.fixture()
+def ddb_cli(
+    ddb_table: tuple[Any, str], dynamodb_local: DynamoDBLocal, capsys: pytest.CaptureFixture[str]
+) -> tuple[Backend, Callable[..., tuple[int, str, str]]]:
+    """(backend, run): the ``dynacoord`` CLI against the session table on DynamoDB Local, in a
+    fresh namespace that ``backend`` shares. ``run(*argv, json_output=False, quiet=False)``
+    returns (exit code, stdout, stderr)."""
+    from dynacoord.cli import main
+
+    client, table = ddb_table
+    backend = _dynamodb_factory(client, table)()
+    base = [
+        "--endpoint-url",
+        dynamodb_local.endpoint_url,
+        "--region",
+        DUMMY_CREDENTIALS["region_name"],
+        "--table",
+        table,
+        "--namespace",
+        backend.namespace,
+    ]
+
+    def run(*argv: str, json_output: bool = False, quiet: bool = False) -> tuple[int, str, str]:
+        capsys.readouterr()
+        options = [*base, *(["--json"] if json_output else []), *(["--quiet"] if quiet else [])]
+        code = main([*options, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return backend, run

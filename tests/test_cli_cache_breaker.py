@@ -7,35 +7,12 @@ import json
 import pytest
 
 from dynacoord import BreakerState
-from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.cli import main
-from dynacoord.testing import unique_name
 
 
 @pytest.fixture()
-def cli(ddb_table, dynamodb_local, capsys):
-    client, table = ddb_table
-    namespace = unique_name("cli")
-    backend = DynamoDBBackend(client, table_name=table, namespace=namespace)
-
-    def run(*argv, json_output=False):
-        capsys.readouterr()
-        options = [
-            "--endpoint-url",
-            dynamodb_local.endpoint_url,
-            "--table",
-            table,
-            "--namespace",
-            namespace,
-            "--quiet",
-        ]
-        if json_output:
-            options.append("--json")
-        code = main([*options, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return backend, run
+def cli(ddb_cli):
+    backend, run = ddb_cli
+    return backend, lambda *argv, json_output=False: run(*argv, json_output=json_output, quiet=True)
 
 
 def test_cache_set_get_delete(cli):

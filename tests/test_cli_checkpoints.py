@@ -6,35 +6,15 @@ import json
 
 import pytest
 
-from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.cli import main
-from dynacoord.testing import unique_name
-
 
 @pytest.fixture()
-def cli(ddb_table, dynamodb_local, capsys):
-    client, table = ddb_table
-    namespace = unique_name("cli")
-    backend = DynamoDBBackend(client, table_name=table, namespace=namespace)
+def cli(ddb_cli):
+    backend, run = ddb_cli
 
-    def run(*argv, json_output=True):
-        capsys.readouterr()
-        options = [
-            "--endpoint-url",
-            dynamodb_local.endpoint_url,
-            "--table",
-            table,
-            "--namespace",
-            namespace,
-            "--quiet",
-        ]
-        if json_output:
-            options.append("--json")
-        code = main([*options, "checkpoints", *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
+    def run_checkpoints(*argv, json_output=True):
+        return run("checkpoints", *argv, json_output=json_output, quiet=True)
 
-    return backend, run
+    return backend, run_checkpoints
 
 
 def test_list_show_cleanup_delete(cli):

@@ -7,34 +7,11 @@ from typing import Any
 
 import pytest
 
-from dynacoord.cli import main
-from dynacoord.testing import DynamoDBLocal, unique_name
-
 
 @pytest.fixture()
-def cli(
-    ddb_table: tuple[Any, str], dynamodb_local: DynamoDBLocal, capsys: pytest.CaptureFixture[str]
-) -> Any:
+def cli(ddb_cli: Any) -> Any:
     """Run the CLI against the session table in a fresh namespace: returns (code, out, err)."""
-    _, table = ddb_table
-    base = [
-        "--endpoint-url",
-        dynamodb_local.endpoint_url,
-        "--region",
-        "us-east-1",
-        "--table",
-        table,
-        "--namespace",
-        unique_name("cli"),
-    ]
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main([*base, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return ddb_cli[1]
 
 
 def test_acquire_show_release(cli: Any) -> None:

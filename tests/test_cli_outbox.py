@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from dynacoord import DynamoDBBackend, Event
-from dynacoord.cli import main
-from dynacoord.testing import DynamoDBLocal, unique_name
+from dynacoord import Event
 
 #: events seen by the importable handlers below (``--handler tests.test_cli_outbox:record``)
 RECEIVED: list[Event] = []
@@ -24,31 +22,11 @@ def explode(event: Event) -> None:
 
 
 @pytest.fixture()
-def env(
-    ddb_table: tuple[Any, str], dynamodb_local: DynamoDBLocal, capsys: pytest.CaptureFixture[str]
-) -> Any:
+def env(ddb_cli: Any) -> Any:
     """(run, outbox): run the CLI in a fresh namespace; the outbox of that namespace."""
-    client, table = ddb_table
-    namespace = unique_name("cli")
-    base = [
-        "--endpoint-url",
-        dynamodb_local.endpoint_url,
-        "--region",
-        "us-east-1",
-        "--table",
-        table,
-        "--namespace",
-        namespace,
-    ]
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main([*base, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
+    backend, run = ddb_cli
     RECEIVED.clear()
-    return run, DynamoDBBackend(client, table_name=table, namespace=namespace).outbox
+    return run, backend.outbox
 
 
 def test_stats_work_once_and_show(env):
