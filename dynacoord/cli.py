@@ -57,36 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"dynacoord._cli.{name}")
         module.register(subparsers)
-    _accept_output_flags_everywhere(parser)
     return parser
-
-
-def _accept_output_flags_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Let ``--json`` and ``-q`` also follow the command (``dynacoord lock show k --json``).
-
-    Leaf parsers get the same flags with a suppressed default, so when they are not given after
-    the command the value given before it (or the global default) stands.
-    """
-    for action in parser._actions:
-        if not isinstance(action, argparse._SubParsersAction):
-            continue
-        for child in set(action.choices.values()):
-            if any(isinstance(a, argparse._SubParsersAction) for a in child._actions):
-                _accept_output_flags_everywhere(child)
-                continue
-            existing = {opt for a in child._actions for opt in a.option_strings}
-            if "--json" not in existing:
-                child.add_argument(
-                    "--json", action="store_true", default=argparse.SUPPRESS, help="JSON output"
-                )
-            if "--quiet" not in existing and "-q" not in existing:
-                child.add_argument(
-                    "-q",
-                    "--quiet",
-                    action="store_true",
-                    default=argparse.SUPPRESS,
-                    help="no progress lines",
-                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

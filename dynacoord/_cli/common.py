@@ -64,12 +64,24 @@ Handler = Callable[[Context], Any]
 Command = tuple[str, Handler]
 
 
+#: ``--json`` and ``-q`` may also follow the command (``dynacoord lock show k --json``). Their
+#: defaults are suppressed here, so when they are not given after the command the value given
+#: before it (or the global default) stands.
+_OUTPUT_FLAGS = argparse.ArgumentParser(add_help=False)
+_OUTPUT_FLAGS.add_argument(
+    "--json", action="store_true", default=argparse.SUPPRESS, help="print results as JSON"
+)
+_OUTPUT_FLAGS.add_argument(
+    "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress lines"
+)
+
+
 def add_command(
     subparsers: Any, name: str, handler: Handler, help_text: str
 ) -> argparse.ArgumentParser:
     """Add a leaf command whose handler returns a JSON-able result (printed by :func:`emit`)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=help_text
+        name, help=help_text, description=help_text, parents=[_OUTPUT_FLAGS]
     )
     parser.set_defaults(handler=handler)
     return parser
