@@ -6,7 +6,6 @@ import datetime
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -290,58 +289,6 @@ def test_mongo_backend_rejects_bad_configuration(mongo_database):
         MongoBackend(mongo_database, collection="")
     with pytest.raises(ConfigurationError):
         MongoBackend(mongo_database, gc_grace=-5)
-
-
-# -- real-server concurrency ----------------------------------------------------------------------
-
-THREADS = 8
-ROUNDS = 25
-
-
-@pytest.fixture(params=["redis", *REAL_MONGO])
-def server_backend_factory(request):
-    """A factory on a real server: redis-server always, MongoDB when MONGODB_URI is set."""
-    return request.getfixturevalue(f"{request.param}_backend_factory")
-
-
-def test_8_threads_on_one_lock_exclude_each_other_with_increasing_fences(
-    server_backend_factory,
-):
-    locks = server_backend_factory().locks
-    inside = 0
-    guard = threading.Lock()
-    violations: list[int] = []
-    fences: list[int] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(THREADS)
-
-    def worker(n: int) -> None:
-        nonlocal inside
-        try:
-            start.wait()
-            for _ in range(ROUNDS):
-                lease = locks.acquire("hot", ttl=10, owner=f"t{n}", timeout=60)
-                assert lease is not None
-                with guard:
-                    inside += 1
-                    if inside != 1:
-                        violations.append(inside)
-                    fences.append(lease.fence)
-                with guard:
-                    inside -= 1
-                assert lease.release()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:3]
-    assert violations == []
-    assert len(fences) == THREADS * ROUNDS
-    assert all(a < b for a, b in zip(fences, fences[1:]))
 
 
 # -- transactions and the remaining layouts -------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Mutual exclusion under real contention on Amazon DynamoDB Local."""
+"""Mutual exclusion under real contention on real servers: Amazon DynamoDB Local, redis-server,
+and MongoDB when ``MONGODB_URI`` is set."""
 
 from __future__ import annotations
 
@@ -6,13 +7,23 @@ import threading
 
 import pytest
 
+from tests.backends_fixtures import EXTRA_CONTRACT_BACKENDS
+
 THREADS = 8
 ROUNDS = 50
+REAL_SERVERS = ["dynamodb", "redis", *(k for k in EXTRA_CONTRACT_BACKENDS if k == "mongodb")]
+
+
+@pytest.fixture(params=REAL_SERVERS)
+def server_backend(request):
+    if request.param == "dynamodb":
+        return request.getfixturevalue("ddb_backend")
+    return request.getfixturevalue(f"{request.param}_backend_factory")()
 
 
 @pytest.mark.integration
-def test_8_threads_x_50_acquisitions_no_overlap_and_increasing_fences(ddb_backend):
-    locks = ddb_backend.locks
+def test_8_threads_x_50_acquisitions_no_overlap_and_increasing_fences(server_backend):
+    locks = server_backend.locks
     inside = 0
     inside_guard = threading.Lock()
     violations = []
