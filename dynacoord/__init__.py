@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._clock import Clock, ManualClock, SystemClock
+from ._clock import MANUAL_CLOCK_START, Clock, ManualClock, SystemClock
 from .errors import (
     BackendError,
     CheckpointExistsError,
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "MANUAL_CLOCK_START",
     "BackendError",
     "BreakerState",
     "BreakerStatus",

@@ -48,14 +48,22 @@ class SystemClock:
         return "SystemClock()"
 
 
+#: Where a ``ManualClock`` starts by default: 2100-01-01T00:00:00Z. It lies in the real future on
+#: purpose: stores that really expire data (DynamoDB TTL, DynamoDB Local's TTL job, MongoDB's TTL
+#: monitor) compare the stored expiry with *their* clock, so a manual clock in the past would let
+#: them delete items the manual clock still sees as live.
+MANUAL_CLOCK_START = 4_102_444_800.0
+
+
 class ManualClock:
     """A clock that only moves when told to (tests, simulations).
 
     ``sleep`` advances the clock instead of blocking, so code with deadlines and backoff runs
-    instantly and deterministically. Thread-safe.
+    instantly and deterministically. Thread-safe. Starts at ``MANUAL_CLOCK_START`` (year 2100)
+    unless told otherwise; pass a start in the past only against stores without real expiry.
     """
 
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
+    def __init__(self, start: float = MANUAL_CLOCK_START) -> None:
         self._now = float(start)
         self._mono = 0.0
         self._lock = threading.Lock()

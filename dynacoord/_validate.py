@@ -5,7 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAX_TTL_SECONDS", "check_int", "check_str", "non_negative_seconds", "ttl_to_ms"]
+from .errors import InvalidValueError
+
+__all__ = [
+    "MAX_TTL_SECONDS",
+    "check_int",
+    "check_str",
+    "check_utf8",
+    "non_negative_seconds",
+    "ttl_to_ms",
+]
 
 #: The longest TTL accepted anywhere (10 years): longer is almost always a unit mistake
 #: (milliseconds passed as seconds) and risks overflowing epoch arithmetic in other tools.
@@ -64,4 +73,16 @@ def check_str(value: Any, name: str) -> str:
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not value:
         raise ValueError(f"{name} must not be empty")
+    return check_utf8(value, name)
+
+
+def check_utf8(value: str, name: str) -> str:
+    """Refuse a str with a lone surrogate: no store can hold it, and boto3 would fail mid-send
+    with a bare ``UnicodeEncodeError``."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidValueError(
+            f"{name} is not valid UTF-8 text (it contains a lone surrogate): {value!r}"
+        ) from exc
     return value

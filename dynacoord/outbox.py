@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import is_live, optional_int, optional_str
-from ._validate import check_int, non_negative_seconds, ttl_to_ms
+from ._validate import check_int, check_utf8, non_negative_seconds, ttl_to_ms
 from .errors import (
     ConfigurationError,
     DuplicateEventError,
@@ -133,6 +133,7 @@ class Event:
     ) -> None:
         if not isinstance(type, str) or not type:
             raise InvalidValueError(f"event type must be a non-empty str, got {type!r}")
+        check_utf8(type, "event type")
         event_id = uuid.uuid4().hex if id is None else keys.validate_key(id, "event id")
         if occurred_at is None:
             occurred = time.time()
@@ -155,6 +156,8 @@ class Event:
             )
         if group is not None and (not isinstance(group, str) or not group):
             raise InvalidValueError(f"event group must be a non-empty str or None, got {group!r}")
+        if group is not None:
+            check_utf8(group, "event group")
         check_int(attempt, "attempt", minimum=0)
         # Refuse values that cannot be stored now, not when the worker reads them back.
         codec.encode(payload)
@@ -440,7 +443,9 @@ class OutboxStore(Protocol):
 
 
 def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    # A handler's message may hold lone surrogates (bytes decoded with surrogateescape); escape
+    # them, or the store write that records the failure would itself fail.
+    text = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 

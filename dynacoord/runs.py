@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import is_live, optional_int, optional_str
-from ._validate import check_int, check_str, non_negative_seconds, ttl_to_ms
+from ._validate import check_int, check_str, check_utf8, non_negative_seconds, ttl_to_ms
 from .errors import InvalidValueError, RunError, RunNotFoundError, RunNotRunningError
 
 if TYPE_CHECKING:
@@ -228,10 +228,7 @@ def write_refused(run_id: str, item: Mapping[str, Any] | None, now_ms: int) -> R
 def _check_field(name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidValueError(f"context field names must be non-empty str, got {name!r}")
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidValueError(f"context field name is not valid UTF-8: {name!r}") from exc
+    size = len(check_utf8(name, "context field name").encode("utf-8"))
     if size > MAX_CONTEXT_FIELD_BYTES:
         raise InvalidValueError(
             f"context field name is {size} bytes, the limit is {MAX_CONTEXT_FIELD_BYTES}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import boto3
 import pytest
@@ -69,7 +70,7 @@ def test_counters_refuses_bad_input(cli):
 
 def test_runs_show_list_stalled(cli):
     backend, run = cli
-    past = ManualClock(ManualClock().time())  # long before the real clock: looks stalled
+    past = ManualClock(time.time() - 3600)  # an hour before the real clock: looks stalled
     old = backend(past).runs
     old.start("stuck", context={"step": 2})
     backend().runs.start("fresh")
@@ -94,7 +95,7 @@ def test_runs_show_list_stalled(cli):
 
 def test_runs_reconcile_fail(cli):
     backend, run = cli
-    past = ManualClock(ManualClock().time())
+    past = ManualClock(time.time() - 3600)
     backend(past).runs.start("stuck")
     code, out, _ = run("runs", "reconcile", "--older-than", "60", "--fail", "stalled")
     stats = json.loads(out)
@@ -109,7 +110,7 @@ def test_runs_reconcile_to_sqs(cli):
     backend, run = cli
     sqs = boto3.client("sqs", **DUMMY_CREDENTIALS)
     url = sqs.create_queue(QueueName="reconcile")["QueueUrl"]
-    past = ManualClock(ManualClock().time())
+    past = ManualClock(time.time() - 3600)
     backend(past).runs.start("stuck", context={"order": "o-9"})
     code, out, _ = run("runs", "reconcile", "--older-than", "60", "--queue-url", url)
     assert code == 0 and json.loads(out)["reconciled"] == 1

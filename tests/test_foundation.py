@@ -5,12 +5,14 @@ from __future__ import annotations
 import decimal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import dynacoord
 from dynacoord import (
+    MANUAL_CLOCK_START,
     InvalidKeyError,
     InvalidValueError,
     ManualClock,
@@ -158,6 +160,13 @@ def test_manual_clock():
     assert clock.time() == 50 and clock.monotonic() == 1.5
     with pytest.raises(ValueError):
         clock.advance(-1)
+
+
+def test_manual_clock_starts_in_the_real_future():
+    # Real stores expire items by their own clock (DynamoDB Local's TTL job deleted an entry a
+    # past ManualClock still saw as live); decades of headroom keep test data out of their reach.
+    assert ManualClock().time() == MANUAL_CLOCK_START
+    assert time.time() + 10 * 365 * 24 * 3600 < MANUAL_CLOCK_START
 
 
 # -- package surface ---------------------------------------------------------------------------

@@ -65,15 +65,17 @@ class DynamoDBOutboxStore:
         codec.check_item_size(item, key=event.id)
         return item
 
-    def _put(self, event: Event, now_ms: int) -> dict[str, Any]:
+    def _put(self, event: Event, now_ms: int, *, stable: bool = False) -> dict[str, Any]:
         due = self._publish_due(event, now_ms)
         return {
             "TableName": self._table.name,
             "Item": marshal(self._item(event, due)),
-            # An expired completed event (retention over, not swept yet) counts as absent. ``due``
-            # (<= now) keeps the request independent of the publishing moment; see _publish_due.
+            # An expired completed event (retention over, not swept yet) counts as absent. In a
+            # caller's transaction (``stable``) expiry is judged at ``due`` instead of now, so the
+            # request does not depend on the publishing moment and a retry with the same
+            # ClientRequestToken is the identical request DynamoDB expects.
             "ConditionExpression": FREE,
-            "ExpressionAttributeValues": values(now=due),
+            "ExpressionAttributeValues": values(now=due if stable else now_ms),
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
@@ -114,7 +116,7 @@ class DynamoDBOutboxStore:
         return {}
 
     def transaction_entry(self, event: Event, now_ms: int) -> dict[str, Any]:
-        return {"Put": self._put(event, now_ms)}
+        return {"Put": self._put(event, now_ms, stable=True)}
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from dynacoord import (
+    MANUAL_CLOCK_START,
     CheckpointExistsError,
     CheckpointNotFoundError,
     InvalidKeyError,
@@ -24,13 +25,13 @@ def _checkpoints(make_backend, **kwargs):
 
 
 def test_save_load_and_latest(make_backend):
-    clock = ManualClock(1_700_000_000.123)
+    clock = ManualClock(MANUAL_CLOCK_START + 0.123)
     cps = _checkpoints(make_backend, clock=clock)
     assert cps.load_latest("job") is None
     assert cps.list("job") == []
     first = cps.save("job", {"offset": 10}, progress=10)
     assert first.sequence == 1 and first.task_id == "job" and first.id == "job@1"
-    assert first.progress == 10.0 and first.created_at == pytest.approx(1_700_000_000.123)
+    assert first.progress == 10.0 and first.created_at == pytest.approx(MANUAL_CLOCK_START + 0.123)
     assert first.expires_at is None
     clock.advance(1)
     second = cps.save("job", {"offset": 20}, progress=20.5)

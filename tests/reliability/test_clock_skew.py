@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from dynacoord import MANUAL_CLOCK_START as START
 from dynacoord import ManualClock
 from dynacoord._clock import now_ms
 from dynacoord.outbox import Event, EventStatus
@@ -46,7 +47,7 @@ class OffsetClock:
 
 
 def _pair(make_backend: Any, skew: float) -> tuple[ManualClock, Any, Any]:
-    true = ManualClock()
+    true = ManualClock(START)
     a = make_backend(clock=OffsetClock(true, 0.0))
     b = make_backend(clock=OffsetClock(true, skew), namespace=a.namespace)
     return true, a, b
@@ -67,7 +68,7 @@ def test_lock_is_never_free_for_the_other_client_within_the_margin(make_backend,
             assert taken is None, f"b took the lock while a was safe (skew {skew}s)"
             assert b.locks.get("job").owner == "a"
         true.advance(STEP)
-        assert true.time() < 1_700_000_000 + ttl + 10, "b never got the lock"
+        assert true.time() < START + ttl + 10, "b never got the lock"
     # b got it: its fence is larger, and a's late writes are refused.
     assert taken.fence > lease.fence
     assert lease.extend() is False and lease.lost
@@ -99,7 +100,7 @@ def test_idempotency_claim_is_never_free_for_the_other_client_within_the_margin(
         if holder_view_safe:
             assert theirs.claim is None, f"b claimed while a was safe (skew {skew}s)"
         true.advance(STEP)
-        assert true.time() < 1_700_000_000 + 15, "b never got the key"
+        assert true.time() < START + 15, "b never got the key"
     # a's late completion must not overwrite b's claim.
     assert a.idempotency.complete(mine.claim, "late") is False
     assert b.idempotency.complete(theirs.claim, "b's") is True

@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dynacoord import (
+    MANUAL_CLOCK_START,
     DynacoordError,
     IdempotencyValueError,
     InvalidKeyError,
@@ -36,7 +37,7 @@ from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, unique_name
 from tests.reliability.conftest import hsettings, scan_all
 
 NS = "hostile"
-START = 1_700_000_000.0
+START = MANUAL_CLOCK_START
 
 
 class _Obj:
@@ -214,6 +215,22 @@ def _other_cases() -> Iterator[Case]:
     yield from [
         ("locks.acquire.owner=int", lambda b: b.locks.acquire("new-lock", 1, owner=5), TypeError),
         ("locks.acquire.owner=''", lambda b: b.locks.acquire("new-lock", 1, owner=""), ValueError),
+        (
+            "locks.acquire.owner=surrogate",
+            lambda b: b.locks.acquire("new-lock", 1, owner="a\ud800"),
+            InvalidValueError,
+        ),
+        (
+            "outbox.Event.type=surrogate",
+            lambda b: b.outbox.publish(Event("a\udfff", 1)),
+            InvalidValueError,
+        ),
+        (
+            "outbox.Event.group=surrogate",
+            lambda b: b.outbox.publish(Event("t", 1, group="g\ud800")),
+            InvalidValueError,
+        ),
+        ("runs.fail.reason=surrogate", lambda b: b.runs.fail("run-1", "\ud800"), InvalidValueError),
         ("counters.increment.by=1.5", lambda b: b.counters.increment("ctr", 1.5), TypeError),
         ("counters.increment.by=True", lambda b: b.counters.increment("ctr", True), TypeError),
         ("counters.increment.by='1'", lambda b: b.counters.increment("ctr", "1"), TypeError),
