@@ -117,6 +117,19 @@ def test_republishing_the_same_event_is_a_no_op_and_a_different_one_is_refused(m
     assert sorted((e.id, e.payload["v"]) for e in received) == [("evt-1", 1), ("evt-2", 2)]
 
 
+def test_a_handler_error_with_a_lone_surrogate_is_recorded_escaped(make_backend):
+    outbox = make_backend().outbox
+    outbox.publish(Event("raw", 1, id="s1"))
+
+    def boom(event):
+        raise RuntimeError(b"bad \xff byte".decode("utf-8", "surrogateescape"))
+
+    assert outbox.worker({"raw": boom}, max_attempts=3).run_once() == 1
+    record = outbox.get("s1")
+    assert record.status is EventStatus.PENDING and record.attempts == 1
+    assert record.last_error == "RuntimeError: bad \\udcff byte"
+
+
 def test_failures_back_off_then_fail_and_retry_redelivers_once(make_backend):
     clock = ManualClock()
     outbox = make_backend(clock=clock).outbox
