@@ -122,11 +122,13 @@ class CacheStore(Protocol):
         """Set a live entry's expiry (None: never expires); False if absent or expired."""
         ...
 
-    def incr(self, key: str, by: int, now_ms: int) -> int | None:
+    def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
         """Atomically add ``by`` to a live integer entry and return the new value.
 
-        None if the key is absent or expired; :class:`InvalidValueError` if the live value is not
-        an integer. The entry keeps its expiry.
+        The entry keeps its expiry. A store that can also create an absent key in the same
+        request (DynamoDB) does so, with value ``by`` and expiry ``expires_if_new``. None if
+        nothing was written (absent or expired; the caller then uses :meth:`create_counter`);
+        :class:`InvalidValueError` if the live value is not an integer.
         """
         ...
 
@@ -272,21 +274,22 @@ class Cache:
         """
         keys.validate_key(key, "cache key")
         check_int(by, "by", minimum=-(10**38) + 1, maximum=10**38 - 1)
-        # Two steps because "add to the live counter" and "start a new counter from 0 on an
+        # Up to two steps because "add to the live counter" and "start a new counter on an
         # expired one" are different writes, and a store cannot tell an expired item from a live
         # one inside a single atomic ADD:
-        #   1. ADD to a live integer entry (one conditional write; the common case).
-        #   2. If it was absent or expired, create it with value ``by``, conditionally on it still
-        #      being absent or expired. If someone else created it between 1 and 2, the create
-        #      fails and we go back to 1, where our increment lands on top of theirs. No
-        #      increment is ever lost or applied twice.
+        #   1. ADD to a live integer entry (one conditional write; the common case). DynamoDB
+        #      also creates an absent key in this same write.
+        #   2. If nothing was written (expired, or absent on other stores), create it with value
+        #      ``by``, conditionally on it still being absent or expired. If someone else created
+        #      it between 1 and 2, the create fails and we go back to 1, where our increment lands
+        #      on top of theirs. No increment is ever lost or applied twice.
         for _ in range(_BATCH_ATTEMPTS):
             now = now_ms(self.clock)
-            value = self._store.incr(key, by, now)
-            if value is not None:
-                return value
             expires = self._expiry(ttl, now)
             self._store.check_entry(key, codec.encode(by), expires)
+            value = self._store.incr(key, by, now, expires)
+            if value is not None:
+                return value
             if self._store.create_counter(key, by, expires, now):
                 return by
         raise BackendError(

@@ -28,6 +28,7 @@ __all__ = [
     "breaker_key",
     "cache_index_pk",
     "cache_key",
+    "cache_pk",
     "checkpoint_key",
     "checkpoint_prefix",
     "counter_key",
@@ -210,8 +211,13 @@ def cache_index_pk(namespace: str, shard: int) -> str:
     return f"{Kind.CACHE.value}#{namespace}#{shard}"
 
 
+def cache_pk(namespace: str, key: str) -> str:
+    """Only the pk of a cache entry (batch reads need no index attributes)."""
+    return _pk(Kind.CACHE, namespace, key, "cache key")
+
+
 def cache_key(namespace: str, key: str, shards: int = 1) -> ItemKey:
-    pk = _pk(Kind.CACHE, namespace, key, "cache key")
+    pk = cache_pk(namespace, key)
     return ItemKey(
         pk,
         _FIXED_SK[Kind.CACHE],

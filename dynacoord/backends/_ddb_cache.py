@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from .. import codec
 from ..cache import CacheEntry, KeyPage
 from ..errors import InvalidValueError
-from ..keys import cache_index_pk, cache_key, parse_pk
+from ..keys import cache_index_pk, cache_key, cache_pk
 from ._ddb import LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBCacheStore"]
 
+_CACHE_SK = cache_key("x", "x").sk
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
 
 
@@ -100,13 +102,49 @@ class DynamoDBCacheStore:
             return False
         return True
 
-    def incr(self, key: str, by: int, now_ms: int) -> int | None:
+    def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
+        k = cache_key(self._ns, key, self.partitions)
+        sets = ["gsi1pk = :gpk", "gsi1sk = :gsk"]
+        attr_values: dict[str, Any] = {"now": now_ms, "by": by, "gpk": k.gsi1pk, "gsk": k.gsi1sk}
+        extra: dict[str, Any] = {}
+        if expires_if_new is None:
+            live = LIVE
+        else:
+            # if_not_exists keeps a live counter's own expiry. A live counter without one must
+            # stay without one, so it is left out here and takes the plain ADD below.
+            live = "expires_at_ms > :now"
+            sets.append("expires_at_ms = if_not_exists(expires_at_ms, :exp)")
+            sets.append("#ttl = if_not_exists(#ttl, :ttl)")
+            attr_values.update(exp=expires_if_new, ttl=math.ceil(expires_if_new / 1000))
+            extra["ExpressionAttributeNames"] = {"#ttl": "ttl"}
+        try:
+            # One request for the common cases: ADD to a live counter, or create an absent key
+            # (ADD on a missing number starts from 0).
+            response = self._table.call(
+                "update_item",
+                Key=self._primary(key),
+                ConditionExpression=f"attribute_not_exists(pk) OR (attribute_exists(n) AND {live})",
+                UpdateExpression=f"ADD n :by SET {', '.join(sets)}",
+                ExpressionAttributeValues=values(**attr_values),
+                ReturnValues="UPDATED_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **extra,
+            )
+        except ConditionFailedError as failed:
+            entry = CacheEntry.from_item(failed.item, now_ms)
+            if entry is None:
+                return None  # expired: the caller replaces it with a fresh counter
+            if "n" in (failed.item or {}) and expires_if_new is not None:
+                return self._add_to_live(key, by, now_ms)  # a live counter without expiry
+            raise self._not_an_integer(key) from None
+        return int(unmarshal(response["Attributes"])["n"])
+
+    def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._primary(key),
-                # Only a live numeric entry: an expired counter must restart from 0 (the caller
-                # then creates it conditionally), and a string value must not grow an `n`.
+                # Only a live numeric entry: a string value must not grow an `n`.
                 ConditionExpression=f"attribute_exists(n) AND {LIVE}",
                 UpdateExpression="ADD n :by",
                 ExpressionAttributeValues=values(now=now_ms, by=by),
@@ -115,12 +153,16 @@ class DynamoDBCacheStore:
             )
         except ConditionFailedError as failed:
             if CacheEntry.from_item(failed.item, now_ms) is not None:
-                raise InvalidValueError(
-                    f"cache key {key!r} holds a value that is not an integer: incr needs an "
-                    "int (set it with an int, or delete it first)"
-                ) from None
+                raise self._not_an_integer(key) from None
             return None
         return int(unmarshal(response["Attributes"])["n"])
+
+    @staticmethod
+    def _not_an_integer(key: str) -> InvalidValueError:
+        return InvalidValueError(
+            f"cache key {key!r} holds a value that is not an integer: incr needs an int (set it "
+            "with an int, or delete it first)"
+        )
 
     # -- listing and batches --------------------------------------------------------------------
 
@@ -152,18 +194,34 @@ class DynamoDBCacheStore:
 
     def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
         name = self._table.name
+        # Plain low-level dicts both ways: this path handles 100 items per request, and boto3's
+        # generic (de)serializer would cost more than the request's own parsing.
+        requested = {cache_pk(self._ns, k): k for k in keys}
         response = self._table.call(
             "batch_get_item",
-            RequestItems={name: {"Keys": [self._primary(k) for k in keys], "ConsistentRead": True}},
+            RequestItems={
+                name: {
+                    "Keys": [{"pk": {"S": pk}, "sk": {"S": _CACHE_SK}} for pk in requested],
+                    "ConsistentRead": True,
+                    # Only what an entry needs: less to send, parse and decode.
+                    "ProjectionExpression": "pk, v, n, expires_at_ms",
+                }
+            },
         )
         found: dict[str, CacheEntry] = {}
         for raw in response.get("Responses", {}).get(name, []):
-            item = unmarshal(raw)
-            entry = CacheEntry.from_item(item, now_ms)
-            if entry is not None:
-                found[parse_pk(str(item["pk"])).key] = entry
+            exp = raw.get("expires_at_ms")
+            expires = int(exp["N"]) if exp is not None else None
+            if expires is not None and expires <= now_ms:
+                continue
+            number = raw.get("n")
+            if number is not None:
+                encoded = str(int(Decimal(number["N"])))
+            else:
+                encoded = raw["v"]["S"] if "v" in raw else "null"
+            found[requested[raw["pk"]["S"]]] = CacheEntry(encoded, expires)
         unprocessed = response.get("UnprocessedKeys", {}).get(name, {}).get("Keys", [])
-        return found, [parse_pk(str(unmarshal(k)["pk"])).key for k in unprocessed]
+        return found, [requested[k["pk"]["S"]] for k in unprocessed]
 
     def _batch_write(self, requests: dict[str, dict[str, Any]]) -> list[str]:
         """One BatchWriteItem of ``{pk: request}``; returns the pks left unprocessed."""

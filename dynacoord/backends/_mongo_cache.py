@@ -109,7 +109,8 @@ class MongoCacheStore:
             result = self._c.update_one({**self._primary(key), **live_filter(now_ms)}, update)
         return bool(result.matched_count == 1)
 
-    def incr(self, key: str, by: int, now_ms: int) -> int | None:
+    def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
+        # Adds to a live counter only; an absent key is created by create_counter.
         with translate_errors("cache incr"):
             doc = self._c.find_one_and_update(
                 {**self._primary(key), "n": {"$exists": True}, **live_filter(now_ms)},

@@ -204,7 +204,8 @@ class RedisCacheStore:
         )
         return as_int(ok) == 1
 
-    def incr(self, key: str, by: int, now_ms: int) -> int | None:
+    def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
+        # Adds to a live counter only; an absent key is created by create_counter.
         reply = self._conn.run(_INCR, [self._item(key)], [now_ms, by], "cache incr")
         outcome = as_int(reply[0])
         if outcome == 0:

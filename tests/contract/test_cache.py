@@ -163,6 +163,53 @@ def test_incr(make_backend):
     assert "c" in listed and "s" in listed
 
 
+def test_incr_expiry_rules(make_backend):
+    """A new counter gets ``ttl`` (or the cache's default); a live one keeps exactly its own."""
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache(default_ttl=5)
+    cache.set("forever", 5, ttl=None)  # ttl=None on set uses default_ttl; make it permanent:
+    cache.touch("forever", None)
+    assert cache.incr("forever", ttl=1) == 6  # no expiry stays no expiry
+    cache.set("short", 1, ttl=1)
+    assert cache.incr("short", ttl=100) == 2  # its own 1 s expiry stays
+    assert cache.incr("fresh") == 1  # the default 5 s
+    assert cache.incr("given", 7, ttl=2) == 7
+    cache.set("text", "abc", ttl=1)
+    clock.advance(1)
+    assert cache.get("short") is None
+    assert cache.incr("text", 4) == 4  # an expired non-integer entry is replaced
+    clock.advance(1)
+    assert cache.get("given") is None
+    assert cache.get("fresh") == 1
+    clock.advance(3)
+    assert cache.get("fresh") is None
+    assert cache.get("text") == 4  # the replacement got the default 5 s from its creation at 1
+    clock.advance(1)
+    assert cache.get("text") is None
+    clock.advance(1000)
+    assert cache.get("forever") == 6
+
+
+def test_incr_costs_one_request_for_a_new_or_live_counter(make_backend):
+    backend = make_backend()
+    client = getattr(backend, "client", None)
+    if client is None or not hasattr(client, "meta"):
+        pytest.skip("request counting needs a boto3 client")
+    cache = backend.cache(default_ttl=60)
+    requests: list[str] = []
+
+    def count(model, **_):
+        requests.append(model.name)
+
+    client.meta.events.register("provide-client-params.dynamodb", count)
+    try:
+        assert cache.incr("n") == 1
+        assert cache.incr("n") == 2
+        assert requests == ["UpdateItem", "UpdateItem"]
+    finally:
+        client.meta.events.unregister("provide-client-params.dynamodb", count)
+
+
 def test_incr_on_non_integer_raises(make_backend):
     cache = make_backend().cache()
     cache.set("str", "abc")
@@ -179,9 +226,10 @@ def test_incr_on_non_integer_raises(make_backend):
     assert not cache.has("x")
 
 
-def test_incr_from_8_threads_sums_exactly(make_backend):
+@pytest.mark.parametrize("default_ttl", [None, 60])
+def test_incr_from_8_threads_sums_exactly(make_backend, default_ttl):
     needs_atomic_store(make_backend)
-    cache = make_backend().cache()
+    cache = make_backend().cache(default_ttl=default_ttl)
     barrier = threading.Barrier(8)
     results: list[int] = []
     lock = threading.Lock()

@@ -215,6 +215,41 @@ def test_persistent_throttling_surfaces_as_backend_error_and_writes_nothing(faul
     assert scan_all(clean, backend.table_name) == before
 
 
+# -- cache batches ------------------------------------------------------------------------------
+
+
+def _half_processed_batch_get(request: Any) -> AWSResponse:
+    """Send only the first half of a BatchGetItem's keys; report the rest unprocessed, in the
+    wire format DynamoDB uses under throttling."""
+    body = json.loads(request.body)
+    (table, spec), = body["RequestItems"].items()
+    keys = spec["Keys"]
+    half, rest = keys[: len(keys) // 2], keys[len(keys) // 2 :]
+    sent = {**body, "RequestItems": {table: {**spec, "Keys": half}}}
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in ("content-length",)}
+    real = _http.request(request.method, request.url, body=json.dumps(sent), headers=headers)
+    answer = json.loads(real.data)
+    answer["UnprocessedKeys"] = {table: {**spec, "Keys": rest}}
+    return AWSResponse(
+        request.url,
+        real.status,
+        {"Content-Type": "application/x-amz-json-1.0", "x-amzn-RequestId": "injected"},
+        _Raw(json.dumps(answer).encode()),
+    )
+
+
+def test_cache_get_many_resends_the_keys_dynamodb_left_unprocessed(faulty):
+    make, faults, _ = faulty
+    cache = make().cache()
+    mapping = {f"k{i}": i if i % 2 else {"v": [i, "x"]} for i in range(30)}
+    cache.set_many(mapping)
+    cache.set("short", "gone soon", ttl=0.001)
+    time.sleep(0.01)
+    faults.inject("BatchGetItem", _half_processed_batch_get)
+    assert cache.get_many([*mapping, "short", "absent"]) == mapping
+    assert [op for op, *_ in faults.log if op == "BatchGetItem"] == ["BatchGetItem"] * 2
+
+
 # -- idempotency --------------------------------------------------------------------------------
 
 
