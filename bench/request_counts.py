@@ -188,8 +188,8 @@ def _cache_ops(env: BenchEnv, reps: int) -> list[Op]:
             "incr (new key)",
             lambda i: cache.incr(f"newctr{i}"),
             1,
-            "an ADD creates a missing item, its expiry set with if_not_exists (counters.increment "
-            "does it in one); only an expired item needs a second write",
+            "one UpdateItem: the ADD creates a missing item, its expiry set with if_not_exists; "
+            "only an expired item needs a second write",
         ),
         Op(
             "cache",
