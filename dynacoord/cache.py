@@ -125,9 +125,10 @@ class CacheStore(Protocol):
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
         """Atomically add ``by`` to a live integer entry and return the new value.
 
-        The entry keeps its expiry. A store that can also create an absent key in the same
-        request (DynamoDB) does so, with value ``by`` and expiry ``expires_if_new``. None if
-        nothing was written (absent or expired; the caller then uses :meth:`create_counter`);
+        The entry keeps its expiry. A store that can also create the counter in the same
+        request does so, with value ``by`` and expiry ``expires_if_new`` (DynamoDB: an absent
+        key; Redis: an absent or expired one). None if nothing was written (the caller then
+        uses :meth:`create_counter`);
         :class:`InvalidValueError` if the live value is not an integer.
         """
         ...
@@ -278,7 +279,7 @@ class Cache:
         # expired one" are different writes, and a store cannot tell an expired item from a live
         # one inside a single atomic ADD:
         #   1. ADD to a live integer entry (one conditional write; the common case). DynamoDB
-        #      also creates an absent key in this same write.
+        #      also creates an absent key in this same write, Redis an absent or expired one.
         #   2. If nothing was written (expired, or absent on other stores), create it with value
         #      ``by``, conditionally on it still being absent or expired. If someone else created
         #      it between 1 and 2, the create fails and we go back to 1, where our increment lands

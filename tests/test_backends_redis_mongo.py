@@ -204,6 +204,38 @@ def test_redis_incr_beyond_64_bits_is_a_clear_error(redis_backend_factory):
         cache.incr("huge")
 
 
+def test_redis_incr_creates_and_restarts_counters_in_one_round_trip(redis_server):
+    from dynacoord.backends.redis import RedisBackend
+    from dynacoord.testing import unique_name
+
+    sent: list[bytes] = []
+    client = redis_server.client()
+    base = client.connection_pool.connection_class
+
+    class Counting(base):  # type: ignore[misc, valid-type]
+        def send_packed_command(self, command, check_health=True):
+            sent.append(command if isinstance(command, bytes) else b"".join(command))
+            super().send_packed_command(command, check_health)
+
+    client.connection_pool.connection_class = Counting
+    clock = ManualClock()
+    cache = RedisBackend(client, namespace=unique_name("incr"), clock=clock).cache()
+    cache.get("warm-up")  # the connection's own handshake is not the operation under test
+    cache.incr("warm-up")  # loads the script
+    for label, step in [
+        ("new", lambda: cache.incr("c", 5, ttl=1)),
+        ("live", lambda: cache.incr("c")),
+        ("expired", lambda: (clock.advance(1), cache.incr("c", 2, ttl=1))[1]),
+    ]:
+        sent.clear()
+        value = step()
+        assert len(sent) == 1, f"{label}: {len(sent)} round trips"
+        assert value == {"new": 5, "live": 6, "expired": 2}[label]
+    assert cache.keys() == ["c", "warm-up"]
+    clock.advance(1)
+    assert cache.get("c") is None  # the restarted counter got the new ttl
+
+
 # -- MongoDB --------------------------------------------------------------------------------------
 
 

@@ -73,12 +73,24 @@ return 1
 """
 )
 
-# KEYS[1]=item; ARGV: now, by. Returns {0} absent/expired, {2} not an integer, {3} overflow,
+# KEYS[1]=item, KEYS[2]=index; ARGV: now, by, member, create ('1' or ''), expires|'', gc ms|''.
+# An absent or expired key becomes a new counter of `by` (when create is set) in the same atomic
+# script. Returns {0} absent/expired and not created, {2} not an integer, {3} overflow,
 # {1, value} (value read back as a string: a Lua number would round above 2^53).
 _INCR = (
     LUA_LIVE
     + """
-if not live(KEYS[1], ARGV[1]) then return {0} end
+if not live(KEYS[1], ARGV[1]) then
+  if ARGV[4] == '' then return {0} end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'n', ARGV[2])
+  if ARGV[5] ~= '' then
+    redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  end
+  redis.call('ZADD', KEYS[2], 0, ARGV[3])
+  return {1, ARGV[2]}
+end
 if redis.call('HEXISTS', KEYS[1], 'n') == 0 then return {2} end
 local res = redis.pcall('HINCRBY', KEYS[1], 'n', ARGV[2])
 if type(res) == 'table' and res.err then return {3} end
@@ -205,8 +217,22 @@ class RedisCacheStore:
         return as_int(ok) == 1
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        # Adds to a live counter only; an absent key is created by create_counter.
-        reply = self._conn.run(_INCR, [self._item(key)], [now_ms, by], "cache incr")
+        # One script: add to a live counter or create the key. A `by` outside int64 cannot be a
+        # Redis counter; create_counter then stores it as text, as `set` would.
+        create = is_int64_text(str(by))
+        reply = self._conn.run(
+            _INCR,
+            [self._item(key), self._index],
+            [
+                now_ms,
+                by,
+                key,
+                "1" if create else "",
+                "" if expires_if_new is None else expires_if_new,
+                "" if expires_if_new is None else self._conn.gc_ms(expires_if_new, now_ms),
+            ],
+            "cache incr",
+        )
         outcome = as_int(reply[0])
         if outcome == 0:
             return None

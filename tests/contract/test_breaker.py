@@ -320,7 +320,7 @@ def test_single_trial_call_when_8_threads_hit_half_open(make_backend):
 
     def trial():
         calls.append(1)
-        time.sleep(0.3)  # still in flight while the others try
+        time.sleep(1.0)  # still in flight while the others try, even on a loaded machine
         return "ok"
 
     def worker():
