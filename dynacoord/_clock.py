@@ -49,9 +49,9 @@ class SystemClock:
 
 
 #: Where a ``ManualClock`` starts by default: 2100-01-01T00:00:00Z. It lies in the real future on
-#: purpose: stores that really expire data (DynamoDB TTL, DynamoDB Local's TTL job, MongoDB's TTL
-#: monitor) compare the stored expiry with *their* clock, so a manual clock in the past would let
-#: them delete items the manual clock still sees as live.
+#: purpose: DynamoDB's TTL (and DynamoDB Local's TTL job) compares the stored epoch-seconds ``ttl``
+#: with the real clock, so a manual clock in the past would let it delete items the manual clock
+#: still sees as live.
 MANUAL_CLOCK_START = 4_102_444_800.0
 
 
@@ -60,7 +60,7 @@ class ManualClock:
 
     ``sleep`` advances the clock instead of blocking, so code with deadlines and backoff runs
     instantly and deterministically. Thread-safe. Starts at ``MANUAL_CLOCK_START`` (year 2100)
-    unless told otherwise; pass a start in the past only against stores without real expiry.
+    unless told otherwise; a start in the past is safe only where no real TTL sweeps the table.
     """
 
     def __init__(self, start: float = MANUAL_CLOCK_START) -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dynacoord import ConfigurationError, ManualClock
+from dynacoord import ConfigurationError, InvalidValueError, ManualClock
 from tests.backends_fixtures import EXTRA_CONTRACT_BACKENDS
 
 #: ["mongodb"] when MONGODB_URI points at a real server, else []
@@ -191,8 +191,6 @@ def test_redis_cache_index_drops_entries_redis_expired(redis_client, redis_backe
 
 
 def test_redis_incr_beyond_64_bits_is_a_clear_error(redis_backend_factory):
-    from dynacoord import InvalidValueError
-
     cache = redis_backend_factory().cache()
     cache.set("big", 2**63 - 1)
     with pytest.raises(InvalidValueError, match="64-bit"):
@@ -294,6 +292,49 @@ def test_mongo_expired_item_is_absent_whatever_the_ttl_monitor_did(any_mongo):
     clock.advance(2)
     again = backend.locks.acquire("stale", ttl=1, owner="c")
     assert again is not None and again.fence > new.fence
+
+
+class _CountingCollection:
+    """Counts the requests a store makes through its pymongo collection."""
+
+    def __init__(self, collection):
+        self._collection = collection
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        attr = getattr(self._collection, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_mongo_incr_of_a_new_key_is_one_upsert(any_mongo):
+    from dynacoord.cache import Cache
+
+    make, database = any_mongo
+    clock = ManualClock()
+    backend = make(clock=clock)
+    store = backend._cache_store(backend.namespace)
+    counting = store._c = _CountingCollection(store._c)
+    cache = Cache(store, clock=clock, namespace=backend.namespace, default_ttl=10)
+    assert cache.incr("new", 4) == 4
+    assert cache.incr("new") == 5
+    assert counting.calls == ["find_one_and_update", "find_one_and_update"]
+    doc = database["dynacoord"].find_one({"pk": f"CACHE#{backend.namespace}#new"})
+    assert (doc["sk"], doc["gsi1sk"], doc["n"]) == ("CACHE", "new", 5)
+    assert doc["expires_at_ms"] == int(clock.time() * 1000) + 10_000
+    cache.set("text", "abc", ttl=100)
+    with pytest.raises(InvalidValueError):
+        cache.incr("text")
+    clock.advance(10)
+    assert cache.get("new") is None
+    assert cache.incr("new", 2) == 2  # expired: replaced by a fresh counter
+    assert cache.keys() == ["new", "text"]
 
 
 def test_mongo_cache_document_and_listing(any_mongo):

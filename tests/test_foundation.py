@@ -163,8 +163,8 @@ def test_manual_clock():
 
 
 def test_manual_clock_starts_in_the_real_future():
-    # Real stores expire items by their own clock (DynamoDB Local's TTL job deleted an entry a
-    # past ManualClock still saw as live); decades of headroom keep test data out of their reach.
+    # DynamoDB's TTL deletes by the real clock, so an entry a past ManualClock still sees as live
+    # can vanish; decades of headroom keep test data out of its reach.
     assert ManualClock().time() == MANUAL_CLOCK_START
     assert time.time() + 10 * 365 * 24 * 3600 < MANUAL_CLOCK_START
 

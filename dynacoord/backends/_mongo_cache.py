@@ -110,23 +110,36 @@ class MongoCacheStore:
         return bool(result.matched_count == 1)
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        # Adds to a live counter only; an absent key is created by create_counter.
-        with translate_errors("cache incr"):
-            doc = self._c.find_one_and_update(
-                {**self._primary(key), "n": {"$exists": True}, **live_filter(now_ms)},
-                {"$inc": {"n": by}},
-                return_document=ReturnDocument.AFTER,
-            )
-        if doc is not None:
-            return int(doc["n"])
+        live_counter = {**self._primary(key), "n": {"$exists": True}, **live_filter(now_ms)}
+        update: dict[str, Any] = {"$inc": {"n": by}}
+        # An upsert also creates an absent key in the same request. A `by` outside int64 cannot
+        # be a BSON counter; create_counter then stores it as text, as `set` would.
+        upsert = is_int64_text(str(by))
+        if upsert:
+            on_insert: dict[str, Any] = dict(cache_key(self._ns, key).as_dict())
+            for field in self._primary(key):
+                del on_insert[field]  # the upsert takes these from the filter
+            if expires_if_new is not None:
+                on_insert["expires_at_ms"] = expires_if_new
+                on_insert["expires_at"] = self._coll.gc_date(expires_if_new, now_ms)
+            update["$setOnInsert"] = on_insert
+        try:
+            with translate_errors("cache incr"):
+                doc = self._c.find_one_and_update(
+                    live_counter, update, upsert=upsert, return_document=ReturnDocument.AFTER
+                )
+            if doc is not None:
+                return int(doc["n"])
+        except DuplicateKeyError:
+            pass  # an expired or non-integer entry holds the key, or a racing incr created it
         with translate_errors("cache get"):
             current = self._c.find_one(self._primary(key))
-        if CacheEntry.from_item(current, now_ms) is not None:
+        if CacheEntry.from_item(current, now_ms) is not None and "n" not in (current or {}):
             raise InvalidValueError(
                 f"cache key {key!r} holds a value that is not an integer (in MongoDB's signed "
                 "64-bit range): incr needs an int (set it with an int, or delete it first)"
             )
-        return None
+        return None  # absent, expired, or a counter created meanwhile: the caller goes on
 
     # -- listing and batches --------------------------------------------------------------------
 
