@@ -299,15 +299,31 @@ class Locks:
                 owner=holder.owner if holder else None,
                 expires_at=holder.expires_at if holder else None,
             )
-        beat = _Heartbeat(lease, lease.ttl / 3, on_lost) if heartbeat else None
-        if beat is not None:
-            beat.start()
+        try:
+            if heartbeat:
+                with self.keep_alive(lease, on_lost=on_lost):
+                    yield lease
+            else:
+                yield lease
+        finally:
+            lease.release()
+
+    @contextmanager
+    def keep_alive(
+        self, lease: Lease, *, on_lost: Callable[[Lease], None] | None = None
+    ) -> Iterator[Lease]:
+        """Renew an acquired ``lease`` every ``ttl/3`` in a background thread during the block.
+
+        For code that acquires without blocking (``timeout=0``) and must not lose the lock to an
+        overrunning step; it does not release the lease on exit. If a renewal finds the lock
+        lost, ``lease.lost`` becomes True and ``on_lost(lease)`` is called.
+        """
+        beat = _Heartbeat(lease, lease.ttl / 3, on_lost)
+        beat.start()
         try:
             yield lease
         finally:
-            if beat is not None:
-                beat.stop()
-            lease.release()
+            beat.stop()
 
     def force_release(self, key: str) -> bool:
         """Free ``key`` whoever holds it (operator action). True if a live lock was freed."""

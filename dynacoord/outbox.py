@@ -764,7 +764,9 @@ class OutboxWorker:
         self.retention_ms = None if retention is None else ttl_to_ms(retention, "retention")
         self.heartbeat = bool(heartbeat)
         self.name = name or f"outbox-worker-{uuid.uuid4().hex[:8]}"
-        self._stopping = threading.Event()
+        # A plain flag, not a threading.Event: stop() may run in a signal handler, and Event.set()
+        # there can deadlock on the lock the interrupted main thread holds inside Event.wait().
+        self._stop_requested = False
         self._external_stop: threading.Event | None = None
         #: running totals since the worker was made
         self.delivered = 0
@@ -777,14 +779,15 @@ class OutboxWorker:
     def stop(self) -> None:
         """Ask the worker to stop: the event being handled is finished, no new one is claimed.
 
-        Safe to call from a signal handler or another thread. A stopped worker stays stopped.
+        Safe to call from a signal handler or another thread (it only sets a flag; a waiting
+        :meth:`run` notices it within 50 ms). A stopped worker stays stopped.
         """
-        self._stopping.set()
+        self._stop_requested = True
 
     @property
     def stopping(self) -> bool:
         external = self._external_stop
-        return self._stopping.is_set() or (external is not None and external.is_set())
+        return self._stop_requested or (external is not None and external.is_set())
 
     def run(self, stop_event: threading.Event | None = None) -> None:
         """Poll and deliver until :meth:`stop` is called or ``stop_event`` is set.
@@ -811,16 +814,17 @@ class OutboxWorker:
             logger.info("%s: stopped", self.name)
 
     def _wait(self, seconds: float) -> None:
-        external = self._external_stop
-        if external is None:
-            self._stopping.wait(seconds)
-            return
+        # Short slices so that a stop() from a signal handler (a plain flag) is seen promptly.
         deadline = time.monotonic() + seconds
         while not self.stopping:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            external.wait(min(remaining, 0.05))
+            external = self._external_stop
+            if external is None:
+                time.sleep(min(remaining, 0.05))
+            else:
+                external.wait(min(remaining, 0.05))
 
     def run_once(self) -> int:
         """One poll: claim and handle up to ``batch_size`` due events; return how many were
@@ -878,6 +882,18 @@ class OutboxWorker:
         event = record.event.with_attempt(record.attempts)
         if record.status is EventStatus.IN_FLIGHT and record.attempts > 1:
             logger.debug("%s: event %r attempt %d", self.name, event.id, record.attempts)
+        if record.attempts > self.max_attempts:
+            # Every earlier claim ended without an outcome: the worker was killed, ran out of
+            # Lambda time or memory, or overran its lease. Each expired lease counted an attempt;
+            # without this check an event that kills its worker would be redelivered forever
+            # instead of ending in failed().
+            self._failure(
+                record,
+                token,
+                f"claimed {record.attempts} times; the last attempt ended without an outcome "
+                "(worker crashed or overran its lease)",
+            )
+            return
         handler = self._handler_for(event.type)
         if handler is None:
             self._missing_handler(record, token)

@@ -22,7 +22,6 @@ Finished runs get a TTL (``ttl_after_end``, default 7 days) and then count as ab
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -375,9 +374,10 @@ class Runs:
     ) -> ReconcileStats:
         """Call ``handler(run)`` once for each run stalled for ``older_than`` seconds.
 
-        Each run is handled under the lock ``reconcile:{run_id}`` (held for at most ``lock_ttl``
-        seconds: keep handlers shorter than that) after a consistent re-read confirms it is still
-        running and stalled; a run locked by another reconciler is skipped. After the handler
+        Each run is handled under the lock ``reconcile:{run_id}`` (``lock_ttl`` seconds, renewed
+        every ``lock_ttl/3`` while the handler runs, so a slow handler keeps it) after a
+        consistent re-read confirms it is still running and stalled; a run locked by another
+        reconciler is skipped. After the handler
         returns, the run is touched (its ``reconciles`` count grows), so it is reported again only
         if it stays silent for another ``older_than``. A handler that raises is logged and counted
         in ``failed``; the pass continues and the run stays stalled for the next pass.
@@ -395,24 +395,11 @@ class Runs:
             if lease is None:
                 logger.debug("run %r is being reconciled elsewhere", candidate.run_id)
                 continue
+            # The heartbeat keeps the lock while a handler overruns lock_ttl: without it a second
+            # reconciler would take the lock, re-read the still-stalled run and handle it too.
             try:
-                run = self._store.get(candidate.run_id, now_ms(self.clock))
-                if (
-                    run is None
-                    or not run.running
-                    or run.updated_at_ms >= now_ms(self.clock) - older_ms
-                ):
-                    continue  # finished, or showed a sign of life since the index was read
-                stats.stalled += 1
-                try:
-                    handler(run)
-                except Exception as exc:
-                    stats.failed += 1
-                    stats.failures.append((run.run_id, f"{type(exc).__name__}: {exc}"))
-                    logger.exception("reconcile handler failed for run %r", run.run_id)
-                    continue
-                stats.reconciled += 1
-                self._touch_reconciled(run.run_id)
+                with self._locks.keep_alive(lease):
+                    self._reconcile_one(candidate.run_id, older_ms, handler, stats)
             finally:
                 lease.release()
         logger.info(
@@ -424,7 +411,34 @@ class Runs:
         )
         return stats
 
+    def _reconcile_one(
+        self,
+        run_id: str,
+        older_ms: int,
+        handler: Callable[[Run], Any],
+        stats: ReconcileStats,
+    ) -> None:
+        run = self._store.get(run_id, now_ms(self.clock))
+        if run is None or not run.running or run.updated_at_ms >= now_ms(self.clock) - older_ms:
+            return  # finished, or showed a sign of life since the index was read
+        stats.stalled += 1
+        try:
+            handler(run)
+        except Exception as exc:
+            stats.failed += 1
+            stats.failures.append((run.run_id, f"{type(exc).__name__}: {exc}"))
+            logger.exception("reconcile handler failed for run %r", run.run_id)
+            return
+        stats.reconciled += 1
+        self._touch_reconciled(run.run_id)
+
     def _touch_reconciled(self, run_id: str) -> None:
         # The handler may have ended the run (or it was deleted): then there is nothing to touch.
-        with contextlib.suppress(RunError):
+        # A store error here must not end the pass: the handler already ran, and the worst case
+        # is that the run is reported once more on a later pass.
+        try:
             self._store.update(run_id, now_ms(self.clock), reconciled=True)
+        except RunError:
+            pass
+        except Exception:
+            logger.exception("could not record the reconcile of run %r", run_id)

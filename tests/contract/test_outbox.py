@@ -216,6 +216,36 @@ def test_worker_killed_mid_event_is_recovered_after_the_lease(make_backend):
     assert rescuer.run_once() == 0
 
 
+def test_an_event_that_always_kills_its_worker_ends_failed_after_max_attempts(make_backend):
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish(Event("poison", {"x": 1}, id="p1"))
+    calls = []
+
+    def die(event):
+        calls.append(event.attempt)
+        raise Crash()
+
+    worker = outbox.worker(die, lease=10, max_attempts=3, heartbeat=False)
+    for _ in range(3):
+        with pytest.raises(Crash):
+            worker.run_once()
+        clock.advance(10)  # the dead worker's lease runs out
+    assert calls == [1, 2, 3]
+    assert worker.run_once() == 1  # the 4th claim fails it without calling the handler
+    assert calls == [1, 2, 3]
+    record = outbox.get("p1")
+    assert record.status is EventStatus.FAILED and record.attempts == 4
+    assert "without an outcome" in record.last_error
+    assert [r.event.id for r in outbox.failed()] == ["p1"]
+    clock.advance(3600)
+    assert worker.run_once() == 0  # failed events are never picked up on their own
+    assert outbox.retry(["p1"]) == 1
+    received = []
+    assert outbox.worker(received.append).run_once() == 1
+    assert [(e.id, e.attempt) for e in received] == [("p1", 1)]
+
+
 def test_a_worker_whose_lease_expired_cannot_complete_over_the_new_claimant(make_backend):
     clock = ManualClock()
     outbox = make_backend(clock=clock).outbox

@@ -337,3 +337,39 @@ def test_two_reconcilers_at_once_handle_each_stalled_run_once(make_backend):
     assert sorted(handled) == sorted(ids)  # every run once, none twice
     assert stats["a"].reconciled + stats["b"].reconciled == len(ids)
     assert all(runs_a.get(run_id).reconciles == 1 for run_id in ids)
+
+
+def test_a_handler_that_overruns_lock_ttl_keeps_its_run(make_backend):
+    """The reconcile lock is renewed while the handler runs: a second reconciler arriving after
+    ``lock_ttl`` has passed still finds the run locked instead of handling it a second time."""
+    needs_atomic_store(make_backend)
+    first = make_backend()
+    runs_a = first.runs
+    runs_b = make_backend(namespace=first.namespace).runs
+    runs_a.start("slow")
+    time.sleep(0.05)  # the run's last update is now in the past: stalled for older_than=0
+    handled: list[str] = []
+    in_handler = threading.Event()
+    release_handler = threading.Event()
+    stats_a = []
+
+    def slow_handler(run):
+        handled.append("a")
+        in_handler.set()
+        release_handler.wait(30)
+
+    thread = threading.Thread(
+        target=lambda: stats_a.append(runs_a.reconcile(0, slow_handler, lock_ttl=1.5))
+    )
+    thread.start()
+    try:
+        assert in_handler.wait(30)
+        time.sleep(2.5)  # well past lock_ttl: only the heartbeat can still hold the lock
+        stats_b = runs_b.reconcile(0, lambda run: handled.append("b"), lock_ttl=1.5)
+    finally:
+        release_handler.set()
+        thread.join()
+    assert handled == ["a"]
+    assert (stats_b.scanned, stats_b.stalled, stats_b.reconciled) == (1, 0, 0)
+    assert stats_a[0].reconciled == 1
+    assert runs_a.get("slow").reconciles == 1

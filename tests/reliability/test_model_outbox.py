@@ -3,7 +3,8 @@
 Events are published (and re-published: a no-op while stored), handlers succeed, fail (retried
 with backoff 0 until ``max_attempts``, then ``failed``) or crash the worker mid-event (a
 ``BaseException``: the claim stays until its lease runs out, then any worker recovers the event
-with the next attempt number); ``retry`` moves failed events back to pending with a fresh attempt
+with the next attempt number, or marks it failed when that claim comes after ``max_attempts``);
+``retry`` moves failed events back to pending with a fresh attempt
 count; completed events are kept for ``retention``. After every step each event's status and
 attempt count, and the per-status counts, must match the model. Runs on every contract backend.
 """
@@ -128,8 +129,14 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
             due = self.due()
             self.delivered = []
             assert self.worker().run_once() == len(due)
-            assert sorted(i for i, _ in self.delivered) == due
             now = self.now()
+            exhausted = [i for i in due if self.model[i].attempts >= MAX_ATTEMPTS]
+            assert not set(exhausted) & {i for i, _ in self.delivered}
+            for event_id in exhausted:  # every attempt so far crashed: failed, not delivered
+                m = self.model[event_id]
+                m.attempts += 1
+                m.status, m.due = EventStatus.FAILED, now
+            assert sorted([i for i, _ in self.delivered] + exhausted) == due
             for event_id, attempt in self.delivered:
                 m = self.model[event_id]
                 m.attempts += 1
@@ -141,7 +148,9 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
                 else:
                     m.status, m.due = EventStatus.PENDING, now
 
-        @precondition(lambda self: len(self.due()) == 1)
+        @precondition(
+            lambda self: len(self.due()) == 1 and self.model[self.due()[0]].attempts < MAX_ATTEMPTS
+        )
         @rule()
         def worker_crashes_mid_event(self) -> None:
             (event_id,) = self.due()
