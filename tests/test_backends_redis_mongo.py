@@ -415,3 +415,47 @@ def test_mongo_run_context_field_names_with_dots_and_dollars_round_trip(any_mong
     assert runs.get("r").context == context
     runs.patch("r", set={"x.y": 5}, remove=["a.b"])
     assert runs.get("r").context == {"$where": 2, "50%": 3, "%2E": 4, "x.y": 5}
+
+
+@pytest.mark.parametrize("claimed_meanwhile", [False, True])
+def test_mongo_batch_refused_by_a_racing_publisher_rolls_back_only_unclaimed_events(
+    any_mongo, monkeypatch, claimed_meanwhile
+):
+    """Between the clash check and ``insert_many`` another publisher stores one of the ids: the
+    events this call inserted are removed again, except one a worker already claimed (deleting it
+    would make an event that is being delivered vanish)."""
+    from dynacoord import DuplicateEventError, Event, EventStatus
+
+    make, database = any_mongo
+    outbox = make().outbox
+    store = outbox._store
+    real_clashes = store._clashes
+    calls = []
+
+    def clash_check_that_misses_the_race(events, now_ms):
+        calls.append(1)
+        if len(calls) == 1:
+            outbox.publish(Event("t", "theirs", id="b"))  # the racing publisher wins "b"
+            return {}
+        return real_clashes(events, now_ms)
+
+    monkeypatch.setattr(store, "_clashes", clash_check_that_misses_the_race)
+    real_insert_many = store._c.insert_many
+
+    def insert_many_then_a_worker_claims(docs, **kwargs):
+        try:
+            return real_insert_many(docs, **kwargs)
+        finally:
+            if claimed_meanwhile:
+                store._c.update_one(
+                    {"event_id": "a"}, {"$set": {"status": "in_flight", "attempts": 1}}
+                )
+
+    monkeypatch.setattr(store._c, "insert_many", insert_many_then_a_worker_claims)
+    with pytest.raises(DuplicateEventError):
+        outbox.publish([Event("t", "mine", id="a"), Event("t", "mine", id="b")])
+    assert outbox.get("b").event.payload == "theirs"
+    if claimed_meanwhile:
+        assert outbox.get("a").status is EventStatus.IN_FLIGHT
+    else:
+        assert outbox.get("a") is None

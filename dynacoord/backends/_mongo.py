@@ -45,7 +45,8 @@ def translate_errors(what: str) -> Iterator[None]:
     """Turn pymongo errors into dynacoord errors (chained) in one place.
 
     ``DuplicateKeyError`` is *not* translated: stores catch it themselves, because it is how an
-    upsert tells them that the item exists but did not match the condition.
+    upsert tells them that the item exists but did not match the condition. Nor is a
+    ``BulkWriteError`` refused only by duplicate keys (how ``insert_many`` reports a clash).
     """
     from pymongo import errors
 
@@ -53,6 +54,11 @@ def translate_errors(what: str) -> Iterator[None]:
         yield
     except errors.DuplicateKeyError:
         raise
+    except errors.BulkWriteError as exc:
+        write_errors = exc.details.get("writeErrors") or []
+        if write_errors and all(e.get("code") == 11000 for e in write_errors):
+            raise
+        raise BackendError(f"MongoDB error during {what}: {exc}", code=str(exc.code)) from exc
     except errors.OperationFailure as exc:
         if exc.code == 26:  # NamespaceNotFound
             raise TableNotReadyError(

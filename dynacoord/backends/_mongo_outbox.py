@@ -14,8 +14,9 @@ Every state change after the claim is one ``update_one``/``find_one_and_update``
 Publishing several events: MongoDB has no multi-document atomic write outside a replica-set
 transaction, so ``publish`` first reads every id (one query) and refuses the batch if any is
 taken; then it inserts them in one ordered ``insert_many``. If a racing publisher inserted one of
-the ids in between, the events this call inserted are deleted again and the clash is reported,
-so a refused batch leaves nothing behind. A process that dies in the middle of the insert can
+the ids in between, the events this call inserted are deleted again (only those still pending
+and never claimed: a worker may have claimed one in that moment, and an event being delivered
+must not vanish; that case is logged) and the clash is reported. A process that dies in the middle of the insert can
 leave a prefix of the batch published; publishing the same batch again completes it
 (republishing an identical event is a no-op). ``backend.transaction()`` is not offered on MongoDB
 (the collector speaks DynamoDB's transaction API).
@@ -23,6 +24,7 @@ leave a prefix of the batch published; publishing the same batch again completes
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +41,8 @@ from ._mongo import MongoCollection, translate_errors
 __all__ = ["MongoOutboxStore"]
 
 _IN_FLIGHT = EventStatus.IN_FLIGHT.value
+
+logger = logging.getLogger(__name__)
 
 
 class MongoOutboxStore:
@@ -99,8 +103,24 @@ class MongoOutboxStore:
             if isinstance(exc, BulkWriteError):
                 inserted = int(exc.details.get("nInserted", 0))
             if inserted:
+                # Roll back the prefix, but only events no worker has claimed yet: deleting a
+                # claimed one would make an event that is being delivered vanish from the outbox.
                 with translate_errors("outbox publish"):
-                    self._c.delete_many({"_id": {"$in": [d["_id"] for d in docs[:inserted]]}})
+                    removed = self._c.delete_many(
+                        {
+                            "_id": {"$in": [d["_id"] for d in docs[:inserted]]},
+                            "status": EventStatus.PENDING.value,
+                            "attempts": 0,
+                        }
+                    ).deleted_count
+                if removed < inserted:
+                    logger.warning(
+                        "outbox publish refused after %d of %d events were inserted; %d of them "
+                        "were already claimed by a worker and stay published",
+                        inserted,
+                        len(docs),
+                        inserted - removed,
+                    )
             return self._clashes(events, now_ms) or {events[inserted].id: None}
         return {}
 

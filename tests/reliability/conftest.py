@@ -56,11 +56,18 @@ MODEL_BUDGET: dict[str, tuple[int, int]] = {
 }
 
 
-def run_model(machine: Any, make_backend: Any) -> None:
-    """Run a ``RuleBasedStateMachine`` class with the budget of ``make_backend``'s kind."""
+#: ``make stress`` multiplies the example budget by this (tests/reliability/test_stress_models.py)
+STRESS_SCALE = 5
+
+
+def run_model(machine: Any, make_backend: Any, *, scale: int = 1) -> None:
+    """Run a ``RuleBasedStateMachine`` class with the budget of ``make_backend``'s kind (times
+    ``scale`` examples, twice the steps when scaled)."""
     from hypothesis.stateful import run_state_machine_as_test
 
     examples, steps = MODEL_BUDGET.get(getattr(make_backend, "kind", ""), (8, 15))
+    if scale > 1:
+        examples, steps = examples * scale, steps * 2
     run_state_machine_as_test(
         machine, settings=hsettings(max_examples=examples, stateful_step_count=steps)
     )

@@ -137,6 +137,7 @@ def test_4_processes_locks_no_overlap_fences_increase(target: tuple[str, ...]) -
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(900)
 def test_stress_4_processes_locks(target: tuple[str, ...]) -> None:
     _locks(target, ["s0", "s1", "s2"], rounds=250)
 
@@ -146,6 +147,7 @@ def test_4_processes_outbox_each_event_once(target: tuple[str, ...]) -> None:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(900)
 def test_stress_4_processes_outbox_5000_events(target: tuple[str, ...]) -> None:
     _outbox(target, total=5000)
 
@@ -155,5 +157,6 @@ def test_4_processes_idempotency_body_runs_once_per_key(target: tuple[str, ...])
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(900)
 def test_stress_4_processes_idempotency(target: tuple[str, ...]) -> None:
     _idempotency(target, n_keys=200)
