@@ -33,6 +33,9 @@ round is ignored because every outcome write is conditional on the round it belo
     A wins trial (round 7) .... crashed, never reports
                          ... reset_timeout later: B starts round 8, succeeds -> closed
     A's process comes back and reports a failure for round 7 -> condition fails, ignored
+
+``reset`` keeps ``trial_round`` (the stored item is closed in place, never deleted), so the same
+holds across an operator's reset: a trial from before it never shares a round with one after it.
 """
 
 from __future__ import annotations
@@ -184,8 +187,13 @@ class BreakerStore(Protocol):
         """half_open (round ``trial_round``) -> open with ``opened_at = now``; False if stale."""
         ...
 
-    def reset(self, name: str) -> BreakerRecord | None:
-        """Forget the breaker (closed, no failures); return the record as it was, if any."""
+    def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
+        """Close the breaker with no failures; return the record as it was (None if absent).
+
+        ``trial_round`` is kept, never restarted (so the item is updated, not deleted): a trial
+        in flight across the reset must not share its round number with a later trial, or its
+        late outcome would be applied to that trial's round.
+        """
         ...
 
 
@@ -438,8 +446,12 @@ class CircuitBreaker:
         return self._store.get(self.name).state
 
     def reset(self) -> None:
-        """Close the breaker and forget its failures (operator action)."""
-        old = self._store.reset(self.name)
+        """Close the breaker and forget its failures (operator action).
+
+        A trial call still in flight from before the reset has its outcome ignored, also after
+        the breaker trips again and a new trial starts (its round number is never reused).
+        """
+        old = self._store.reset(self.name, now_ms(self.clock))
         if old is not None:
             self._transition(old.state, State.CLOSED)
 

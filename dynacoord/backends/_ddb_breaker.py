@@ -3,7 +3,9 @@
 Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``failures``,
 ``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
 ``updated_ms``. No TTL: the state must outlive every process. An absent item means closed with no
-failures, so ``reset`` is a plain delete.
+failures. ``reset`` closes the item in place instead of deleting it: ``trial_round`` must never go
+back, or a trial that was in flight across the reset would share its round number with a trial
+taken after it, and its late outcome would be applied to the new round.
 
 Every method is one request; every state change is conditional on the state it leaves, so when
 several processes race for the same transition exactly one write succeeds.
@@ -24,6 +26,11 @@ _NAMES = {"#st": "state"}
 _OPEN_UPDATE = (
     "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
     "updated_ms = :now REMOVE trial_started_ms"
+)
+#: what a successful trial round and reset write: closed, no failures; trial_round is kept
+_CLOSED_UPDATE = (
+    "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
+    "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
 )
 
 
@@ -195,11 +202,9 @@ class DynamoDBBreakerStore:
         return None if attrs is None else BreakerRecord.from_item(attrs)
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
-        update = (
-            "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
-            "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
+        attrs = self._in_round(
+            name, trial_round, now_ms, _CLOSED_UPDATE, closed=State.CLOSED.value, zero=0
         )
-        attrs = self._in_round(name, trial_round, now_ms, update, closed=State.CLOSED.value, zero=0)
         return attrs is not None
 
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
@@ -208,11 +213,16 @@ class DynamoDBBreakerStore:
         )
         return attrs is not None
 
-    def reset(self, name: str) -> BreakerRecord | None:
-        response = self._table.call(
-            "delete_item",
-            Key=marshal(breaker_key(self._ns, name).primary),
-            ReturnValues="ALL_OLD",
+    def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
+        # Not a delete: trial_round is kept, so the next trial starts round N+1 and any outcome
+        # still to come from a round started before the reset fails its round condition.
+        attrs = self._update(
+            name,
+            condition="attribute_exists(pk)",  # an absent breaker is already closed: write nothing
+            update=_CLOSED_UPDATE,
+            return_values="ALL_OLD",
+            closed=State.CLOSED.value,
+            zero=0,
+            now=now_ms,
         )
-        old = response.get("Attributes")
-        return BreakerRecord.from_item(unmarshal(old)) if old else None
+        return BreakerRecord.from_item(attrs) if attrs else None

@@ -2,7 +2,8 @@
 
 Document: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state``, ``failures``, ``successes``,
 ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``; no
-expiry. Absent means closed with no failures.
+expiry. Absent means closed with no failures; ``reset`` closes the document in place (never
+deletes it) so that ``trial_round`` never goes back.
 
 Every transition is one ``find_one_and_update``/``update_one`` whose filter is the state it
 leaves (the DynamoDB store's conditions), and counters use ``$inc``. ``record_failure`` upserts:
@@ -38,6 +39,21 @@ def _open(now_ms: int) -> dict[str, Any]:
             "updated_ms": now_ms,
         },
         "$unset": {"trial_started_ms": ""},
+    }
+
+
+def _close(now_ms: int) -> dict[str, Any]:
+    """The update that closes the breaker with no failures (a successful trial round and reset);
+    ``trial_round`` is kept."""
+    return {
+        "$set": {
+            "state": _CLOSED,
+            "failures": 0,
+            "successes": 0,
+            "trial_calls": 0,
+            "updated_ms": now_ms,
+        },
+        "$unset": {"opened_at_ms": "", "trial_started_ms": ""},
     }
 
 
@@ -163,17 +179,7 @@ class MongoBreakerStore:
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
         with translate_errors("breaker close"):
             result = self._c.update_one(
-                {**self._key(name), "state": _HALF, "trial_round": trial_round},
-                {
-                    "$set": {
-                        "state": _CLOSED,
-                        "failures": 0,
-                        "successes": 0,
-                        "trial_calls": 0,
-                        "updated_ms": now_ms,
-                    },
-                    "$unset": {"opened_at_ms": "", "trial_started_ms": ""},
-                },
+                {**self._key(name), "state": _HALF, "trial_round": trial_round}, _close(now_ms)
             )
         return bool(result.matched_count == 1)
 
@@ -185,7 +191,12 @@ class MongoBreakerStore:
             )
         return bool(result.matched_count == 1)
 
-    def reset(self, name: str) -> BreakerRecord | None:
+    def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
+        # Not a delete: trial_round is kept, so the next trial starts a new round and any outcome
+        # still to come from a round started before the reset fails its round filter. No upsert:
+        # an absent breaker is already closed.
         with translate_errors("breaker reset"):
-            old = self._c.find_one_and_delete(self._key(name))
+            old: dict[str, Any] | None = self._c.find_one_and_update(
+                self._key(name), _close(now_ms), return_document=ReturnDocument.BEFORE
+            )
         return None if old is None else BreakerRecord.from_item(old)

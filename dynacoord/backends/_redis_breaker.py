@@ -2,7 +2,8 @@
 
 Item: hash ``CB#{ns}#{name}`` with ``state``, ``failures``, ``successes``, ``opened_at_ms``,
 ``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``; no expiry (the state must
-outlive every process). Absent means closed with no failures.
+outlive every process). Absent means closed with no failures; ``reset`` closes the hash in place
+(never deletes it) so that ``trial_round`` never goes back.
 
 Every method is one Lua script that checks the state it leaves and writes in the same atomic
 step (the conditions are those of the DynamoDB store), so of several processes racing for a
@@ -141,13 +142,17 @@ return {1}
 """
 )
 
-# (no ARGV) replies with the record as it was, then deletes it
+# ARGV: now  (replies with the record as it was). Closes the hash in place rather than deleting
+# it: trial_round is kept, so the next trial starts a new round and any outcome still to come
+# from a round started before the reset fails its round check instead of acting on the new one.
 _RESET = (
     _HEAD
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local old = reply(1)
-redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0, 'trial_calls', 0,
+           'updated_ms', ARGV[1])
+redis.call('HDEL', KEYS[1], 'opened_at_ms', 'trial_started_ms')
 return old
 """
 )
@@ -203,6 +208,6 @@ class RedisBreakerStore:
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
         return self._run(_REOPEN, name, [trial_round, now_ms], "breaker reopen")[0]
 
-    def reset(self, name: str) -> BreakerRecord | None:
-        ok, rest = self._run(_RESET, name, [], "breaker reset")
+    def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
+        ok, rest = self._run(_RESET, name, [now_ms], "breaker reset")
         return BreakerRecord.from_item(pairs(rest)) if ok else None

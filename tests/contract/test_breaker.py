@@ -235,6 +235,42 @@ def test_trip_and_reset(make_backend):
     assert transitions == [(CLOSED, OPEN), (OPEN, CLOSED)]
 
 
+def test_trial_outcome_from_before_a_reset_is_ignored(make_backend):
+    clock = ManualClock()
+    backend = make_backend(clock=clock)
+    # Two callers of one breaker (each instance keeps its own in-flight trial).
+    a, b = (backend.breaker("reset-round", failure_threshold=1, reset_timeout=5) for _ in "ab")
+    fail_n(b, 1)
+    clock.advance(5)
+    a.__enter__()  # trial A takes the half-open slot and is still running...
+    assert b.state is HALF_OPEN
+    b.reset()  # ...when an operator resets the breaker
+    assert b.state is CLOSED
+    fail_n(b, 1)  # it trips again
+    clock.advance(5)
+    b.__enter__()  # trial B takes the slot of a new round
+    assert b.state is HALF_OPEN
+    # A's late failure belongs to a round started before the reset: it must not re-open.
+    a.__exit__(BoomError, BoomError("late"), None)
+    assert b.state is HALF_OPEN
+    b.__exit__(None, None, None)  # B's success closes the breaker
+    status = b.status()
+    assert (status.state, status.failures, status.opened_at) == (CLOSED, 0, None)
+    # The other way round: A's late success must not close the breaker during B's trial.
+    fail_n(b, 1)
+    clock.advance(5)
+    a.__enter__()
+    b.reset()
+    fail_n(b, 1)
+    clock.advance(5)
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert b.state is HALF_OPEN
+    b.__exit__(BoomError, BoomError("still down"), None)  # B's failure re-opens it
+    status = b.status()
+    assert (status.state, status.opened_at) == (OPEN, pytest.approx(clock.time()))
+
+
 def test_state_is_shared_between_processes(make_backend):
     clock = ManualClock()
     first = make_backend(clock=clock)
