@@ -15,11 +15,12 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "DUMMY_CREDENTIALS",
@@ -80,6 +81,7 @@ class DynamoDBLocal:
         self.java = java
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
 
     @property
     def endpoint_url(self) -> str:
@@ -116,9 +118,13 @@ class DynamoDBLocal:
             "-inMemory",
             "-port",
             str(self.port),
+            "-disableTelemetry",
         ]
+        # A file, not a pipe: nothing reads stderr while the server runs, and a full pipe buffer
+        # would block it.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
         self._process = subprocess.Popen(
-            command, cwd=self.jar_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command, cwd=self.jar_dir, stdout=subprocess.DEVNULL, stderr=self._stderr
         )
         self._wait_ready()
         return self
@@ -129,11 +135,7 @@ class DynamoDBLocal:
         while True:
             assert self._process is not None
             if self._process.poll() is not None:
-                err = (
-                    self._process.stderr.read().decode(errors="replace")
-                    if self._process.stderr
-                    else ""
-                )
+                err = self._stderr_text()
                 raise DynamoDBLocalUnavailableError(
                     f"DynamoDB Local exited at start: {err.strip()}"
                 )
@@ -158,8 +160,15 @@ class DynamoDBLocal:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        if process.stderr:
-            process.stderr.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def _stderr_text(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
 
     def __enter__(self) -> DynamoDBLocal:
         return self.start()
