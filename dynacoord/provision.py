@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendError, StackDeploymentError, TableNotReadyError
+from .errors import BackendError, ConfigurationError, StackDeploymentError, TableNotReadyError
 from .keys import Kind, validate_namespace
 
 __all__ = [
@@ -132,7 +132,11 @@ def ensure_table(
     timeout: float = 300.0,
     **options: Any,
 ) -> bool:
-    """Make sure the table exists, is ACTIVE and has TTL on. Idempotent. True if it was created."""
+    """Make sure the table exists, has the index ``gsi1``, is ACTIVE and has TTL on ``ttl``.
+
+    Idempotent; creates only what is missing and never alters what exists with another shape
+    (:func:`verify_table` reports that). True if the table was created.
+    """
     from botocore.exceptions import ClientError
 
     created = False
@@ -152,8 +156,55 @@ def ensure_table(
                     f"cannot create table {table_name!r}: {create_exc}"
                 ) from create_exc
     _wait_active(client, table_name, progress, timeout=timeout)
+    if not created and _add_missing_index(client, table_name, progress, options):
+        _wait_active(client, table_name, progress, timeout=timeout)
     _enable_ttl(client, table_name, progress)
     return created
+
+
+def _add_missing_index(
+    client: Any, table_name: str, progress: Progress, options: Mapping[str, Any]
+) -> bool:
+    """Add ``gsi1`` to an existing table that lacks it (one UpdateTable). True if it was added.
+
+    An index that exists with other keys is not touched: replacing it would drop what its users
+    rely on, so :func:`verify_table` reports it instead.
+    """
+    from botocore.exceptions import ClientError
+
+    table = client.describe_table(TableName=table_name)["Table"]
+    if any(g.get("IndexName") == GSI_NAME for g in table.get("GlobalSecondaryIndexes", [])):
+        return False
+    definition = table_definition(table_name, **options)
+    gsi = dict(definition["GlobalSecondaryIndexes"][0])
+    # The index follows the table's billing mode, whatever ensure_table was asked to create.
+    billing = table.get("BillingModeSummary", {}).get("BillingMode", "PROVISIONED")
+    if billing == "PROVISIONED":
+        throughput = table.get("ProvisionedThroughput", {})
+        gsi["ProvisionedThroughput"] = {
+            "ReadCapacityUnits": throughput.get("ReadCapacityUnits") or 5,
+            "WriteCapacityUnits": throughput.get("WriteCapacityUnits") or 5,
+        }
+    else:
+        gsi.pop("ProvisionedThroughput", None)
+    index_attributes = {"gsi1pk", "gsi1sk"}
+    try:
+        client.update_table(
+            TableName=table_name,
+            AttributeDefinitions=[
+                a
+                for a in definition["AttributeDefinitions"]
+                if a["AttributeName"] in index_attributes
+            ],
+            GlobalSecondaryIndexUpdates=[{"Create": gsi}],
+        )
+    except ClientError as exc:
+        raise BackendError(
+            f"cannot add index {GSI_NAME} to table {table_name!r}: {_error_message(exc)}",
+            code=_error_code(exc),
+        ) from exc
+    progress(f"adding index {GSI_NAME} to {table_name} ...")
+    return True
 
 
 def _wait_active(
@@ -191,11 +242,23 @@ def _enable_ttl(client: Any, table_name: str, progress: Progress) -> None:
         and status.get("AttributeName") == TTL_ATTRIBUTE
     ):
         return
+    if status.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
+        # DynamoDB allows one TTL attribute per table; switching it is the owner's decision.
+        raise ConfigurationError(
+            f"table {table_name!r} has TTL on attribute {status.get('AttributeName')!r}; "
+            f"dynacoord needs it on {TTL_ATTRIBUTE!r} (disable the other TTL first)"
+        )
     progress(f"enabling TTL on {table_name}.{TTL_ATTRIBUTE} ...")
-    client.update_time_to_live(
-        TableName=table_name,
-        TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
-    )
+    try:
+        client.update_time_to_live(
+            TableName=table_name,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+        )
+    except ClientError as exc:
+        raise BackendError(
+            f"cannot enable TTL on {table_name}.{TTL_ATTRIBUTE}: {_error_message(exc)}",
+            code=_error_code(exc),
+        ) from exc
 
 
 def _error_code(exc: Any) -> str:

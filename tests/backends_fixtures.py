@@ -179,7 +179,11 @@ def redis_backend_factory(redis_client: Any) -> BackendFactory:
 @pytest.fixture(scope="session")
 def mongo_database() -> Any:
     """A mongomock database for the whole session (namespaces isolate tests)."""
-    mongomock = pytest.importorskip("mongomock")
+    try:
+        import mongomock
+    except ImportError:
+        _unavailable("mongomock is not installed: pip install -e '.[dev]'")
+        raise
     return mongomock.MongoClient()["dynacoord_test"]
 
 

@@ -426,7 +426,7 @@ def test_mongo_batch_refused_by_a_racing_publisher_rolls_back_only_unclaimed_eve
     would make an event that is being delivered vanish)."""
     from dynacoord import DuplicateEventError, Event, EventStatus
 
-    make, database = any_mongo
+    make, _database = any_mongo
     outbox = make().outbox
     store = outbox._store
     real_clashes = store._clashes

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dynacoord import keys
-from dynacoord.errors import BackendError, InvalidKeyError
+from dynacoord.errors import BackendError, ConfigurationError, InvalidKeyError
 from dynacoord.provision import (
     create_table,
     delete_table,
@@ -266,3 +266,37 @@ def test_iam_policy_bad_input(
 ) -> None:
     with pytest.raises(error, match=match):
         iam_policy(arn, namespaces)
+
+
+def test_ensure_table_adds_a_missing_index_to_an_existing_table(
+    dynamodb_local_client: Any,
+) -> None:
+    name = unique_name("gsi")
+    request = table_definition(name)
+    del request["GlobalSecondaryIndexes"]
+    request["AttributeDefinitions"] = request["AttributeDefinitions"][:2]
+    dynamodb_local_client.create_table(**request)
+    dynamodb_local_client.put_item(TableName=name, Item={"pk": {"S": "kept"}, "sk": {"S": "x"}})
+    try:
+        assert any("gsi1" in p for p in verify_table(dynamodb_local_client, name))
+        lines: list[str] = []
+        assert ensure_table(dynamodb_local_client, name, progress=lines.append) is False
+        assert f"adding index gsi1 to {name} ..." in lines
+        assert verify_table(dynamodb_local_client, name) == []
+        item = dynamodb_local_client.get_item(
+            TableName=name, Key={"pk": {"S": "kept"}, "sk": {"S": "x"}}
+        )
+        assert "Item" in item  # existing data untouched
+    finally:
+        delete_table(dynamodb_local_client, name)
+
+
+def test_ensure_table_refuses_to_move_ttl_from_another_attribute(moto_ddb: Any) -> None:
+    moto_ddb.create_table(**table_definition("otherttl"))
+    moto_ddb.update_time_to_live(
+        TableName="otherttl", TimeToLiveSpecification={"Enabled": True, "AttributeName": "exp"}
+    )
+    with pytest.raises(ConfigurationError, match="TTL on attribute 'exp'"):
+        ensure_table(moto_ddb, "otherttl")
+    ttl = moto_ddb.describe_time_to_live(TableName="otherttl")["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == "exp"
