@@ -40,7 +40,6 @@ holds across an operator's reset: a trial from before it never shares a round wi
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import threading
@@ -51,6 +50,7 @@ from typing import Any, Protocol, TypeVar
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
+from ._compat import StrEnum
 from ._items import optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import CircuitOpenError
@@ -71,15 +71,12 @@ T = TypeVar("T")
 TransitionCallback = Callable[[str, "State", "State"], None]
 
 
-class State(str, enum.Enum):
-    """Breaker states (values are the strings stored in the table)."""
+class State(StrEnum):
+    """Breaker states (values are the strings stored in the table; ``str()`` gives the value)."""
 
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)

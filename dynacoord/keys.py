@@ -12,11 +12,11 @@ key contains.
 
 from __future__ import annotations
 
-import enum
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from ._compat import StrEnum
 from .errors import InvalidKeyError
 
 __all__ = [
@@ -59,7 +59,7 @@ MS_WIDTH = 15
 MAX_NAMESPACE_CHARS = 128
 
 
-class Kind(str, enum.Enum):
+class Kind(StrEnum):
     """Every item kind and its pk prefix."""
 
     LOCK = "LOCK"

@@ -34,7 +34,6 @@ handlers extend the lease with a heartbeat every ``lease / 3``). Make handlers i
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import random
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._compat import StrEnum
 from ._items import is_live, optional_int, optional_str
 from ._validate import check_int, check_utf8, non_negative_seconds, ttl_to_ms
 from .errors import (
@@ -87,7 +87,7 @@ MissingHandlerPolicy = Literal["fail", "retry", "skip"]
 RetryOutcome = Literal["retried", "not_found", "not_failed"]
 
 
-class EventStatus(str, enum.Enum):
+class EventStatus(StrEnum):
     """Where an event is in its life."""
 
     PENDING = "pending"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendError, ConfigurationError, StackDeploymentError, TableNotReadyError
+from .errors import BackendError, StackDeploymentError, TableNotReadyError
 from .keys import Kind, validate_namespace
 
 __all__ = [
@@ -244,9 +244,10 @@ def _enable_ttl(client: Any, table_name: str, progress: Progress) -> None:
         return
     if status.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
         # DynamoDB allows one TTL attribute per table; switching it is the owner's decision.
-        raise ConfigurationError(
+        raise TableNotReadyError(
             f"table {table_name!r} has TTL on attribute {status.get('AttributeName')!r}; "
-            f"dynacoord needs it on {TTL_ATTRIBUTE!r} (disable the other TTL first)"
+            f"dynacoord needs it on {TTL_ATTRIBUTE!r} (disable the other TTL first)",
+            table_name=table_name,
         )
     progress(f"enabling TTL on {table_name}.{TTL_ATTRIBUTE} ...")
     try:

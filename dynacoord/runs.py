@@ -22,7 +22,6 @@ Finished runs get a TTL (``ttl_after_end``, default 7 days) and then count as ab
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._compat import StrEnum
 from ._items import is_live, optional_int, optional_str
 from ._validate import check_int, check_str, check_utf8, non_negative_seconds, ttl_to_ms
 from .errors import InvalidValueError, RunError, RunNotFoundError, RunNotRunningError
@@ -62,7 +62,7 @@ MAX_PATCH_FIELDS = 100
 DEFAULT_PAGE_SIZE = 100
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"

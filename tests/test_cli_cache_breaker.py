@@ -45,7 +45,7 @@ def test_cache_set_get_delete(cli):
         {"key": "never-set", "deleted": False},
     ]
     code, _, err = run("cache", "get", "n")
-    assert code == 1 and "not found" in err
+    assert code == 1 and err.startswith("dynacoord: error: ") and "not found" in err
 
 
 def test_cache_set_bad_input_exits_2_and_writes_nothing(cli):

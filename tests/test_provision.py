@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dynacoord import keys
-from dynacoord.errors import BackendError, ConfigurationError, InvalidKeyError
+from dynacoord.errors import BackendError, InvalidKeyError, TableNotReadyError
 from dynacoord.provision import (
     create_table,
     delete_table,
@@ -296,7 +296,7 @@ def test_ensure_table_refuses_to_move_ttl_from_another_attribute(moto_ddb: Any) 
     moto_ddb.update_time_to_live(
         TableName="otherttl", TimeToLiveSpecification={"Enabled": True, "AttributeName": "exp"}
     )
-    with pytest.raises(ConfigurationError, match="TTL on attribute 'exp'"):
+    with pytest.raises(TableNotReadyError, match="TTL on attribute 'exp'"):
         ensure_table(moto_ddb, "otherttl")
     ttl = moto_ddb.describe_time_to_live(TableName="otherttl")["TimeToLiveDescription"]
     assert ttl["AttributeName"] == "exp"

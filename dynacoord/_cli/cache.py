@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .common import Context, UsageError, _default, add_command, parse_value
+from .common import CommandFailed, Context, UsageError, _default, add_command, parse_value
 
 _MISSING = object()
 
@@ -45,7 +45,7 @@ def _render(value: Any) -> str:
 def _get(ctx: Context) -> Any:
     value = ctx.backend().cache().get(ctx.args.key, _MISSING)
     if value is _MISSING:
-        raise LookupError(f"cache key {ctx.args.key!r} not found (absent or expired)")
+        raise CommandFailed(f"cache key {ctx.args.key!r} not found (absent or expired)")
     if ctx.json:
         return {"key": ctx.args.key, "value": value}
     return _render(value)
@@ -56,7 +56,7 @@ def _set(ctx: Context) -> Any:
     cache = ctx.backend().cache()
     if ctx.args.nx:
         if not cache.add(ctx.args.key, value, ttl=ctx.args.ttl):
-            raise LookupError(f"cache key {ctx.args.key!r} already holds a live value")
+            raise CommandFailed(f"cache key {ctx.args.key!r} already holds a live value")
     else:
         cache.set(ctx.args.key, value, ttl=ctx.args.ttl)
     return {"key": ctx.args.key, "stored": True, "ttl": ctx.args.ttl}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import Context, UsageError, add_command
+from .common import CommandFailed, Context, UsageError, add_command
 
 
 def register(subparsers: Any) -> None:
@@ -66,7 +66,7 @@ def _show(ctx: Context) -> Any:
     if ctx.args.latest:
         latest = checkpoints.load_latest(ctx.args.checkpoint)
         if latest is None:
-            raise RuntimeError(f"task {ctx.args.checkpoint!r} has no checkpoints")
+            raise CommandFailed(f"task {ctx.args.checkpoint!r} has no checkpoints")
         return _summary(latest, data=True)
     return _summary(checkpoints.load(ctx.args.checkpoint), data=True)
 

@@ -20,6 +20,10 @@ class UsageError(Exception):
     """Bad command-line input: exit code 2."""
 
 
+class CommandFailed(Exception):  # noqa: N818 (a CLI outcome, not a library error)
+    """The command ran and its answer is "no" (absent key, lock held, ...): exit code 1."""
+
+
 @dataclasses.dataclass
 class Context:
     """What a command handler gets: parsed args and lazily built AWS objects."""
@@ -136,5 +140,7 @@ def env_default(name: str, fallback: str | None = None) -> str | None:
 
 
 def error_line(exc: BaseException) -> str:
-    kind = "error" if isinstance(exc, DynacoordError) else type(exc).__name__
+    # Errors dynacoord raises on purpose read "error"; anything else names its type, which is
+    # what a bug report needs.
+    kind = "error" if isinstance(exc, (DynacoordError, CommandFailed)) else type(exc).__name__
     return f"dynacoord: {kind}: {exc}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import Context, add_command
+from .common import CommandFailed, Context, add_command
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 def _get(ctx: Context) -> Any:
     item = ctx.backend().counters.item(ctx.args.key)
     if item is None:
-        raise LookupError(f"no counter, flag or join {ctx.args.key!r} (missing or expired)")
+        raise CommandFailed(f"no counter, flag or join {ctx.args.key!r} (missing or expired)")
     out: dict[str, Any] = {
         "key": ctx.args.key,
         "kind": item.kind,
@@ -48,5 +48,5 @@ def _incr(ctx: Context) -> Any:
 
 def _delete(ctx: Context) -> Any:
     if not ctx.backend().counters.delete(ctx.args.key):
-        raise LookupError(f"no counter, flag or join {ctx.args.key!r} to delete")
+        raise CommandFailed(f"no counter, flag or join {ctx.args.key!r} to delete")
     return {"key": ctx.args.key, "deleted": True}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import Context, UsageError, add_command
+from .common import CommandFailed, Context, UsageError, add_command
 
 
 def register(subparsers: Any) -> None:
@@ -44,7 +44,7 @@ def _acquire(ctx: Context) -> Any:
     if lease is None:
         holder = locks.get(ctx.args.key)
         detail = f" (held by {holder.owner!r})" if holder else ""
-        raise RuntimeError(f"lock {ctx.args.key!r} not acquired{detail}")
+        raise CommandFailed(f"lock {ctx.args.key!r} not acquired{detail}")
     return _lease_dict(lease)
 
 
@@ -60,7 +60,7 @@ def _release(ctx: Context) -> Any:
         lease = Lease(locks, LockInfo(ctx.args.key, ctx.args.owner, ctx.args.fence, 0), 1)
         released = lease.release()
     if not released:
-        raise RuntimeError(f"lock {ctx.args.key!r} was not held by that owner")
+        raise CommandFailed(f"lock {ctx.args.key!r} was not held by that owner")
     return {"key": ctx.args.key, "released": True}
 
 

@@ -6,7 +6,7 @@ import importlib
 import signal
 from typing import Any
 
-from .common import Context, UsageError, add_command
+from .common import CommandFailed, Context, UsageError, add_command
 
 
 def register(subparsers: Any) -> None:
@@ -72,7 +72,7 @@ def _pending(ctx: Context) -> Any:
 def _show(ctx: Context) -> Any:
     record = ctx.backend().outbox.get(ctx.args.event_id)
     if record is None:
-        raise LookupError(f"no event {ctx.args.event_id!r} (never published, or expired)")
+        raise CommandFailed(f"no event {ctx.args.event_id!r} (never published, or expired)")
     return record.as_dict()
 
 
@@ -84,7 +84,7 @@ def _retry(ctx: Context) -> Any:
             parts.append(f"not found: {', '.join(report.not_found)}")
         if report.not_failed:
             parts.append(f"not failed: {', '.join(report.not_failed)}")
-        raise RuntimeError("; ".join(parts))
+        raise CommandFailed("; ".join(parts))
     return {"retried": report.retried}
 
 

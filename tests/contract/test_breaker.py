@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import enum
+import sys
 import threading
 import time
 
@@ -31,6 +33,22 @@ def fail_n(breaker, n):
 def test_states_are_str_enum():
     assert CLOSED == "closed" and OPEN == "open" and HALF_OPEN == "half_open"
     assert str(HALF_OPEN) == "half_open"
+    assert f"{OPEN}|{HALF_OPEN:>10}" == "open| half_open"
+    assert isinstance(OPEN, str) and BreakerState("half_open") is HALF_OPEN
+    if sys.version_info >= (3, 11):
+        assert issubclass(BreakerState, enum.StrEnum)
+
+
+def test_str_enum_fallback_for_python_3_10_behaves_like_str_enum():
+    from dynacoord._compat import _StrEnum
+
+    class Color(_StrEnum):
+        RED = "red"
+        DARK_BLUE = enum.auto()
+
+    assert isinstance(Color.RED, str) and Color.RED == "red" and Color("red") is Color.RED
+    assert str(Color.RED) == "red" and f"{Color.RED}" == "red" and f"{Color.RED:>5}" == "  red"
+    assert Color.DARK_BLUE == "dark_blue"
 
 
 def test_closed_calls_pass_through_and_failures_count(make_backend):
