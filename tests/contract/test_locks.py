@@ -108,6 +108,21 @@ def test_fence_keeps_growing_after_the_item_is_gone(make_backend):
     assert fresh.fence > lease.fence
 
 
+def test_a_released_or_expired_lock_keeps_its_fence_until_long_after(make_backend):
+    """Release and expiry keep the item (and its fence) for the grace period, so the next owner
+    continues from it instead of restarting from the clock."""
+    clock = ManualClock()
+    locks = make_backend(clock=clock).locks
+    first = locks.acquire("kept", ttl=1, owner="a")
+    assert first.release()
+    clock.advance(1800)  # half an hour after the release: well inside the default 1 h grace
+    second = locks.acquire("kept", ttl=1, owner="b")
+    assert second.fence == first.fence + 1
+    clock.advance(1800)  # second expired half an hour ago without a release
+    third = locks.acquire("kept", ttl=1, owner="c")
+    assert third.fence == second.fence + 1
+
+
 def test_release_of_lost_lock_never_deletes_the_new_owners(make_backend):
     clock = ManualClock()
     locks = make_backend(clock=clock).locks

@@ -4,6 +4,7 @@ and MongoDB when ``MONGODB_URI`` is set."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -43,6 +44,7 @@ def test_8_threads_x_50_acquisitions_no_overlap_and_increasing_fences(server_bac
                     if inside != 1:
                         violations.append(inside)
                     fences.append(lease.fence)
+                time.sleep(0.001)  # a critical section with a width, so an overlap can show
                 with inside_guard:
                     inside -= 1
                 assert lease.release()
