@@ -196,3 +196,28 @@ def test_errors_share_one_root():
 
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), dynacoord.DynacoordError), name
+
+
+def test_from_env_reads_table_namespace_and_endpoint(monkeypatch, ddb_table, dynamodb_local):
+    """``DynamoDBBackend.from_env()`` against DynamoDB Local, configured only by variables."""
+    from dynacoord import DynamoDBBackend
+    from dynacoord.testing import DUMMY_CREDENTIALS
+
+    _, table = ddb_table
+    monkeypatch.setenv("DYNACOORD_TABLE", table)
+    monkeypatch.setenv("DYNACOORD_NAMESPACE", "from-env")
+    monkeypatch.setenv("DYNACOORD_ENDPOINT_URL", dynamodb_local.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", DUMMY_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", DUMMY_CREDENTIALS["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", DUMMY_CREDENTIALS["region_name"])
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    backend = DynamoDBBackend.from_env()
+    assert (backend.table_name, backend.namespace) == (table, "from-env")
+    lease = backend.locks.acquire("env-lock", ttl=5)
+    assert lease is not None and lease.release()
+    # An explicit argument wins over the environment.
+    assert DynamoDBBackend.from_env(namespace="explicit").namespace == "explicit"
+    monkeypatch.setenv("DYNACOORD_NAMESPACE", "bad#ns")
+    with pytest.raises(InvalidKeyError):
+        DynamoDBBackend.from_env()
