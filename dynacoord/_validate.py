@@ -9,12 +9,18 @@ from .errors import InvalidValueError
 
 __all__ = [
     "MAX_TTL_SECONDS",
+    "check_bool",
     "check_int",
+    "check_iterable",
     "check_str",
     "check_utf8",
     "non_negative_seconds",
     "ttl_to_ms",
 ]
+
+# Conventions: a value of the wrong *type* raises TypeError; a value of the right type that is out
+# of range or malformed raises InvalidValueError, a DynacoordError that is also a ValueError (so
+# ``except ValueError`` and ``except DynacoordError`` both catch it).
 
 #: The longest TTL accepted anywhere (10 years): longer is almost always a unit mistake
 #: (milliseconds passed as seconds) and risks overflowing epoch arithmetic in other tools.
@@ -26,7 +32,7 @@ def _number(value: Any, name: str) -> float:
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     as_float = float(value)
     if not math.isfinite(as_float):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise InvalidValueError(f"{name} must be finite, got {value!r}")
     return as_float
 
 
@@ -34,9 +40,9 @@ def ttl_to_ms(value: Any, name: str = "ttl") -> int:
     """Validate a TTL in seconds (int or float) and return whole milliseconds (at least 1)."""
     seconds = _number(value, name)
     if seconds <= 0:
-        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+        raise InvalidValueError(f"{name} must be > 0 seconds, got {value!r}")
     if seconds > MAX_TTL_SECONDS:
-        raise ValueError(
+        raise InvalidValueError(
             f"{name} must be at most {MAX_TTL_SECONDS} seconds (10 years), got {value!r}"
         )
     # round() first: 2.007 * 1000 is 2007.0000000000002 in binary floating point, and a bare ceil
@@ -48,9 +54,9 @@ def non_negative_seconds(value: Any, name: str) -> float:
     """Validate a duration in seconds that may be zero (timeouts, intervals)."""
     seconds = _number(value, name)
     if seconds < 0:
-        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+        raise InvalidValueError(f"{name} must be >= 0 seconds, got {value!r}")
     if seconds > MAX_TTL_SECONDS:
-        raise ValueError(f"{name} must be at most {MAX_TTL_SECONDS} seconds, got {value!r}")
+        raise InvalidValueError(f"{name} must be at most {MAX_TTL_SECONDS} seconds, got {value!r}")
     return seconds
 
 
@@ -61,10 +67,40 @@ def check_int(
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        raise InvalidValueError(f"{name} must be >= {minimum}, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+        raise InvalidValueError(f"{name} must be <= {maximum}, got {value!r}")
     return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Validate a flag: only ``True`` or ``False``. A truthy stand-in (``"no"``, ``1``, ``None``)
+    is refused because it would silently mean the opposite of what a caller may have meant."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def check_iterable(value: Any, name: str, what: str, *, hint: str = "") -> list[Any]:
+    """Materialise an iterable argument (``what`` names its items, e.g. ``"cache keys"``).
+
+    A str or bytes is refused with a TypeError rather than iterated: ``get_many("user:1")`` would
+    otherwise look up the keys ``"u"``, ``"s"``, ... and ``delete_many("abc")`` delete ``"a"``,
+    ``"b"`` and ``"c"``. A non-iterable gets a TypeError that names the parameter instead of
+    Python's bare "'int' object is not iterable". ``hint`` is appended to the str message.
+    """
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"{name} must be an iterable of {what}, not a {type(value).__name__}"
+            + (f" ({hint})" if hint else "")
+        )
+    try:
+        iterator = iter(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an iterable of {what}, got {type(value).__name__}"
+        ) from None
+    return list(iterator)
 
 
 def check_str(value: Any, name: str) -> str:
@@ -72,7 +108,7 @@ def check_str(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not value:
-        raise ValueError(f"{name} must not be empty")
+        raise InvalidValueError(f"{name} must not be empty")
     return check_utf8(value, name)
 
 

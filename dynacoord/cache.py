@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import is_live, optional_int
-from ._validate import check_int, ttl_to_ms
+from ._validate import check_int, check_iterable, ttl_to_ms
 from .errors import BackendError, InvalidValueError
 
 if TYPE_CHECKING:
@@ -244,7 +244,8 @@ class Cache:
 
         Raises before anything is written: :class:`InvalidKeyError` for a bad key,
         :class:`InvalidValueError` for a value the codec cannot store, :class:`ValueTooLargeError`
-        for an entry over the item limit, ``ValueError``/``TypeError`` for a bad ``ttl``.
+        for an entry over the item limit, :class:`InvalidValueError` (a ``ValueError``) for a
+        ``ttl`` out of range and ``TypeError`` for one that is not a number.
         """
         encoded, expires = self._prepare(key, value, ttl)
         self._store.set(key, encoded, expires)
@@ -349,9 +350,11 @@ class Cache:
         """The live entries among ``keys_`` as a dict (absent/expired keys are left out).
 
         Consistent batch reads of ``max_batch_get`` keys (DynamoDB: 100) per request; keys the
-        store leaves unprocessed are resent with backoff.
+        store leaves unprocessed are resent with backoff. ``keys_`` must be an iterable of keys:
+        a single str is refused with ``TypeError`` (it would be read as one key per character).
         """
-        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in keys_))
+        given = check_iterable(keys_, "keys", "cache keys", hint="for one key use get()")
+        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in given))
         out: dict[str, Any] = {}
         for chunk in _chunks(wanted, self._store.max_batch_get):
             pending = chunk
@@ -406,8 +409,13 @@ class Cache:
                 )
 
     def delete_many(self, keys_: Iterable[str]) -> None:
-        """Remove every key of ``keys_`` (batch deletes, unprocessed ones resent)."""
-        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in keys_))
+        """Remove every key of ``keys_`` (batch deletes, unprocessed ones resent).
+
+        ``keys_`` must be an iterable of keys: a single str is refused with ``TypeError`` rather
+        than deleting one key per character.
+        """
+        given = check_iterable(keys_, "keys", "cache keys", hint="for one key use delete()")
+        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in given))
         self._delete_keys(wanted)
 
     def _delete_keys(self, wanted: list[str]) -> None:
@@ -448,8 +456,17 @@ class Cache:
         it calls ``fn`` itself and stores the result (liveness beats strict once-only when the
         filler is stuck); this is logged at WARNING level. Pick a ``lock_timeout`` above the
         normal run time of ``fn``.
+
+        Bad input raises before anything is written, with one exception: the value ``fn``
+        returns is only known after the fill lock was taken. If it cannot be stored
+        (:class:`InvalidValueError`, :class:`ValueTooLargeError`), nothing is cached and the
+        lock is released, but, like every released lock, its item
+        ``LOCK#{namespace}#cache-fill:{key}`` stays (no owner, expired; it keeps the fence and
+        is removed by the store's expiry sweep), exactly as after a successful fill.
         """
         keys.validate_key(key, "cache key")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable (it computes the value), got {type(fn).__name__}")
         lock_ttl_ms = ttl_to_ms(lock_timeout, "lock_timeout")
         if ttl is not None:
             ttl_to_ms(ttl)  # validate before calling fn
@@ -517,6 +534,8 @@ class Cache:
             keys.validate_key(key, "cache key")
 
         def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+            if not callable(fn):
+                raise TypeError(f"@cache.cached decorates a callable, got {type(fn).__name__}")
             signature = inspect.signature(fn)
             prefix = key if isinstance(key, str) else f"{fn.__module__}.{fn.__qualname__}"
 

@@ -37,8 +37,14 @@ from typing import Any, Protocol
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import optional_int, optional_str
-from ._validate import check_int, ttl_to_ms
-from .errors import CheckpointExistsError, CheckpointNotFoundError, DynacoordError
+from ._validate import check_bool, check_int, ttl_to_ms
+from .errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    DynacoordError,
+    InvalidKeyError,
+    InvalidValueError,
+)
 
 __all__ = [
     "Checkpoint",
@@ -145,16 +151,25 @@ def format_checkpoint_id(task_id: str, sequence: int) -> str:
 def parse_checkpoint_id(checkpoint_id: str) -> tuple[str, int]:
     """Split ``"{task_id}@{sequence}"`` into its parts.
 
-    Parsed from the right, so task ids may themselves contain ``@``.
+    Parsed from the right, so task ids may themselves contain ``@``. A malformed id, or one whose
+    sequence is out of range, raises :class:`InvalidKeyError` (a ``ValueError``).
     """
     if not isinstance(checkpoint_id, str):
         raise TypeError(f"checkpoint id must be a str, got {type(checkpoint_id).__name__}")
     task_id, sep, number = checkpoint_id.rpartition("@")
     if not sep or not task_id or not number.isascii() or not number.isdigit():
-        raise ValueError(
-            f"not a checkpoint id: {checkpoint_id!r} (expected '<task_id>@<sequence>')"
+        raise InvalidKeyError(
+            f"not a checkpoint id: {checkpoint_id!r} (expected '<task_id>@<sequence>')",
+            key=checkpoint_id,
         )
-    return task_id, int(number)
+    digits = number.lstrip("0") or "0"
+    if len(digits) > keys.SEQUENCE_WIDTH:  # above MAX_SEQUENCE (checked before int(): no huge ints)
+        raise InvalidKeyError(
+            f"not a checkpoint id: {checkpoint_id[:200]!r} (the sequence is above "
+            f"{keys.MAX_SEQUENCE})",
+            key=checkpoint_id,
+        )
+    return task_id, int(digits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +197,12 @@ def _check_progress(progress: Any) -> float | None:
         raise TypeError(f"progress must be a number 0..100 or None, got {type(progress).__name__}")
     value = float(progress)
     if not math.isfinite(value) or not 0 <= value <= 100:
-        raise ValueError(f"progress must be between 0 and 100, got {progress!r}")
+        raise InvalidValueError(f"progress must be between 0 and 100, got {progress!r}")
     if 0 < value < 1e-100:
         # A DynamoDB number cannot be below 1e-130 in magnitude (boto3 raises decimal.Underflow).
-        raise ValueError(f"progress {progress!r} is too small to store; use 0 for no progress")
+        raise InvalidValueError(
+            f"progress {progress!r} is too small to store; use 0 for no progress"
+        )
     return value
 
 
@@ -246,7 +263,7 @@ class Checkpoints:
         pct = _check_progress(progress)
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         if sequence is not None:
-            keys.checkpoint_key("x", task_id, sequence)  # validates the sequence
+            check_int(sequence, "sequence", minimum=0, maximum=keys.MAX_SEQUENCE)
         # Refuse oversize data before any request; the key and bookkeeping attributes are
         # counted with the widest sequence so the check does not depend on which one is assigned.
         codec.check_item_size(
@@ -439,6 +456,7 @@ class Checkpoints:
         keys.checkpoint_prefix("x", task_id)
         if ttl is not None:
             ttl_to_ms(ttl)
+        check_bool(cleanup_on_success, "cleanup_on_success")
         return CheckpointTask(self, task_id, ttl=ttl, cleanup_on_success=cleanup_on_success)
 
 
@@ -469,7 +487,7 @@ class CheckpointTask:
         self.checkpoints = checkpoints
         self.task_id = task_id
         self.ttl = ttl
-        self.cleanup_on_success = cleanup_on_success
+        self.cleanup_on_success = check_bool(cleanup_on_success, "cleanup_on_success")
         self.latest: Checkpoint | None = None
 
     @property

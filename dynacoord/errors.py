@@ -65,7 +65,9 @@ class InvalidKeyError(DynacoordError, ValueError):
 
 
 class InvalidValueError(DynacoordError, ValueError):
-    """A value cannot be encoded (not JSON-compatible, NaN, recursive, ...)."""
+    """A value cannot be stored or used: not encodable (not JSON-compatible, NaN, recursive, ...),
+    or an argument of the right type out of its range (a TTL of 0, NaN or 20 years, a count
+    below its minimum, ...). Also a ``ValueError``, so ``except ValueError`` keeps working."""
 
 
 class ValueTooLargeError(InvalidValueError):

@@ -43,7 +43,7 @@ from typing_extensions import ParamSpec
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
-from ._validate import non_negative_seconds, ttl_to_ms
+from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
 from .errors import (
     ConfigurationError,
     IdempotencyInProgressError,
@@ -237,6 +237,13 @@ def _selector(spec: Any, what: str) -> Selector:
     )
 
 
+def _check_claim(claim: Any) -> None:
+    if not isinstance(claim, Claim):
+        raise TypeError(
+            f"claim must be the Claim returned by try_claim, got {type(claim).__name__}"
+        )
+
+
 def _is_empty(value: Any) -> bool:
     return value is None or (isinstance(value, (str, list, dict, tuple)) and len(value) == 0)
 
@@ -283,7 +290,10 @@ class Idempotency:
         or IN_PROGRESS by someone else). An expired record of either kind counts as absent.
         """
         keys.validate_key(key, "idempotency key")
-        return self._claim(key, ttl_to_ms(lease, "lease"), payload_hash)
+        lease_ms = ttl_to_ms(lease, "lease")
+        if payload_hash is not None:
+            check_str(payload_hash, "payload_hash")
+        return self._claim(key, lease_ms, payload_hash)
 
     def _claim(self, key: str, lease_ms: int, payload_hash: str | None) -> ClaimResult:
         token = uuid.uuid4().hex
@@ -309,6 +319,7 @@ class Idempotency:
         or is too large. Returns False if the claim was lost (its lease expired and another call
         took the key over): the other call's record is left alone.
         """
+        _check_claim(claim)
         return self._complete(claim, result, ttl_to_ms(ttl))
 
     def _complete(self, claim: Claim, result: Any, ttl_ms: int) -> bool:
@@ -347,6 +358,7 @@ class Idempotency:
 
         False if the claim had already been lost; another call's claim is never deleted.
         """
+        _check_claim(claim)
         return self._store.release(claim.key, claim.token)
 
     def get(self, key: str) -> IdempotencyRecord | None:
@@ -410,9 +422,9 @@ class Idempotency:
             in_progress_ms=None
             if in_progress_ttl is None
             else ttl_to_ms(in_progress_ttl, "in_progress_ttl"),
-            wait=bool(wait),
+            wait=check_bool(wait, "wait"),
             wait_timeout=non_negative_seconds(wait_timeout, "wait_timeout"),
-            raise_on_no_key=bool(raise_on_no_key),
+            raise_on_no_key=check_bool(raise_on_no_key, "raise_on_no_key"),
         )
 
         def decorator(func: Callable[P, R]) -> Callable[P, R]:

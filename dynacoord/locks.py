@@ -27,7 +27,7 @@ from typing import Protocol
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
-from ._validate import check_str, non_negative_seconds, ttl_to_ms
+from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
 from .errors import LockNotAcquiredError
 
 __all__ = ["AcquireResult", "Lease", "LockInfo", "LockStore", "Locks", "default_owner"]
@@ -289,6 +289,9 @@ class Locks:
         finds the lock lost, ``lease.lost`` becomes True and ``on_lost(lease)`` is called (the
         block is not interrupted: check ``lease.lost`` or rely on the fence). Released on exit.
         """
+        check_bool(heartbeat, "heartbeat")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be callable or None, got {type(on_lost).__name__}")
         lease = self.acquire(key, ttl, owner=owner, timeout=timeout)
         if lease is None:
             holder = self._store.get(key, now_ms(self.clock))

@@ -48,7 +48,14 @@ from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import is_live, optional_int, optional_str
-from ._validate import check_int, check_utf8, non_negative_seconds, ttl_to_ms
+from ._validate import (
+    check_bool,
+    check_int,
+    check_iterable,
+    check_utf8,
+    non_negative_seconds,
+    ttl_to_ms,
+)
 from .errors import (
     ConfigurationError,
     DuplicateEventError,
@@ -450,7 +457,11 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _as_events(events: Event | Iterable[Event]) -> list[Event]:
-    items = [events] if isinstance(events, Event) else list(events)
+    items = (
+        [events]
+        if isinstance(events, Event)
+        else check_iterable(events, "events", "Event objects", hint="pass one Event or a list")
+    )
     for item in items:
         if not isinstance(item, Event):
             raise TypeError(f"publish takes Event objects, got {type(item).__name__}")
@@ -612,7 +623,7 @@ class Outbox:
 
     def retry_report(self, ids: str | Iterable[str]) -> RetryReport:
         """Like :meth:`retry`, reporting each id as retried, not_found or not_failed."""
-        id_list = [ids] if isinstance(ids, str) else list(ids)
+        id_list = [ids] if isinstance(ids, str) else check_iterable(ids, "ids", "event ids")
         for event_id in id_list:
             keys.validate_key(event_id, "event id")
         report = RetryReport([], [], [])
@@ -762,7 +773,7 @@ class OutboxWorker:
         self.poll_interval = non_negative_seconds(poll_interval, "poll_interval")
         self.on_missing_handler: MissingHandlerPolicy = on_missing_handler
         self.retention_ms = None if retention is None else ttl_to_ms(retention, "retention")
-        self.heartbeat = bool(heartbeat)
+        self.heartbeat = check_bool(heartbeat, "heartbeat")
         self.name = name or f"outbox-worker-{uuid.uuid4().hex[:8]}"
         # A plain flag, not a threading.Event: stop() may run in a signal handler, and Event.set()
         # there can deadlock on the lock the interrupted main thread holds inside Event.wait().

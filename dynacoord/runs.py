@@ -31,7 +31,14 @@ from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import is_live, optional_int, optional_str
-from ._validate import check_int, check_str, check_utf8, non_negative_seconds, ttl_to_ms
+from ._validate import (
+    check_int,
+    check_iterable,
+    check_str,
+    check_utf8,
+    non_negative_seconds,
+    ttl_to_ms,
+)
 from .errors import InvalidValueError, RunError, RunNotFoundError, RunNotRunningError
 
 if TYPE_CHECKING:
@@ -299,9 +306,7 @@ class Runs:
         """Set and remove context fields of a running run in one request; touches the run."""
         keys.validate_key(run_id, "run id")
         fields = _check_context(set, "set")
-        if isinstance(remove, str):
-            raise TypeError("remove must be a sequence of field names, not a str")
-        removed = [_check_field(name) for name in remove]
+        removed = [_check_field(name) for name in check_iterable(remove, "remove", "field names")]
         both = sorted(fields.keys() & removed)
         if both:
             raise ValueError(f"fields both set and removed: {both}")

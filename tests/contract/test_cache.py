@@ -440,24 +440,33 @@ def test_value_too_large_raises_before_writing(make_backend):
         (lambda c: c.set("bad", {1: "int key"}), InvalidValueError),
         (lambda c: c.set("bad", float("nan")), InvalidValueError),
         (lambda c: c.set("bad", {"s": {1, 2}}), InvalidValueError),
-        (lambda c: c.set("bad", 1, ttl=0), ValueError),
-        (lambda c: c.set("bad", 1, ttl=-1), ValueError),
-        (lambda c: c.set("bad", 1, ttl=float("inf")), ValueError),
+        (lambda c: c.set("bad", 1, ttl=0), InvalidValueError),
+        (lambda c: c.set("bad", 1, ttl=-1), InvalidValueError),
+        (lambda c: c.set("bad", 1, ttl=float("inf")), InvalidValueError),
         (lambda c: c.set("bad", 1, ttl="5"), TypeError),
-        (lambda c: c.add("bad", 1, ttl=0), ValueError),
+        (lambda c: c.add("bad", 1, ttl=0), InvalidValueError),
         (lambda c: c.add("bad", object()), InvalidValueError),
         (lambda c: c.set_many({"bad": 1, "other": object()}), InvalidValueError),
         (lambda c: c.set_many({"bad": 1, "": 2}), InvalidKeyError),
-        (lambda c: c.set_many({"bad": 1}, ttl=0), ValueError),
-        (lambda c: c.touch("bad", 0), ValueError),
-        (lambda c: c.get_or_set("bad", lambda: 1, ttl=-1), ValueError),
+        (lambda c: c.set_many({"bad": 1}, ttl=0), InvalidValueError),
+        (lambda c: c.set_many([("bad", 1)]), TypeError),
+        (lambda c: c.touch("bad", 0), InvalidValueError),
+        (lambda c: c.get_or_set("bad", lambda: 1, ttl=-1), InvalidValueError),
+        (lambda c: c.get_or_set("bad", lambda: 1, lock_timeout=0), InvalidValueError),
         (lambda c: c.get_or_set("bad", lambda: object()), InvalidValueError),
+        (lambda c: c.get_or_set("bad", 5), TypeError),
+        (lambda c: c.cached(ttl=0), InvalidValueError),
+        (lambda c: c.cached()("not a function"), TypeError),
         (lambda c: c.set("", 1), InvalidKeyError),
         (lambda c: c.get(""), InvalidKeyError),
         (lambda c: c.set(5, 1), InvalidKeyError),
         (lambda c: c.set("x" * 3000, 1), InvalidKeyError),
         (lambda c: c.incr(""), InvalidKeyError),
         (lambda c: c.get_many(["ok", ""]), InvalidKeyError),
+        (lambda c: c.get_many(5), TypeError),
+        (lambda c: c.get_many("bad"), TypeError),
+        (lambda c: c.delete_many(5), TypeError),
+        (lambda c: c.delete_many(None), TypeError),
     ],
 )
 def test_bad_input_raises_clearly_and_writes_nothing(make_backend, call, error):
@@ -469,9 +478,71 @@ def test_bad_input_raises_clearly_and_writes_nothing(make_backend, call, error):
     assert not cache.has("bad")
 
 
+def test_a_str_where_several_keys_are_expected_is_refused_not_split(make_backend):
+    # get_many("abc") / delete_many("abc") would otherwise read or delete "a", "b" and "c".
+    cache = make_backend().cache()
+    cache.set_many({"a": 1, "b": 2, "c": 3, "abc": 4})
+    with pytest.raises(TypeError, match="keys must be an iterable of cache keys, not a str"):
+        cache.delete_many("abc")
+    with pytest.raises(TypeError, match="not a str"):
+        cache.get_many("abc")
+    with pytest.raises(TypeError, match="not a bytes"):
+        cache.delete_many(b"abc")
+    assert cache.get_many(["a", "b", "c", "abc"]) == {"a": 1, "b": 2, "c": 3, "abc": 4}
+    assert cache.get_many(k for k in ("a", "b")) == {"a": 1, "b": 2}  # any iterable is fine
+    cache.delete_many({"a", "b"})
+    assert cache.get_many(["a", "b", "c", "abc"]) == {"c": 3, "abc": 4}
+
+
+class _SpyLocks:
+    """Wraps a Locks: records every acquire."""
+
+    def __init__(self, locks):
+        self._locks = locks
+        self.acquired = []
+
+    def __getattr__(self, name):
+        return getattr(self._locks, name)
+
+    def acquire(self, key, ttl, **kwargs):
+        self.acquired.append(key)
+        return self._locks.acquire(key, ttl, **kwargs)
+
+
+def test_get_or_set_refuses_a_non_callable_fn_before_taking_the_fill_lock(make_backend):
+    from dynacoord.cache import Cache
+
+    backend = make_backend()
+    locks = _SpyLocks(backend.locks)
+    cache = Cache(backend._cache_store(backend.namespace), locks=locks, namespace=backend.namespace)
+    for fn in (5, None, "value", {"a": 1}):
+        with pytest.raises(TypeError, match="fn must be callable"):
+            cache.get_or_set("k", fn)
+    assert locks.acquired == []
+    assert not cache.has("k")
+    assert cache.get_or_set("k", lambda: 1) == 1
+    assert locks.acquired == ["cache-fill:k"]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(object(), InvalidValueError), ("x" * 500_000, ValueTooLargeError)]
+)
+def test_get_or_set_unstorable_value_caches_nothing_and_frees_the_fill_lock(
+    make_backend, value, error
+):
+    backend = make_backend()
+    cache = backend.cache()
+    with pytest.raises(error):
+        cache.get_or_set("k", lambda: value)
+    assert not cache.has("k")
+    # Released (documented: its item stays, expired and without owner, like after every fill).
+    assert backend.locks.get("cache-fill:k") is None
+    assert cache.get_or_set("k", lambda: 7) == 7
+
+
 def test_bad_default_ttl(make_backend):
     backend = make_backend()
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidValueError):
         backend.cache(default_ttl=0)
     with pytest.raises(InvalidKeyError):
         backend.cache(namespace="has#hash")
