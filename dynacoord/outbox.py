@@ -152,7 +152,9 @@ class Event:
                 )
             occurred = float(occurred_at)
             if not math.isfinite(occurred):
-                raise ValueError(f"occurred_at must be finite epoch seconds, got {occurred_at!r}")
+                raise InvalidValueError(
+                    f"occurred_at must be finite epoch seconds, got {occurred_at!r}"
+                )
         if metadata is None:
             meta: dict[str, Any] = {}
         elif isinstance(metadata, Mapping):

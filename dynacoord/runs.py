@@ -309,9 +309,9 @@ class Runs:
         removed = [_check_field(name) for name in check_iterable(remove, "remove", "field names")]
         both = sorted(fields.keys() & removed)
         if both:
-            raise ValueError(f"fields both set and removed: {both}")
+            raise InvalidValueError(f"fields both set and removed: {both}")
         if len(fields) + len(removed) > MAX_PATCH_FIELDS:
-            raise ValueError(f"a patch may change at most {MAX_PATCH_FIELDS} fields")
+            raise InvalidValueError(f"a patch may change at most {MAX_PATCH_FIELDS} fields")
         return self._store.update(
             run_id, now_ms(self.clock), set_fields=fields, remove_fields=removed
         )

@@ -2,8 +2,8 @@
 
 Every case must raise a specific error — a :class:`DynacoordError` subclass for bad keys, values,
 out-of-range numbers and settings (``InvalidKeyError``, ``InvalidValueError``,
-``ValueTooLargeError``, ``ConfigurationError``, ...), or ``TypeError`` for wrong types (a plain
-``ValueError`` only for the few cases listed in ``PLAIN_VALUE_ERRORS``) — with a message that says
+``ValueTooLargeError``, ``ConfigurationError``, ...), or ``TypeError`` for wrong types — never a
+plain ``ValueError`` — with a message that says
 what is wrong, and must leave the table exactly as it was: a full Scan before and after each case
 is compared. The table is pre-filled with one item of every kind so that "unchanged" covers
 existing state too. Runs on moto and on DynamoDB Local.
@@ -315,12 +315,12 @@ def _other_cases() -> Iterator[Case]:
         (
             "outbox.Event(occurred_at=inf)",
             lambda b: Event("t", 1, occurred_at=math.inf),
-            ValueError,
+            InvalidValueError,
         ),
         (
             "outbox.Event(occurred_at=nan)",
             lambda b: Event("t", 1, occurred_at=math.nan),
-            ValueError,
+            InvalidValueError,
         ),
         (
             "DynamoDBBackend.lock_fence_grace=-1",
@@ -487,12 +487,6 @@ CASES: list[Case] = [
 #: The only cases still allowed to raise a plain ``ValueError`` (not a DynacoordError): checks that
 #: live outside the modules this suite's fixes touched. Every other out-of-range value must be a
 #: DynacoordError (``InvalidValueError``, ``InvalidKeyError``, ``ConfigurationError``, ...).
-PLAIN_VALUE_ERRORS = {
-    "outbox.Event(occurred_at=inf)",  # dynacoord.outbox.Event.__post_init__
-    "outbox.Event(occurred_at=nan)",
-}
-
-
 #: Cases whose value is only refused by the service (an UpdateItem merges into an existing item,
 #: so its final size is not known client-side): DynamoDB Local proves them, moto does not check.
 MOTO_UNENFORCED = {"runs.set[value=over-400kb-str]", "runs.set[value=over-400kb-bytes]"}
@@ -555,12 +549,9 @@ def test_bad_input_raises_a_specific_error_and_changes_nothing(
     with pytest.raises(error) as info:
         call(backend)
     exc = info.value
-    if case in PLAIN_VALUE_ERRORS:
-        assert isinstance(exc, ValueError)
-    else:
-        assert isinstance(exc, (DynacoordError, TypeError)), (
-            f"{case}: {type(exc).__name__} is neither a DynacoordError nor a TypeError"
-        )
+    assert isinstance(exc, (DynacoordError, TypeError)), (
+        f"{case}: {type(exc).__name__} is neither a DynacoordError nor a TypeError"
+    )
     if issubclass(error, DynacoordError):
         assert isinstance(exc, DynacoordError)
     message = str(exc)
