@@ -27,7 +27,6 @@ a failing call 2 (claim, release).
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import importlib
@@ -43,6 +42,7 @@ from typing_extensions import ParamSpec
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._compat import StrEnum
 from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
 from .errors import (
     ConfigurationError,
@@ -74,12 +74,9 @@ R = TypeVar("R")
 DEFAULT_IN_PROGRESS_TTL = 60.0
 
 
-class IdempotencyStatus(str, enum.Enum):
+class IdempotencyStatus(StrEnum):
     IN_PROGRESS = "IN_PROGRESS"
     COMPLETED = "COMPLETED"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)

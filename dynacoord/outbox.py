@@ -839,15 +839,25 @@ class OutboxWorker:
             else:
                 external.wait(min(remaining, 0.05))
 
-    def run_once(self) -> int:
+    def run_once(self, *, keep_going: Callable[[], bool] | None = None) -> int:
         """One poll: claim and handle up to ``batch_size`` due events; return how many were
-        handled (successfully or not). For Lambda / cron: call it once per invocation."""
+        handled (successfully or not). For Lambda / cron: call it once per invocation.
+
+        ``keep_going`` is asked before each claim; once it returns False nothing more is claimed
+        (the event in hand is finished). In Lambda, stop while a whole lease still fits::
+
+            worker.run_once(keep_going=lambda: context.get_remaining_time_in_millis() > 35_000)
+        """
+        if keep_going is not None and not callable(keep_going):
+            raise TypeError(f"keep_going must be callable, got {type(keep_going).__name__}")
+        if keep_going is not None and not keep_going():
+            return 0
         handled = 0
         candidates = self._poll()
         # Workers polling together see the same oldest events; a shuffled order spreads them.
         random.shuffle(candidates)
         for seen in candidates:
-            if self.stopping:
+            if self.stopping or (keep_going is not None and not keep_going()):
                 break
             token = uuid.uuid4().hex
             now = now_ms(self.clock)

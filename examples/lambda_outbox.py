@@ -88,9 +88,13 @@ def deliver_events(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Scheduled worker: poll until nothing is due or the invocation is about to time out."""
     worker = backend.outbox.worker(_handlers(), batch_size=25, lease=30.0, max_attempts=5)
     handled = 0
-    # Stop claiming while a whole lease still fits in the remaining time.
-    while context.get_remaining_time_in_millis() > 35_000:
-        n = worker.run_once()
+    # Stop claiming while a whole lease still fits in the remaining time (checked before every
+    # claim, not only between polls: one poll can hold 25 events).
+    def time_for_one_more() -> bool:
+        return bool(context.get_remaining_time_in_millis() > 35_000)
+
+    while time_for_one_more():
+        n = worker.run_once(keep_going=time_for_one_more)
         handled += n
         if n == 0:
             break

@@ -216,6 +216,23 @@ def test_worker_killed_mid_event_is_recovered_after_the_lease(make_backend):
     assert rescuer.run_once() == 0
 
 
+def test_run_once_stops_claiming_when_keep_going_says_no(make_backend):
+    outbox = make_backend().outbox
+    outbox.publish([Event("t", i, id=f"k{i}") for i in range(5)])
+    received = []
+    answers = iter([True, True, True, False])  # the poll, then one answer before each claim
+
+    worker = outbox.worker(received.append, batch_size=10)
+    assert worker.run_once(keep_going=lambda: next(answers)) == 2
+    assert len(received) == 2
+    assert outbox.stats().pending == 3  # nothing claimed and left behind
+    assert worker.run_once(keep_going=lambda: False) == 0
+    assert outbox.stats().pending == 3
+    with pytest.raises(TypeError, match="keep_going"):
+        worker.run_once(keep_going=5)
+    assert worker.run_once() == 3
+
+
 def test_an_event_that_always_kills_its_worker_ends_failed_after_max_attempts(make_backend):
     clock = ManualClock()
     outbox = make_backend(clock=clock).outbox
