@@ -3,7 +3,13 @@
 For each operation that is one request, the floor is the same request (same API, key shape,
 expressions, return options) made directly on the same boto3 client, with the parameters written
 out by hand the way a careful raw-boto3 caller would. Samples are interleaved A/B in one run; the
-ratio is median(dynacoord) / median(raw). Target: <= 1.10.
+ratio is median(dynacoord) / median(raw), and that ratio of medians is what is judged against
+the target (<= 1.10, issue 8 section 2). The median of the per-pair ratios and its bootstrap
+interval are reported alongside as a steadier, informational view; they judge nothing.
+
+Every operation that section 1 counts at one request has a pair here, under the same name (the
+report checks this and lists any that has none). Operations of more than one request have no
+single raw call to set against them and are out of scope by the issue's definition.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from botocore import xform_name
 from botocore.exceptions import ClientError
@@ -26,6 +32,21 @@ logger = logging.getLogger(__name__)
 
 TARGET = 1.10
 
+#: which operations of section 1 have no pair here, and why
+EXCLUSION_RULE = (
+    "Only operations that section 1 counts at exactly one request are paired: an operation of "
+    "several requests has no single raw boto3 call of the same shape to divide by (issue 8 "
+    "section 2 defines overhead for single-request operations)."
+)
+
+#: single-request operations of section 1 deliberately left without a pair: (primitive,
+#: operation) -> reason. Empty: every one of them has a pair.
+EXCLUDED: dict[str, str] = {}
+
+
+#: timed samples per side for a pair whose one request is slow (a 100-item transaction)
+HEAVY_SAMPLES = 150
+
 
 @dataclass(frozen=True, slots=True)
 class Pair:
@@ -34,6 +55,8 @@ class Pair:
     dynacoord: Callable[[int], object]
     raw: Callable[[int], object]
     raw_api: str
+    #: fewer timed samples than the scale's (None: the scale's)
+    samples: int | None = None
 
 
 def _now_ms() -> int:
@@ -167,6 +190,16 @@ def _lock_pairs(env: BenchEnv, total: int) -> list[Pair]:
     def raw_get(i: int) -> None:
         client.get_item(TableName=table, Key=key(f"raw-a{i}"), ConsistentRead=True)
 
+    def dyn_is_held(i: int) -> None:
+        assert leases[i].is_held()
+
+    def raw_is_held(i: int) -> None:
+        # is_held reads the item and compares owner and fence locally: the read is the request
+        client.get_item(TableName=table, Key=key(f"raw-a{i}"), ConsistentRead=True)
+
+    def dyn_locked(i: int) -> None:
+        assert locks.locked(f"a{i}")
+
     def dyn_release(i: int) -> None:
         assert leases[i].release()
 
@@ -205,12 +238,14 @@ def _lock_pairs(env: BenchEnv, total: int) -> list[Pair]:
         Pair("locks", "acquire (free key)", dyn_acquire, raw_acquire, "UpdateItem"),
         Pair(
             "locks",
-            "acquire (held, timeout=0)",
+            "acquire (held by another owner, timeout=0)",
             dyn_acquire_held,
             raw_acquire_held,
             "UpdateItem (condition fails)",
         ),
         Pair("locks", "lease.extend", dyn_extend, raw_extend, "UpdateItem"),
+        Pair("locks", "lease.is_held", dyn_is_held, raw_is_held, "GetItem (consistent)"),
+        Pair("locks", "locked", dyn_locked, raw_get, "GetItem (consistent)"),
         Pair("locks", "get", dyn_get, raw_get, "GetItem (consistent)"),
         Pair("locks", "lease.release", dyn_release, raw_release, "UpdateItem"),
         Pair("locks", "force_release", dyn_force, raw_force, "UpdateItem"),
@@ -223,14 +258,19 @@ def _lock_pairs(env: BenchEnv, total: int) -> list[Pair]:
 TEMPLATE = "tmplQZXk"
 
 
-def _swap(obj: Any, new: str) -> Any:
-    """``obj`` with TEMPLATE replaced by ``new`` in every string (a fresh structure)."""
+def _swap(obj: Any, new: str | dict[str, str]) -> Any:
+    """``obj`` with TEMPLATE replaced by ``new`` in every string (a fresh structure); ``new`` may
+    be a mapping of several replacements ``{old: new}``."""
+    replacements = {TEMPLATE: new} if isinstance(new, str) else new
     if isinstance(obj, str):
-        return obj.replace(TEMPLATE, new) if TEMPLATE in obj else obj
+        for old, value in replacements.items():
+            if old in obj:
+                obj = obj.replace(old, value)
+        return obj
     if isinstance(obj, dict):
-        return {k: _swap(v, new) for k, v in obj.items()}
+        return {k: _swap(v, replacements) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_swap(v, new) for v in obj]
+        return [_swap(v, replacements) for v in obj]
     return obj
 
 
@@ -261,28 +301,55 @@ def _captured(
     *,
     setup: Callable[[str], object] | None = None,
     refused: bool = False,
+    after_setup: Callable[[], object] | None = None,
+    token: Callable[[str], str] | None = None,
+    capture_each: bool = False,
+    samples: int | None = None,
+    note: str = "",
 ) -> Pair:
     """dynacoord ``call(f"d{i}")`` vs the same request replayed raw on key ``f"r{i}"``.
 
     ``setup(key)`` prepares the state both sides need (through dynacoord, for the template key
-    and every sample key of both sides). ``refused``: the request's condition is meant to fail
-    (the raw side then gets ConditionalCheckFailedException, as dynacoord does internally).
+    and every sample key of both sides); ``after_setup()`` runs once after all of them.
+    ``refused``: the request's condition is meant to fail (the raw side then gets
+    ConditionalCheckFailedException, as dynacoord does internally). ``token(key)``: a second
+    per-key string in the request besides the key (a claim token), swapped along with it.
+    ``capture_each``: the request cannot be derived from the template by a string swap (the key
+    is a hash of the arguments), so the request for every raw key is captured from dynacoord
+    itself before the clock starts (``setup`` runs again after each capture, restoring what the
+    captured call changed).
     """
     if setup is not None:
         setup(TEMPLATE)
         for i in range(total):
             setup(f"d{i}")
             setup(f"r{i}")
+    if after_setup is not None:
+        after_setup()
     api, params = _capture_one(env.client, lambda: call(TEMPLATE))
-    # botocore fills in an idempotency token; the raw side must get its own (a reused token with
-    # other content is refused), so botocore generates it again on every raw call, as it does
-    # for dynacoord.
-    params.pop("ClientRequestToken", None)
     method = getattr(env.client, xform_name(api))
 
     # Built before the clock runs: the floor is the bare boto3 call (stricter than a caller who
     # builds the dict on every call, which costs a few microseconds).
-    requests = [_swap(params, f"r{i}") for i in range(total)]
+    requests: list[dict[str, Any]] = []
+    for i in range(total):
+        key = f"r{i}"
+        if capture_each:
+            captured_api, request = _capture_one(env.client, lambda key=key: call(key))
+            if captured_api != api:
+                raise RuntimeError(f"{operation}: {captured_api} for {key}, {api} for the template")
+            if setup is not None:
+                setup(key)
+        else:
+            swaps = {TEMPLATE: key}
+            if token is not None:
+                swaps[token(TEMPLATE)] = token(key)
+            request = _swap(params, swaps)
+        # botocore fills in an idempotency token; the raw side must get its own (a reused token
+        # with other content is refused), so botocore generates it again on every raw call, as
+        # it does for dynacoord.
+        request.pop("ClientRequestToken", None)
+        requests.append(request)
 
     def raw(i: int) -> None:
         request = requests[i]
@@ -292,7 +359,12 @@ def _captured(
             method(**request)
 
     return Pair(
-        primitive, operation, lambda i: call(f"d{i}"), raw, api + (" (refused)" if refused else "")
+        primitive,
+        operation,
+        lambda i: call(f"d{i}"),
+        raw,
+        api + (" (refused)" if refused else "") + (f" ({note})" if note else ""),
+        samples,
     )
 
 
@@ -300,6 +372,15 @@ def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
     cache = env.backend().cache(default_ttl=3600)
     hundred = [f"many{j}" for j in range(100)]
     cache.set_many({key: {"j": j} for j, key in enumerate(hundred)})
+
+    @cache.cached(ttl=3600)
+    def cached_fn(x: str) -> str:
+        return x
+
+    @cache.cached(ttl=3600)
+    def invalidated_fn(x: str) -> str:
+        return x
+
     return [
         _captured(
             env,
@@ -318,10 +399,20 @@ def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
             env,
             total,
             "cache",
+            "add (present)",
+            lambda k: cache.add("ap" + k, 1),
+            setup=lambda k: cache.set("ap" + k, 1),
+            refused=True,
+        ),
+        _captured(
+            env,
+            total,
+            "cache",
             "incr (existing)",
             lambda k: cache.incr("ctr" + k),
             setup=lambda k: cache.incr("ctr" + k),
         ),
+        _captured(env, total, "cache", "incr (new key)", lambda k: cache.incr("nc" + k)),
         _captured(
             env,
             total,
@@ -337,8 +428,31 @@ def _cache_pairs(env: BenchEnv, total: int) -> list[Pair]:
             env,
             total,
             "cache",
-            "get_many (100 keys; the same keys every sample)",
+            "get_many (100 keys)",
             lambda k: cache.get_many(hundred),
+            note="the same 100 keys every sample",
+        ),
+        _captured(
+            env, total, "cache", "get_or_set (hit)", lambda k: cache.get_or_set(k, lambda: 0)
+        ),
+        # the key of a @cached call is a hash of its arguments: each raw request is captured
+        _captured(
+            env,
+            total,
+            "cache",
+            "@cached (hit)",
+            lambda k: cached_fn(k),
+            setup=lambda k: cached_fn(k),
+            capture_each=True,
+        ),
+        _captured(
+            env,
+            total,
+            "cache",
+            "@cached .invalidate",
+            lambda k: cast("Any", invalidated_fn).invalidate(k),
+            setup=lambda k: invalidated_fn(k),
+            capture_each=True,
         ),
     ]
 
@@ -350,6 +464,8 @@ def _breaker_pairs(env: BenchEnv, total: int) -> list[Pair]:
     breaker = backend.breaker("bench-closed")
     opened = backend.breaker("bench-open", reset_timeout=3600)
     opened.trip()
+    tripped: dict[str, Any] = {}
+    reset: dict[str, Any] = {}
 
     def ok() -> int:
         return 1
@@ -361,18 +477,33 @@ def _breaker_pairs(env: BenchEnv, total: int) -> list[Pair]:
             return
         raise AssertionError("the open breaker let a call through")
 
+    def setup_reset(k: str) -> None:
+        reset[k] = backend.breaker("rs" + k, reset_timeout=3600)
+        reset[k].trip()
+
     return [
         _captured(
-            env, total, "breaker", "protected call (closed, success)", lambda k: breaker.call(ok)
+            env, total, "breaker", "protected call, closed, success", lambda k: breaker.call(ok)
         ),
-        _captured(env, total, "breaker", "protected call (open: CircuitOpenError)", refused),
+        _captured(env, total, "breaker", "protected call, open (CircuitOpenError)", refused),
         _captured(env, total, "breaker", "status()", lambda k: breaker.status()),
+        _captured(
+            env,
+            total,
+            "breaker",
+            "trip()",
+            lambda k: tripped[k].trip(),
+            setup=lambda k: tripped.__setitem__(k, backend.breaker("tr" + k, reset_timeout=3600)),
+        ),
+        _captured(env, total, "breaker", "reset()", lambda k: reset[k].reset(), setup=setup_reset),
     ]
 
 
 def _checkpoint_pairs(env: BenchEnv, total: int) -> list[Pair]:
     cps = env.backend().checkpoints
     data = {"cursor": "abc", "done": 123}
+    for j in range(10):
+        cps.save("ten", {"step": j}, sequence=j + 1)
     return [
         _captured(
             env,
@@ -390,16 +521,29 @@ def _checkpoint_pairs(env: BenchEnv, total: int) -> list[Pair]:
             setup=lambda k: cps.save("l" + k, data, sequence=1),
         ),
         _captured(env, total, "checkpoints", "load_latest", lambda k: cps.load_latest("l" + k)),
-        _captured(env, total, "checkpoints", "list (1 checkpoint)", lambda k: cps.list("l" + k)),
+        _captured(
+            env,
+            total,
+            "checkpoints",
+            "list (10 checkpoints)",
+            lambda k: cps.list("ten"),
+            note="the same task every sample",
+        ),
     ]
 
 
 def _idempotency_pairs(env: BenchEnv, total: int) -> list[Pair]:
     backend = env.backend()
+    idem = backend.idempotency
+    claims: dict[str, Any] = {}
 
     @backend.idempotent(key="order_id")
     def handler(order: dict[str, Any]) -> dict[str, Any]:
         return {"charged": order["order_id"]}
+
+    def claim(k: str) -> None:
+        claims[k] = idem.try_claim(k).claim
+        assert claims[k] is not None
 
     return [
         _captured(
@@ -411,24 +555,52 @@ def _idempotency_pairs(env: BenchEnv, total: int) -> list[Pair]:
             setup=lambda k: handler({"order_id": k}),
             refused=True,
         ),
-        _captured(env, total, "idempotency", "get", lambda k: backend.idempotency.get(k)),
+        _captured(env, total, "idempotency", "get", lambda k: idem.get(k)),
+        _captured(env, total, "idempotency", "try_claim", lambda k: idem.try_claim("tc" + k)),
         _captured(
             env,
             total,
             "idempotency",
-            "try_claim",
-            lambda k: backend.idempotency.try_claim("tc" + k),
+            "complete",
+            lambda k: idem.complete(claims["cp" + k], {"ok": 1}),
+            setup=lambda k: claim("cp" + k),
+            # complete is conditional on the claim's random token: the raw side uses its own
+            token=lambda k: claims["cp" + k].token,
         ),
-        _captured(env, total, "idempotency", "delete", lambda k: backend.idempotency.delete(k)),
+        _captured(
+            env,
+            total,
+            "idempotency",
+            "release",
+            lambda k: idem.release(claims["rl" + k]),
+            setup=lambda k: claim("rl" + k),
+            token=lambda k: claims["rl" + k].token,
+        ),
+        _captured(env, total, "idempotency", "delete", lambda k: idem.delete(k)),
     ]
 
 
 def _outbox_pairs(env: BenchEnv, total: int) -> list[Pair]:
     from dynacoord.outbox import Event
 
-    outbox = env.backend().outbox
+    backend = env.backend()
+    outbox = backend.outbox
+    # failed events live in their own namespace, so the worker that fails them sees no others
+    doomed = env.backend(namespace=backend.namespace + "f").outbox
     payload = {"order_id": 42, "amount": "9.99"}
     batches: dict[str, list[Event]] = {}
+    heavy_total = min(total, env.scale.warmup + HEAVY_SAMPLES)
+
+    def fail_all() -> None:
+        worker = doomed.worker({}, on_missing_handler="fail", heartbeat=False, batch_size=100)
+        while worker.run_once():
+            pass
+
+    def in_transaction(k: str) -> None:
+        with backend.transaction() as tx:
+            tx.put(env.table, {"pk": f"ORDER#{k}", "sk": "ORDER", "total": 42})
+            tx.publish(Event("order.created", payload, id="t" + k))
+
     return [
         _captured(
             env,
@@ -449,6 +621,33 @@ def _outbox_pairs(env: BenchEnv, total: int) -> list[Pair]:
                 k, [Event("order.created", payload, id=f"b{k}-{j}") for j in range(25)]
             ),
         ),
+        _captured(
+            env,
+            heavy_total,
+            "outbox",
+            "publish (100 events)",
+            lambda k: outbox.publish(batches["c" + k]),
+            setup=lambda k: batches.__setitem__(
+                "c" + k, [Event("order.created", payload, id=f"c{k}-{j}") for j in range(100)]
+            ),
+            samples=HEAVY_SAMPLES,
+        ),
+        _captured(
+            env,
+            total,
+            "outbox",
+            "transaction(): 1 business put + publish 1 event",
+            in_transaction,
+        ),
+        _captured(
+            env,
+            total,
+            "outbox",
+            "retry(id) of a failed event",
+            lambda k: doomed.retry("f" + k),
+            setup=lambda k: doomed.publish(Event("bench.doomed", payload, id="f" + k)),
+            after_setup=fail_all,
+        ),
     ]
 
 
@@ -463,7 +662,15 @@ def _counter_pairs(env: BenchEnv, total: int) -> list[Pair]:
             lambda k: counters.increment("c" + k),
             setup=lambda k: counters.increment("c" + k),
         ),
+        _captured(
+            env,
+            total,
+            "counters",
+            "increment (new key, ttl)",
+            lambda k: counters.increment("n" + k, ttl=600),
+        ),
         _captured(env, total, "counters", "get", lambda k: counters.get("c" + k)),
+        _captured(env, total, "counters", "item", lambda k: counters.item("c" + k)),
         _captured(
             env,
             total,
@@ -475,9 +682,27 @@ def _counter_pairs(env: BenchEnv, total: int) -> list[Pair]:
             env,
             total,
             "counters",
+            "set_if_absent (present)",
+            lambda k: counters.set_if_absent("fp" + k, "x"),
+            setup=lambda k: counters.set_if_absent("fp" + k, "on"),
+            refused=True,
+        ),
+        _captured(
+            env,
+            total,
+            "counters",
             "join arrive (new member)",
             lambda k: counters.join("j" + k, "second", expected=3),
             setup=lambda k: counters.join("j" + k, "first", expected=3),
+        ),
+        _captured(
+            env,
+            total,
+            "counters",
+            "join arrive (redelivered member)",
+            lambda k: counters.join("jr" + k, "first", expected=3),
+            setup=lambda k: counters.join("jr" + k, "first", expected=3),
+            refused=True,
         ),
         _captured(
             env, total, "counters", "extend_ttl", lambda k: counters.extend_ttl("c" + k, 600)
@@ -488,12 +713,41 @@ def _counter_pairs(env: BenchEnv, total: int) -> list[Pair]:
 
 def _run_pairs(env: BenchEnv, total: int) -> list[Pair]:
     runs = env.backend().runs
+    # ten running runs in a namespace of their own, listed by both sides (the same Query)
+    listed = env.backend().runs
+    for j in range(10):
+        listed.start(f"running{j}")
+    time.sleep(0.02)
     return [
         _captured(env, total, "runs", "start", lambda k: runs.start("s" + k, context={"step": 0})),
         _captured(env, total, "runs", "get", lambda k: runs.get("s" + k)),
         _captured(env, total, "runs", "heartbeat", lambda k: runs.heartbeat("s" + k)),
         _captured(env, total, "runs", "set", lambda k: runs.set("s" + k, "step", 1)),
         _captured(env, total, "runs", "complete", lambda k: runs.complete("s" + k, {"ok": True})),
+        _captured(
+            env,
+            total,
+            "runs",
+            "fail",
+            lambda k: runs.fail("f" + k, "boom"),
+            setup=lambda k: runs.start("f" + k),
+        ),
+        _captured(
+            env,
+            total,
+            "runs",
+            "list('running', limit=10)",
+            lambda k: list(listed.list("running", limit=10)),
+            note="the same 10 runs every sample",
+        ),
+        _captured(
+            env,
+            total,
+            "runs",
+            "stalled(older_than=0.01)",
+            lambda k: list(listed.stalled(0.01, limit=10)),
+            note="the same 10 runs every sample",
+        ),
     ]
 
 
@@ -589,7 +843,7 @@ def _redis_pairs(env: BenchEnv, total: int) -> list[Pair]:
             lambda k: cache.set("h" + k, {"v": 1}),
         ),
         ("cache", "incr (existing)", lambda k: cache.incr("c" + k), lambda k: cache.incr("c" + k)),
-        ("breaker", "protected call (closed, success)", lambda k: breaker.call(ok), None),
+        ("breaker", "protected call, closed, success", lambda k: breaker.call(ok), None),
         (
             "counters",
             "increment (existing)",
@@ -644,7 +898,8 @@ def _measure(
             continue
         for pair in pairs:
             try:
-                a, b = interleaved(pair.dynacoord, pair.raw, n, warmup)
+                samples = n if pair.samples is None else min(n, pair.samples)
+                a, b = interleaved(pair.dynacoord, pair.raw, samples, warmup)
             except Exception as exc:
                 logger.debug("overhead of %r failed", pair.operation, exc_info=True)
                 rows.append(
@@ -670,9 +925,9 @@ def _measure(
                     "ratio_paired": paired,
                     "ratio_paired_ci95": paired_ratio_ci(a, b),
                     "extra_ms_median": round(sa.median_ms - sb.median_ms, 4),
-                    # judged on the paired ratio: the pairs were timed back to back, so a busy
-                    # moment of the shared machine hits both halves; a ratio of medians is not
-                    "within_target": paired <= TARGET,
+                    # judged as issue 8 section 2 defines overhead: the ratio of the medians
+                    # (the paired ratio and its interval are informational)
+                    "within_target": r <= TARGET,
                 }
             )
     return rows, missing
@@ -693,7 +948,21 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "warmup": env.scale.warmup,
         "rows": rows,
         "missing": missing,
-        "above_target": [r["operation"] for r in ok if not r["within_target"]],
+        "target_judged_on": "ratio_median",
+        "above_target": [
+            {
+                "primitive": r["primitive"],
+                "operation": r["operation"],
+                "ratio_median": r["ratio_median"],
+                "ratio_paired": r["ratio_paired"],
+                "ratio_paired_ci95": r["ratio_paired_ci95"],
+                "extra_ms_median": r["extra_ms_median"],
+            }
+            for r in sorted(ok, key=lambda r: -r["ratio_median"])
+            if not r["within_target"]
+        ],
+        "exclusion_rule": EXCLUSION_RULE,
+        "excluded": dict(EXCLUDED),
         "redis_rows": redis_rows,
         "redis_missing": redis_missing,
     }
