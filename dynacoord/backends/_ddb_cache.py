@@ -126,7 +126,9 @@ class DynamoDBCacheStore:
                 ConditionExpression=f"attribute_not_exists(pk) OR (attribute_exists(n) AND {live})",
                 UpdateExpression=f"ADD n :by SET {', '.join(sets)}",
                 ExpressionAttributeValues=values(**attr_values),
-                ReturnValues="UPDATED_NEW",
+                # ALL_NEW, not UPDATED_NEW: an ADD of 0 leaves n unchanged, and a store may then
+                # leave n out of the updated attributes (moto does). A counter item is small.
+                ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 **extra,
             )
@@ -148,7 +150,7 @@ class DynamoDBCacheStore:
                 ConditionExpression=f"attribute_exists(n) AND {LIVE}",
                 UpdateExpression="ADD n :by",
                 ExpressionAttributeValues=values(now=now_ms, by=by),
-                ReturnValues="UPDATED_NEW",
+                ReturnValues="ALL_NEW",  # see incr: n must come back even when by is 0
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:

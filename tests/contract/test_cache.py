@@ -625,3 +625,19 @@ def test_get_or_set_waiter_computes_itself_after_lock_timeout(make_backend):
     assert clock.monotonic() - start == pytest.approx(2, abs=0.01)
     assert cache.get("k") == "mine"
     assert backend.locks.get("cache-fill:k").owner == "stuck-filler"  # never stolen
+
+
+def test_incr_by_zero_reads_the_counter_back(make_backend):
+    """An ADD of 0 changes nothing, yet the counter's value must still come back (a store may
+    leave an unchanged attribute out of what it reports as updated)."""
+    clock = ManualClock()
+    cache = make_backend(clock=clock).cache()
+    assert cache.incr("z", 0) == 0  # absent: created at 0
+    assert cache.incr("z", 4) == 4
+    assert cache.incr("z", 0) == 4
+    assert cache.incr("z", 0, ttl=5) == 4  # live counter without expiry: the plain ADD path
+    assert cache.incr("t", 3, ttl=1) == 3
+    assert cache.incr("t", 0, ttl=1) == 3  # live counter with its own expiry
+    clock.advance(1)
+    assert cache.incr("t", 0, ttl=1) == 0  # expired: restarts from 0
+    assert cache.get("z") == 4 and cache.get("t") == 0
