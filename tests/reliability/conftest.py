@@ -71,3 +71,14 @@ def run_model(machine: Any, make_backend: Any, *, scale: int = 1) -> None:
     run_state_machine_as_test(
         machine, settings=hsettings(max_examples=examples, stateful_step_count=steps)
     )
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Model-based tests get a longer timeout: a green run takes seconds, but when one finds a
+    failure hypothesis shrinks it for minutes, and the shrunk example is the useful report (the
+    default 300 s timeout would cut it off and leave only a 'flaky' error)."""
+    import pytest
+
+    for item in items:
+        if item.fspath.basename.startswith("test_model_"):
+            item.add_marker(pytest.mark.timeout(1200))
