@@ -80,5 +80,5 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
     import pytest
 
     for item in items:
-        if item.fspath.basename.startswith("test_model_"):
+        if item.path.name.startswith("test_model_"):
             item.add_marker(pytest.mark.timeout(1200))
