@@ -25,7 +25,7 @@ from typing import Any
 
 from . import codec
 from ._clock import Clock, SystemClock
-from ._validate import check_int, non_negative_seconds
+from ._validate import check_int, check_iterable, non_negative_seconds
 from .errors import JobSendError, ValueTooLargeError
 
 __all__ = ["MAX_MESSAGE_BYTES", "ConsumeStats", "Handler", "SQSJobQueue"]
@@ -176,7 +176,8 @@ class SQSJobQueue:
         fault are not. Raises :class:`JobSendError` listing what was not sent (every job is
         encoded and checked before the first request). Returns message ids in job order.
         """
-        bodies = [self._body(job, i) for i, job in enumerate(jobs)]
+        given = check_iterable(jobs, "jobs", "jobs", hint="for one job use send()")
+        bodies = [self._body(job, i) for i, job in enumerate(given)]
         ids: list[str | None] = [None] * len(bodies)
         failed: list[tuple[int, str, str]] = []
         for chunk in self._chunks(bodies):

@@ -590,7 +590,8 @@ class Outbox:
 
     def pending(self, limit: int = 100, *, due_only: bool = False) -> list[EventRecord]:
         """Pending events, earliest next attempt first, up to ``limit``."""
-        return self._list(EventStatus.PENDING, limit, now_ms(self.clock) if due_only else None)
+        due = check_bool(due_only, "due_only")
+        return self._list(EventStatus.PENDING, limit, now_ms(self.clock) if due else None)
 
     def in_flight(self, limit: int = 100) -> list[EventRecord]:
         """Claimed events, earliest lease expiry first, up to ``limit``."""

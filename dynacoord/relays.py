@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codec
-from ._validate import check_int, non_negative_seconds
+from ._validate import check_bool, check_int, check_iterable, non_negative_seconds
 from .errors import ConfigurationError, RelayError
 from .outbox import Event
 
@@ -86,7 +86,9 @@ class _BatchRelay:
 
         Every batch is attempted even if an earlier one had failures; the error lists them all.
         """
-        items = list(events)
+        items = check_iterable(
+            events, "events", "Event objects", hint="for one event call the relay: relay(event)"
+        )
         for item in items:
             if not isinstance(item, Event):
                 raise TypeError(f"relays send Event objects, got {type(item).__name__}")
@@ -164,7 +166,7 @@ class _MessageRelay(_BatchRelay):
         super().__init__(client, max_attempts=max_attempts, retry_delay=retry_delay, sleep=sleep)
         if not isinstance(target, str) or not target:
             raise ConfigurationError(f"{what} must be a non-empty str, got {target!r}")
-        self.fifo = target.endswith(".fifo") if fifo is None else bool(fifo)
+        self.fifo = target.endswith(".fifo") if fifo is None else check_bool(fifo, "fifo")
         self.default_group = default_group
 
     def _batch(self, entries: list[tuple[str, Event]]) -> list[dict[str, Any]]:

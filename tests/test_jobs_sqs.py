@@ -161,6 +161,11 @@ def test_send_many_splits_by_payload_size(queue):
 def test_send_many_checks_every_job_before_sending(queue):
     with pytest.raises(InvalidValueError):
         queue.send_many([{"ok": 1}, {"ok": 2}, {"bad": object()}])
+    # A str is one job, not one job per character; a non-iterable is named, not a bare error.
+    with pytest.raises(TypeError, match="jobs must be an iterable of jobs, not a str"):
+        queue.send_many("abc")
+    with pytest.raises(TypeError, match="jobs must be an iterable of jobs, got int"):
+        queue.send_many(5)
     assert counts(queue) == (0, 0)
 
 

@@ -292,6 +292,10 @@ def test_relay_configuration_is_checked():
         EventBridgeRelay(object(), "bus", source="")
     with pytest.raises(TypeError):
         SQSRelay(object(), "url").send_many(["not an event"])
+    with pytest.raises(TypeError, match="events must be an iterable of Event objects, got int"):
+        SQSRelay(object(), "url").send_many(5)
+    with pytest.raises(TypeError, match="fifo must be True or False"):
+        SQSRelay(object(), "url", fifo="yes")
 
 
 def test_long_or_unusual_event_ids_are_hashed_for_fifo():

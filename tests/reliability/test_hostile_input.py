@@ -334,6 +334,12 @@ def _other_cases() -> Iterator[Case]:
         ),
         ("outbox.publish(str)", lambda b: b.outbox.publish("not an event"), TypeError),
         ("outbox.publish([None])", lambda b: b.outbox.publish([None]), TypeError),
+        ("outbox.pending(due_only='x')", lambda b: b.outbox.pending(due_only="x"), TypeError),
+        (
+            "outbox.run_once(keep_going=5)",
+            lambda b: b.outbox.worker(print).run_once(keep_going=5),
+            TypeError,
+        ),
         (
             "outbox.publish(101)",
             lambda b: b.outbox.publish([Event("t", i) for i in range(101)]),
