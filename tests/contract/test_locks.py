@@ -190,6 +190,19 @@ def test_heartbeat_keeps_lock_past_ttl(make_backend):
     assert locks.get("hb") is None
 
 
+def test_keep_alive_renews_an_acquired_lease_without_releasing_it(make_backend):
+    locks = make_backend().locks
+    lease = locks.acquire("ka", ttl=1.2, owner="a")
+    assert lease is not None
+    with locks.keep_alive(lease) as kept:
+        assert kept is lease
+        time.sleep(2.5)  # twice the TTL: only the renewals keep it
+        assert not lease.lost and locks.get("ka").owner == "a"
+    assert locks.get("ka").owner == "a"  # still held after the block: the caller releases
+    assert lease.release()
+    assert locks.get("ka") is None
+
+
 def test_heartbeat_reports_loss(make_backend):
     locks = make_backend().locks
     lost = threading.Event()
