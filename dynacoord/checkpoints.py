@@ -456,7 +456,6 @@ class Checkpoints:
         keys.checkpoint_prefix("x", task_id)
         if ttl is not None:
             ttl_to_ms(ttl)
-        check_bool(cleanup_on_success, "cleanup_on_success")
         return CheckpointTask(self, task_id, ttl=ttl, cleanup_on_success=cleanup_on_success)
 
 

@@ -155,24 +155,25 @@ def ensure_table(
                 raise BackendError(
                     f"cannot create table {table_name!r}: {create_exc}"
                 ) from create_exc
-    _wait_active(client, table_name, progress, timeout=timeout)
-    if not created and _add_missing_index(client, table_name, progress, options):
+    table = _wait_active(client, table_name, progress, timeout=timeout)
+    if not created and _add_missing_index(client, table, progress, options):
         _wait_active(client, table_name, progress, timeout=timeout)
     _enable_ttl(client, table_name, progress)
     return created
 
 
 def _add_missing_index(
-    client: Any, table_name: str, progress: Progress, options: Mapping[str, Any]
+    client: Any, table: Mapping[str, Any], progress: Progress, options: Mapping[str, Any]
 ) -> bool:
-    """Add ``gsi1`` to an existing table that lacks it (one UpdateTable). True if it was added.
+    """Add ``gsi1`` to an existing ACTIVE ``table`` (its description) that lacks it (one
+    UpdateTable). True if it was added.
 
     An index that exists with other keys is not touched: replacing it would drop what its users
     rely on, so :func:`verify_table` reports it instead.
     """
     from botocore.exceptions import ClientError
 
-    table = client.describe_table(TableName=table_name)["Table"]
+    table_name = str(table["TableName"])
     if any(g.get("IndexName") == GSI_NAME for g in table.get("GlobalSecondaryIndexes", [])):
         return False
     definition = table_definition(table_name, **options)
@@ -209,7 +210,8 @@ def _add_missing_index(
 
 def _wait_active(
     client: Any, table_name: str, progress: Progress, *, timeout: float = 300.0
-) -> None:
+) -> dict[str, Any]:
+    """Wait until the table and its indexes are ACTIVE; return the last description."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
@@ -218,7 +220,7 @@ def _wait_active(
         if table.get("TableStatus") == "ACTIVE" and all(
             g.get("IndexStatus", "ACTIVE") == "ACTIVE" for g in gsis
         ):
-            return
+            return dict(table)
         if time.monotonic() > deadline:
             raise TableNotReadyError(
                 f"table {table_name!r} not ACTIVE after {timeout}s (status "

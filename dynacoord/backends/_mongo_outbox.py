@@ -16,8 +16,8 @@ transaction, so ``publish`` first reads every id (one query) and refuses the bat
 taken; then it inserts them in one ordered ``insert_many``. If a racing publisher inserted one of
 the ids in between, the events this call inserted are deleted again (only those still pending
 and never claimed: a worker may have claimed one in that moment, and an event being delivered
-must not vanish; that case is logged) and the clash is reported. A process that dies in the middle of the insert can
-leave a prefix of the batch published; publishing the same batch again completes it
+must not vanish; that case is logged) and the clash is reported. A process that dies in the
+middle of the insert can leave a prefix of the batch published; publishing the same batch again completes it
 (republishing an identical event is a no-op). ``backend.transaction()`` is not offered on MongoDB
 (the collector speaks DynamoDB's transaction API).
 """
