@@ -18,7 +18,6 @@ from .errors import (
     CounterTypeError,
     DuplicateEventError,
     DynacoordError,
-    EventNotFoundError,
     IdempotencyError,
     IdempotencyInProgressError,
     IdempotencyKeyMismatchError,
@@ -29,9 +28,7 @@ from .errors import (
     JobSendError,
     JoinMismatchError,
     LockError,
-    LockLostError,
     LockNotAcquiredError,
-    LockNotOwnedError,
     NotSupportedError,
     OutboxError,
     RelayError,
@@ -48,6 +45,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .backends.dynamodb import DynamoDBBackend
+    from .backends.dynamodb.transaction import Transaction
     from .breaker import BreakerStatus, CircuitBreaker
     from .breaker import State as BreakerState
     from .cache import Cache
@@ -67,7 +65,6 @@ if TYPE_CHECKING:
     )
     from .relays import EventBridgeRelay, SNSRelay, SQSRelay
     from .runs import ReconcileStats, Run, Runs, RunStatus
-    from .transaction import Transaction
 
 __version__ = "0.1.0"
 
@@ -97,7 +94,6 @@ __all__ = [
     "DynamoDBBackend",
     "Event",
     "EventBridgeRelay",
-    "EventNotFoundError",
     "EventRecord",
     "EventStatus",
     "Idempotency",
@@ -116,9 +112,7 @@ __all__ = [
     "Lease",
     "LockError",
     "LockInfo",
-    "LockLostError",
     "LockNotAcquiredError",
-    "LockNotOwnedError",
     "Locks",
     "ManualClock",
     "NotSupportedError",
@@ -187,7 +181,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SNSRelay": ("dynacoord.relays", "SNSRelay"),
     "SQSJobQueue": ("dynacoord.jobs", "SQSJobQueue"),
     "SQSRelay": ("dynacoord.relays", "SQSRelay"),
-    "Transaction": ("dynacoord.transaction", "Transaction"),
+    "Transaction": ("dynacoord.backends.dynamodb.transaction", "Transaction"),
 }
 
 

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
     from .runs import Runs, RunStore
-    from .transaction import Transaction
 
     _P = ParamSpec("_P")
     _R = TypeVar("_R")
@@ -84,10 +83,6 @@ class Backend(abc.ABC):
     def _outbox_store(self, namespace: str) -> OutboxStore:
         """The outbox store; backends without one raise NotSupportedError."""
         raise self._unsupported("outbox")
-
-    def _begin_transaction(self, client_request_token: str | None) -> Transaction:
-        """A transaction collector; backends without multi-item transactions raise."""
-        raise self._unsupported("transactions")
 
     def _counter_store(self, namespace: str) -> CounterStore:
         """The counter / flag / join store; backends without one raise NotSupportedError."""
@@ -204,13 +199,6 @@ class Backend(abc.ABC):
         return self._memo(
             "_outbox", lambda: Outbox(self._outbox_store(self.namespace), clock=self.clock)
         )
-
-    def transaction(self, *, client_request_token: str | None = None) -> Transaction:
-        """``with backend.transaction() as tx:`` collects writes (``tx.put/update/delete/
-        condition_check`` on any table) and outbox events (``tx.publish``) and commits them in
-        one atomic write when the block ends; nothing is written if the block raises. See
-        :class:`dynacoord.transaction.Transaction`."""
-        return self._begin_transaction(client_request_token)
 
     @property
     def counters(self) -> Counters:

@@ -19,7 +19,6 @@ __all__ = [
     "CounterTypeError",
     "DuplicateEventError",
     "DynacoordError",
-    "EventNotFoundError",
     "IdempotencyError",
     "IdempotencyInProgressError",
     "IdempotencyKeyMismatchError",
@@ -30,9 +29,7 @@ __all__ = [
     "JobSendError",
     "JoinMismatchError",
     "LockError",
-    "LockLostError",
     "LockNotAcquiredError",
-    "LockNotOwnedError",
     "NotSupportedError",
     "OutboxError",
     "RelayError",
@@ -150,14 +147,6 @@ class LockNotAcquiredError(LockError):
     """The lock is held by someone else and the timeout ran out."""
 
 
-class LockLostError(LockError):
-    """The lease expired or was taken over before the holder released or extended it."""
-
-
-class LockNotOwnedError(LockError):
-    """An operation that needs the lock was attempted by a caller that does not hold it."""
-
-
 # --- circuit breaker ----------------------------------------------------------------------------
 
 
@@ -229,17 +218,6 @@ class IdempotencyValueError(IdempotencyError, InvalidValueError):
 
 class OutboxError(DynacoordError):
     """Base of outbox errors."""
-
-
-class EventNotFoundError(OutboxError, KeyError):
-    """No outbox event with this id exists."""
-
-    def __init__(self, message: str, *, event_id: str) -> None:
-        super().__init__(message)
-        self.event_id = event_id
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 # --- workflow runs -----------------------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""The DynamoDB backend: every primitive's store on one table with one GSI (``gsi1``)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from ..._backend import Backend
+from ..._clock import Clock
+from ...errors import ConfigurationError
+from ._table import DynamoTable
+
+if TYPE_CHECKING:
+    from ...locks import LockStore
+
+__all__ = ["DEFAULT_TABLE_NAME", "DynamoDBBackend"]
+
+DEFAULT_TABLE_NAME = "dynacoord"
+
+
+class DynamoDBBackend(Backend):
+    """dynacoord on one DynamoDB table.
+
+    ``client`` is a low-level ``boto3.client("dynamodb")``; dynacoord never creates one on import.
+    Configure retries for throttling on the client (botocore's ``Config(retries=...)``): dynacoord
+    does not swallow them. ``shards`` spreads listing indexes (cache keys, outbox due queue) over
+    that many gsi1 partitions so one busy namespace does not make a hot partition.
+    """
+
+    kind = "dynamodb"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        table_name: str = DEFAULT_TABLE_NAME,
+        namespace: str = "default",
+        clock: Clock | None = None,
+        shards: int = 4,
+        lock_fence_grace: int = 3600,
+    ) -> None:
+        super().__init__(namespace=namespace, clock=clock)
+        if client is None:
+            raise ConfigurationError("client is required: pass boto3.client('dynamodb')")
+        if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
+            raise ConfigurationError(
+                f"table_name must be a str of 3 to 255 characters, got {table_name!r}"
+            )
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 64:
+            raise ConfigurationError(f"shards must be an int in 1..64, got {shards!r}")
+        if (
+            isinstance(lock_fence_grace, bool)
+            or not isinstance(lock_fence_grace, int)
+            or lock_fence_grace < 0
+        ):
+            # The grace keeps a released lock's item (and its fence) past its expiry; a negative
+            # one would let the sweeper remove it early and weaken the fence guarantee.
+            raise ConfigurationError(
+                f"lock_fence_grace must be an int >= 0 (seconds), got {lock_fence_grace!r}"
+            )
+        self.client = client
+        self.table_name = table_name
+        self.shards = shards
+        self.lock_fence_grace = lock_fence_grace
+        self.table = DynamoTable(client, table_name)
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        client: Any = None,
+        session: Any = None,
+        clock: Clock | None = None,
+        **kwargs: Any,
+    ) -> DynamoDBBackend:
+        """Build a backend from the environment.
+
+        Reads ``DYNACOORD_TABLE`` (default ``dynacoord``), ``DYNACOORD_NAMESPACE`` (default
+        ``default``) and ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), plus the usual AWS
+        variables (region, credentials) through boto3. A given ``client`` wins over ``session``,
+        which wins over boto3's default session.
+        """
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            endpoint = os.environ.get("DYNACOORD_ENDPOINT_URL") or None
+            config = Config(retries={"max_attempts": 8, "mode": "adaptive"})
+            factory = session.client if session is not None else boto3.client
+            client = factory("dynamodb", endpoint_url=endpoint, config=config)
+        kwargs.setdefault("table_name", os.environ.get("DYNACOORD_TABLE") or DEFAULT_TABLE_NAME)
+        kwargs.setdefault("namespace", os.environ.get("DYNACOORD_NAMESPACE") or "default")
+        return cls(client, clock=clock, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"DynamoDBBackend(table_name={self.table_name!r}, namespace={self.namespace!r})"
+
+    # -- store factories ------------------------------------------------------------------------
+
+    def _lock_store(self, namespace: str) -> LockStore:
+        from .locks import DynamoDBLockStore
+
+        return DynamoDBLockStore(self.table, namespace, fence_grace_s=self.lock_fence_grace)
+
+    if TYPE_CHECKING:
+        from .breaker import DynamoDBBreakerStore
+        from .cache import DynamoDBCacheStore
+
+    def _cache_store(self, namespace: str) -> DynamoDBCacheStore:
+        from .cache import DynamoDBCacheStore
+
+        return DynamoDBCacheStore(self.table, namespace, shards=self.shards)
+
+    def _breaker_store(self, namespace: str) -> DynamoDBBreakerStore:
+        from .breaker import DynamoDBBreakerStore
+
+        return DynamoDBBreakerStore(self.table, namespace)
+
+    def _checkpoint_store(self, namespace: str) -> DynamoDBCheckpointStore:
+        from .checkpoints import DynamoDBCheckpointStore
+
+        return DynamoDBCheckpointStore(self.table, namespace)
+
+    def _idempotency_store(self, namespace: str) -> DynamoDBIdempotencyStore:
+        from .idempotency import DynamoDBIdempotencyStore
+
+        return DynamoDBIdempotencyStore(self.table, namespace)
+
+    if TYPE_CHECKING:
+        from .checkpoints import DynamoDBCheckpointStore
+        from .idempotency import DynamoDBIdempotencyStore
+
+    if TYPE_CHECKING:
+        from .outbox import DynamoDBOutboxStore
+        from .transaction import Transaction
+
+    def _outbox_store(self, namespace: str) -> DynamoDBOutboxStore:
+        from .outbox import DynamoDBOutboxStore
+
+        return DynamoDBOutboxStore(self.table, namespace, shards=self.shards)
+
+    def transaction(self, *, client_request_token: str | None = None) -> Transaction:
+        """``with backend.transaction() as tx:`` collects writes (``tx.put/update/delete/
+        condition_check`` on any table) and outbox events (``tx.publish``) and commits them in
+        one atomic write when the block ends; nothing is written if the block raises. See
+        :class:`dynacoord.backends.dynamodb.transaction.Transaction`."""
+        from .transaction import Transaction
+
+        if client_request_token is not None and (
+            not isinstance(client_request_token, str) or not 1 <= len(client_request_token) <= 36
+        ):
+            raise ConfigurationError(
+                f"client_request_token must be a str of 1 to 36 characters, got "
+                f"{client_request_token!r}"
+            )
+        return Transaction(
+            self.table, outbox=self.outbox, client_request_token=client_request_token
+        )
+
+    def _counter_store(self, namespace: str) -> DynamoDBCounterStore:
+        from .counters import DynamoDBCounterStore
+
+        return DynamoDBCounterStore(self.table, namespace)
+
+    def _run_store(self, namespace: str) -> DynamoDBRunStore:
+        from .runs import DynamoDBRunStore
+
+        return DynamoDBRunStore(self.table, namespace)
+
+    if TYPE_CHECKING:
+        from .counters import DynamoDBCounterStore
+        from .runs import DynamoDBRunStore

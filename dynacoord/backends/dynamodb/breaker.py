@@ -1,0 +1,228 @@
+"""The circuit-breaker store on the single table.
+
+Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``failures``,
+``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
+``updated_ms``. No TTL: the state must outlive every process. An absent item means closed with no
+failures. ``reset`` closes the item in place instead of deleting it: ``trial_round`` must never go
+back, or a trial that was in flight across the reset would share its round number with a trial
+taken after it, and its late outcome would be applied to the new round.
+
+Every method is one request; every state change is conditional on the state it leaves, so when
+several processes race for the same transition exactly one write succeeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...breaker import BreakerRecord, StartTrialResult, State
+from ...keys import breaker_key
+from ._table import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+
+__all__ = ["DynamoDBBreakerStore"]
+
+_NAMES = {"#st": "state"}
+#: what trip and a failed trial round write: open now, the trial state cleared
+_OPEN_UPDATE = (
+    "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
+    "updated_ms = :now REMOVE trial_started_ms"
+)
+#: what a successful trial round and reset write: closed, no failures; trial_round is kept
+_CLOSED_UPDATE = (
+    "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
+    "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
+)
+
+
+class DynamoDBBreakerStore:
+    def __init__(self, table: DynamoTable, namespace: str) -> None:
+        self._table = table
+        self._ns = namespace
+
+    def _update(
+        self,
+        name: str,
+        *,
+        update: str,
+        condition: str | None,
+        return_values: str = "NONE",
+        old_on_failure: bool = False,
+        **attr_values: Any,
+    ) -> dict[str, Any] | None:
+        """One UpdateItem; the returned attributes (or {}), or None if the condition failed.
+
+        With ``old_on_failure`` a failed condition raises ConditionFailedError carrying the item.
+        """
+        kwargs: dict[str, Any] = {
+            "Key": marshal(breaker_key(self._ns, name).primary),
+            "UpdateExpression": update,
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": values(**attr_values),
+            "ReturnValues": return_values,
+        }
+        if condition is not None:
+            kwargs["ConditionExpression"] = condition
+        if old_on_failure:
+            kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+            response = self._table.call("update_item", **kwargs)
+        else:
+            try:
+                response = self._table.call("update_item", **kwargs)
+            except ConditionFailedError:
+                return None
+        return unmarshal(response.get("Attributes", {}))
+
+    def get(self, name: str) -> BreakerRecord:
+        return BreakerRecord.from_item(self._table.get(breaker_key(self._ns, name).primary))
+
+    def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
+        # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write.
+        attrs = self._update(
+            name,
+            condition="attribute_not_exists(pk) OR #st = :closed",
+            update="SET #st = if_not_exists(#st, :closed), updated_ms = :now ADD failures :one",
+            return_values="ALL_NEW",
+            closed=State.CLOSED.value,
+            now=now_ms,
+            one=1,
+        )
+        return None if attrs is None else BreakerRecord.from_item(attrs)
+
+    def reset_failures(self, name: str, now_ms: int) -> bool:
+        attrs = self._update(
+            name,
+            condition="#st = :closed AND failures > :zero",
+            update="SET failures = :zero, updated_ms = :now",
+            closed=State.CLOSED.value,
+            zero=0,
+            now=now_ms,
+        )
+        return attrs is not None
+
+    def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
+        condition = None
+        extra: dict[str, Any] = {}
+        if min_failures is not None:
+            # Closes the race "many callers saw failures >= threshold": the first write changes
+            # the state to open, so every later one fails this condition and does not re-trip.
+            condition = "#st = :closed AND failures >= :min"
+            extra = {"closed": State.CLOSED.value, "min": min_failures}
+        attrs = self._update(
+            name,
+            condition=condition,
+            update=_OPEN_UPDATE,
+            return_values="ALL_OLD",
+            open=State.OPEN.value,
+            now=now_ms,
+            zero=0,
+            **extra,
+        )
+        return None if attrs is None else BreakerRecord.from_item(attrs)
+
+    def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
+        try:
+            attrs = self._update(
+                name,
+                # Open long enough, or half-open whose last slot lease ran out. Only one caller
+                # can make this write: afterwards the item is half_open with a fresh
+                # trial_started_ms, which fails both branches for everyone else.
+                condition=(
+                    "(#st = :open AND opened_at_ms <= :cutoff) OR "
+                    "(#st = :half AND trial_started_ms <= :cutoff)"
+                ),
+                update=(
+                    "SET #st = :half, trial_calls = :one, successes = :zero, "
+                    "trial_started_ms = :now, updated_ms = :now ADD trial_round :one"
+                ),
+                return_values="ALL_NEW",
+                old_on_failure=True,
+                open=State.OPEN.value,
+                half=State.HALF_OPEN.value,
+                cutoff=cutoff_ms,
+                now=now_ms,
+                one=1,
+                zero=0,
+            )
+        except ConditionFailedError as failed:
+            return StartTrialResult(None, BreakerRecord.from_item(failed.item))
+        return StartTrialResult(BreakerRecord.from_item(attrs))
+
+    def join_trial(
+        self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
+    ) -> BreakerRecord | None:
+        attrs = self._update(
+            name,
+            condition=(
+                "#st = :half AND trial_round = :round AND trial_calls < :max "
+                "AND trial_started_ms > :cutoff"
+            ),
+            update="SET trial_started_ms = :now, updated_ms = :now ADD trial_calls :one",
+            return_values="ALL_NEW",
+            half=State.HALF_OPEN.value,
+            round=trial_round,
+            max=max_calls,
+            cutoff=cutoff_ms,
+            now=now_ms,
+            one=1,
+        )
+        return None if attrs is None else BreakerRecord.from_item(attrs)
+
+    def _in_round(
+        self,
+        name: str,
+        trial_round: int,
+        now_ms: int,
+        update: str,
+        return_values: str = "NONE",
+        **attr_values: Any,
+    ) -> dict[str, Any] | None:
+        """One UpdateItem on a breaker still half-open in ``trial_round`` (a later round or a
+        state change by another process makes it fail: None)."""
+        return self._update(
+            name,
+            condition="#st = :half AND trial_round = :round",
+            update=update,
+            return_values=return_values,
+            half=State.HALF_OPEN.value,
+            round=trial_round,
+            now=now_ms,
+            **attr_values,
+        )
+
+    def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
+        attrs = self._in_round(
+            name,
+            trial_round,
+            now_ms,
+            "SET updated_ms = :now ADD successes :one, trial_calls :minus",
+            return_values="ALL_NEW",
+            one=1,
+            minus=-1,
+        )
+        return None if attrs is None else BreakerRecord.from_item(attrs)
+
+    def close(self, name: str, trial_round: int, now_ms: int) -> bool:
+        attrs = self._in_round(
+            name, trial_round, now_ms, _CLOSED_UPDATE, closed=State.CLOSED.value, zero=0
+        )
+        return attrs is not None
+
+    def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
+        attrs = self._in_round(
+            name, trial_round, now_ms, _OPEN_UPDATE, open=State.OPEN.value, zero=0
+        )
+        return attrs is not None
+
+    def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
+        # Not a delete: trial_round is kept, so the next trial starts round N+1 and any outcome
+        # still to come from a round started before the reset fails its round condition.
+        attrs = self._update(
+            name,
+            condition="attribute_exists(pk)",  # an absent breaker is already closed: write nothing
+            update=_CLOSED_UPDATE,
+            return_values="ALL_OLD",
+            closed=State.CLOSED.value,
+            zero=0,
+            now=now_ms,
+        )
+        return BreakerRecord.from_item(attrs) if attrs else None

@@ -1,0 +1,258 @@
+"""The cache store on the single table.
+
+Item: ``pk=CACHE#{ns}#{key}``, ``sk=CACHE``, ``gsi1pk=CACHE#{ns}#{shard}``, ``gsi1sk={key}``, the
+value, and ``expires_at_ms`` + ``ttl`` (epoch seconds, for DynamoDB's sweeper) when it expires.
+
+The value is in exactly one of two attributes:
+
+* ``n`` (number) when the codec text is a plain integer of at most 38 digits (DynamoDB's number
+  precision). Keeping integers numeric is what lets ``incr`` be one atomic ``ADD`` instead of a
+  read-modify-write; on read, ``n`` is turned back into the codec text of that integer, so the
+  cache above never sees the difference and ``get`` returns an ``int``.
+* ``v`` (string) with the codec text for every other value (bool, float, str, bytes, Decimal,
+  lists, dicts, None, and integers over 38 digits).
+
+An ``ADD`` on an item that has ``v`` is refused by its condition, so ``incr`` on a non-integer
+value raises instead of silently creating a second value attribute.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+from typing import Any
+
+from ... import codec
+from ...cache import CacheEntry, KeyPage
+from ...errors import InvalidValueError
+from ...keys import cache_index_pk, cache_key, cache_pk
+from ._table import LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+
+__all__ = ["DynamoDBCacheStore"]
+
+_CACHE_SK = cache_key("x", "x").sk
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
+
+
+class DynamoDBCacheStore:
+    max_batch_get = 100
+    max_batch_write = 25
+
+    def __init__(self, table: DynamoTable, namespace: str, *, shards: int = 1) -> None:
+        self._table = table
+        self._ns = namespace
+        self.partitions = shards
+
+    # -- item layout ----------------------------------------------------------------------------
+
+    def _item(self, key: str, encoded: str, expires_at_ms: int | None) -> dict[str, Any]:
+        item: dict[str, Any] = dict(cache_key(self._ns, key, self.partitions).as_dict())
+        if _INT_TEXT.fullmatch(encoded):
+            item["n"] = int(encoded)
+        else:
+            item["v"] = encoded
+        if expires_at_ms is not None:
+            item["expires_at_ms"] = expires_at_ms
+            item["ttl"] = math.ceil(expires_at_ms / 1000)
+        return item
+
+    def _primary(self, key: str) -> dict[str, Any]:
+        return marshal(cache_key(self._ns, key, self.partitions).primary)
+
+    def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        codec.check_item_size(self._item(key, encoded, expires_at_ms), key=key)
+
+    # -- single items ---------------------------------------------------------------------------
+
+    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+        return CacheEntry.from_item(self._table.get(cache_key(self._ns, key).primary), now_ms)
+
+    def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        self._table.call("put_item", Item=marshal(self._item(key, encoded, expires_at_ms)))
+
+    def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        return self._table.put_if_free(self._item(key, encoded, expires_at_ms), now_ms)
+
+    def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
+        return self.add(key, str(value), expires_at_ms, now_ms)
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        response = self._table.call("delete_item", Key=self._primary(key), ReturnValues="ALL_OLD")
+        old = response.get("Attributes")
+        return CacheEntry.from_item(unmarshal(old) if old else None, now_ms) is not None
+
+    def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        if expires_at_ms is None:
+            update = "REMOVE expires_at_ms, #ttl"
+            attr_values = values(now=now_ms)
+        else:
+            update = "SET expires_at_ms = :exp, #ttl = :ttl"
+            attr_values = values(now=now_ms, exp=expires_at_ms, ttl=math.ceil(expires_at_ms / 1000))
+        try:
+            self._table.call(
+                "update_item",
+                Key=self._primary(key),
+                ConditionExpression=f"attribute_exists(pk) AND {LIVE}",
+                UpdateExpression=update,
+                ExpressionAttributeNames={"#ttl": "ttl"},
+                ExpressionAttributeValues=attr_values,
+            )
+        except ConditionFailedError:
+            return False
+        return True
+
+    def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
+        k = cache_key(self._ns, key, self.partitions)
+        sets = ["gsi1pk = :gpk", "gsi1sk = :gsk"]
+        attr_values: dict[str, Any] = {"now": now_ms, "by": by, "gpk": k.gsi1pk, "gsk": k.gsi1sk}
+        extra: dict[str, Any] = {}
+        if expires_if_new is None:
+            live = LIVE
+        else:
+            # if_not_exists keeps a live counter's own expiry. A live counter without one must
+            # stay without one, so it is left out here and takes the plain ADD below.
+            live = "expires_at_ms > :now"
+            sets.append("expires_at_ms = if_not_exists(expires_at_ms, :exp)")
+            sets.append("#ttl = if_not_exists(#ttl, :ttl)")
+            attr_values.update(exp=expires_if_new, ttl=math.ceil(expires_if_new / 1000))
+            extra["ExpressionAttributeNames"] = {"#ttl": "ttl"}
+        try:
+            # One request for the common cases: ADD to a live counter, or create an absent key
+            # (ADD on a missing number starts from 0).
+            response = self._table.call(
+                "update_item",
+                Key=self._primary(key),
+                ConditionExpression=f"attribute_not_exists(pk) OR (attribute_exists(n) AND {live})",
+                UpdateExpression=f"ADD n :by SET {', '.join(sets)}",
+                ExpressionAttributeValues=values(**attr_values),
+                # ALL_NEW, not UPDATED_NEW: an ADD of 0 leaves n unchanged, and a store may then
+                # leave n out of the updated attributes (moto does). A counter item is small.
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **extra,
+            )
+        except ConditionFailedError as failed:
+            entry = CacheEntry.from_item(failed.item, now_ms)
+            if entry is None:
+                return None  # expired: the caller replaces it with a fresh counter
+            if "n" in (failed.item or {}) and expires_if_new is not None:
+                return self._add_to_live(key, by, now_ms)  # a live counter without expiry
+            raise self._not_an_integer(key) from None
+        return int(unmarshal(response["Attributes"])["n"])
+
+    def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
+        try:
+            response = self._table.call(
+                "update_item",
+                Key=self._primary(key),
+                # Only a live numeric entry: a string value must not grow an `n`.
+                ConditionExpression=f"attribute_exists(n) AND {LIVE}",
+                UpdateExpression="ADD n :by",
+                ExpressionAttributeValues=values(now=now_ms, by=by),
+                ReturnValues="ALL_NEW",  # see incr: n must come back even when by is 0
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            if CacheEntry.from_item(failed.item, now_ms) is not None:
+                raise self._not_an_integer(key) from None
+            return None
+        return int(unmarshal(response["Attributes"])["n"])
+
+    @staticmethod
+    def _not_an_integer(key: str) -> InvalidValueError:
+        return InvalidValueError(
+            f"cache key {key!r} holds a value that is not an integer: incr needs an int (set it "
+            "with an int, or delete it first)"
+        )
+
+    # -- listing and batches --------------------------------------------------------------------
+
+    def keys_page(self, partition: int, prefix: str, now_ms: int, cursor: Any) -> KeyPage:
+        condition = "gsi1pk = :p"
+        attr_values: dict[str, Any] = {":p": cache_index_pk(self._ns, partition)}
+        if prefix:
+            condition += " AND begins_with(gsi1sk, :prefix)"
+            attr_values[":prefix"] = prefix
+        kwargs: dict[str, Any] = {
+            "IndexName": "gsi1",
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeValues": marshal(attr_values),
+            # Only what listing needs; DynamoDB still cuts pages at 1 MB of items read.
+            "ProjectionExpression": "gsi1sk, expires_at_ms",
+        }
+        if cursor is not None:
+            kwargs["ExclusiveStartKey"] = cursor
+        page = self._table.call("query", **kwargs)
+        live: list[str] = []
+        expired: list[str] = []
+        for raw in page.get("Items", []):
+            item = unmarshal(raw)
+            exp = item.get("expires_at_ms")
+            (expired if exp is not None and int(exp) <= now_ms else live).append(
+                str(item["gsi1sk"])
+            )
+        return KeyPage(live, expired, page.get("LastEvaluatedKey") or None)
+
+    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+        name = self._table.name
+        # Plain low-level dicts both ways: this path handles 100 items per request, and boto3's
+        # generic (de)serializer would cost more than the request's own parsing.
+        requested = {cache_pk(self._ns, k): k for k in keys}
+        response = self._table.call(
+            "batch_get_item",
+            RequestItems={
+                name: {
+                    "Keys": [{"pk": {"S": pk}, "sk": {"S": _CACHE_SK}} for pk in requested],
+                    "ConsistentRead": True,
+                    # Only what an entry needs: less to send, parse and decode.
+                    "ProjectionExpression": "pk, v, n, expires_at_ms",
+                }
+            },
+        )
+        found: dict[str, CacheEntry] = {}
+        for raw in response.get("Responses", {}).get(name, []):
+            exp = raw.get("expires_at_ms")
+            expires = int(exp["N"]) if exp is not None else None
+            if expires is not None and expires <= now_ms:
+                continue
+            number = raw.get("n")
+            if number is not None:
+                encoded = str(int(Decimal(number["N"])))
+            else:
+                encoded = raw["v"]["S"] if "v" in raw else "null"
+            found[requested[raw["pk"]["S"]]] = CacheEntry(encoded, expires)
+        unprocessed = response.get("UnprocessedKeys", {}).get(name, {}).get("Keys", [])
+        return found, [requested[k["pk"]["S"]] for k in unprocessed]
+
+    def _batch_write(self, requests: dict[str, dict[str, Any]]) -> list[str]:
+        """One BatchWriteItem of ``{pk: request}``; returns the pks left unprocessed."""
+        name = self._table.name
+        response = self._table.call(
+            "batch_write_item", RequestItems={name: list(requests.values())}
+        )
+        left: list[str] = []
+        for request in response.get("UnprocessedItems", {}).get(name, []):
+            body = request.get("PutRequest", {}).get("Item") or request["DeleteRequest"]["Key"]
+            left.append(str(unmarshal(body)["pk"]))
+        return left
+
+    def set_batch(
+        self, entries: list[tuple[str, str, int | None]]
+    ) -> list[tuple[str, str, int | None]]:
+        by_pk: dict[str, tuple[str, str, int | None]] = {}
+        requests: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            item = self._item(*entry)
+            by_pk[item["pk"]] = entry
+            requests[item["pk"]] = {"PutRequest": {"Item": marshal(item)}}
+        return [by_pk[pk] for pk in self._batch_write(requests)]
+
+    def delete_batch(self, keys: list[str]) -> list[str]:
+        by_pk: dict[str, str] = {}
+        requests: dict[str, dict[str, Any]] = {}
+        for key in keys:
+            primary = cache_key(self._ns, key).primary
+            by_pk[primary["pk"]] = key
+            requests[primary["pk"]] = {"DeleteRequest": {"Key": marshal(primary)}}
+        return [by_pk[pk] for pk in self._batch_write(requests)]

@@ -1,0 +1,213 @@
+"""The counter / flag / join store on the single table.
+
+Item: ``pk=COUNTER#{ns}#{key}``, ``sk=COUNTER``, ``kind`` (counter | flag | join), and
+
+* counter: ``n`` (number)
+* flag: ``value`` (codec-encoded JSON text)
+* join: ``n`` (count of distinct members), ``members`` (string set), ``expected`` (number)
+
+plus ``expires_at_ms`` and ``ttl`` when the item expires. Every condition treats an item with
+``expires_at_ms <= :now`` as absent; an item without ``expires_at_ms`` never expires.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
+from ...keys import counter_key
+from ._table import FREE, LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+
+__all__ = ["DynamoDBCounterStore"]
+
+_NAMES = {
+    "#kind": "kind",
+    "#n": "n",
+    "#value": "value",
+    "#members": "members",
+    "#expected": "expected",
+    "#ttl": "ttl",
+}
+
+#: live or absent: the condition of every write that updates a live item in place
+_LIVE_OR_ABSENT = f"attribute_not_exists(pk) OR (#kind = :kind AND {LIVE})"
+
+
+def _names(expression: str) -> dict[str, str]:
+    """Only the placeholders an expression uses (DynamoDB refuses unused ones)."""
+    return {k: v for k, v in _NAMES.items() if k in expression}
+
+
+def _ttl_s(expires_at_ms: int) -> int:
+    return math.ceil(expires_at_ms / 1000)
+
+
+def _expiry(ttl_ms: int, now_ms: int) -> dict[str, Any]:
+    return {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+
+
+def _keep_expiry(sets: str, ttl_ms: int | None, now_ms: int) -> tuple[str, dict[str, Any]]:
+    """``sets`` plus an expiry for an item that has none yet: a live item keeps its own (fixed
+    windows). Returns the SET clause and its values."""
+    if ttl_ms is None:
+        return sets, {}
+    sets += ", expires_at_ms = if_not_exists(expires_at_ms, :exp), #ttl = if_not_exists(#ttl, :ttl)"
+    return sets, _expiry(ttl_ms, now_ms)
+
+
+def _new_expiry(
+    sets: str, removes: str, ttl_ms: int | None, now_ms: int
+) -> tuple[str, dict[str, Any]]:
+    """The update of a write that replaces the item: ``sets`` and ``removes`` plus the new expiry,
+    or without a TTL the removal of the old one. Returns the update and its values."""
+    if ttl_ms is None:
+        return f"{sets} {removes}, expires_at_ms, #ttl", {}
+    return f"{sets}, expires_at_ms = :exp, #ttl = :ttl {removes}", _expiry(ttl_ms, now_ms)
+
+
+class DynamoDBCounterStore:
+    def __init__(self, table: DynamoTable, namespace: str) -> None:
+        self._table = table
+        self._ns = namespace
+
+    def _key(self, key: str) -> dict[str, Any]:
+        return marshal(counter_key(self._ns, key).primary)
+
+    def _update(
+        self,
+        key: str,
+        *,
+        update: str,
+        condition: str,
+        now_ms: int,
+        return_values: str = "ALL_NEW",
+        **vals: Any,
+    ) -> WriteOutcome:
+        try:
+            response = self._table.call(
+                "update_item",
+                Key=self._key(key),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=_names(update + " " + condition),
+                ExpressionAttributeValues=values(**vals),
+                ReturnValues=return_values,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            return WriteOutcome(False, current=CounterItem.from_item(failed.item, now_ms))
+        return WriteOutcome(
+            True, item=CounterItem.from_item(unmarshal(response["Attributes"]), now_ms)
+        )
+
+    # -- counters --------------------------------------------------------------------------------
+
+    def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        # A live counter keeps its expiry (fixed windows); only one without an expiry gets it.
+        sets, expiry = _keep_expiry("SET #kind = :kind", ttl_ms, now_ms)
+        return self._update(
+            key,
+            update=f"{sets} ADD #n :by",
+            condition=_LIVE_OR_ABSENT,
+            now_ms=now_ms,
+            kind=COUNTER,
+            by=by,
+            now=now_ms,
+            **expiry,
+        )
+
+    def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        update, expiry = _new_expiry(
+            "SET #kind = :kind, #n = :by", "REMOVE #value, #members, #expected", ttl_ms, now_ms
+        )
+        return self._update(
+            key,
+            update=update,
+            condition=FREE,
+            now_ms=now_ms,
+            kind=COUNTER,
+            by=by,
+            now=now_ms,
+            **expiry,
+        )
+
+    def put_if_absent(
+        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+    ) -> bool:
+        item: dict[str, Any] = {**counter_key(self._ns, key).primary, **value_fields(kind, value)}
+        if ttl_ms is not None:
+            item["expires_at_ms"] = now_ms + ttl_ms
+            item["ttl"] = _ttl_s(now_ms + ttl_ms)
+        return self._table.put_if_free(item, now_ms)
+
+    def get(self, key: str, now_ms: int) -> CounterItem | None:
+        return CounterItem.from_item(self._table.get(counter_key(self._ns, key).primary), now_ms)
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")
+        old = response.get("Attributes")
+        return CounterItem.from_item(unmarshal(old) if old else None, now_ms) is not None
+
+    def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
+        expires = now_ms + ttl_ms
+        try:
+            self._table.call(
+                "update_item",
+                Key=self._key(key),
+                ConditionExpression=f"attribute_exists(pk) AND {LIVE}",
+                UpdateExpression="SET expires_at_ms = :exp, #ttl = :ttl",
+                ExpressionAttributeNames={"#ttl": "ttl"},
+                ExpressionAttributeValues=values(now=now_ms, exp=expires, ttl=_ttl_s(expires)),
+            )
+        except ConditionFailedError:
+            return False
+        return True
+
+    # -- joins -------------------------------------------------------------------------------------
+
+    def join_add(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        # One atomic write: the member is added and counted only if it is not in the set yet, so
+        # a redelivered arrival fails the condition (and reads back the state) instead of counting
+        # twice; the count each successful add returns is therefore distinct.
+        sets, expiry = _keep_expiry("SET #kind = :kind, #expected = :expected", ttl_ms, now_ms)
+        return self._update(
+            key,
+            update=f"{sets} ADD #members :mset, #n :one",
+            condition=(
+                "attribute_not_exists(pk) OR (#kind = :kind AND #expected = :expected AND "
+                f"{LIVE} AND NOT contains(#members, :member))"
+            ),
+            now_ms=now_ms,
+            kind=JOIN,
+            expected=expected,
+            mset={member},
+            member=member,
+            one=1,
+            now=now_ms,
+            **expiry,
+        )
+
+    def join_restart(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        update, expiry = _new_expiry(
+            "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one",
+            "REMOVE #value",
+            ttl_ms,
+            now_ms,
+        )
+        return self._update(
+            key,
+            update=update,
+            condition=FREE,
+            now_ms=now_ms,
+            kind=JOIN,
+            expected=expected,
+            mset={member},
+            one=1,
+            now=now_ms,
+            **expiry,
+        )

@@ -1,0 +1,120 @@
+"""The lock store on the single table.
+
+Item: ``pk=LOCK#{ns}#{key}``, ``sk=LOCK``, ``owner``, ``fence``, ``expires_at_ms``, ``ttl``.
+
+Why a released lock is kept (``owner`` removed, ``expires_at_ms`` set to now) instead of deleted:
+the fence must keep growing. While the item exists, the next acquire sets ``fence = fence + 1``.
+Once DynamoDB's TTL sweeper has removed it, the next acquire starts from ``now_ms * 1000 + 1``,
+which is above every fence ever handed out as long as the item outlived its expiry by more than the
+clock skew between clients: ``ttl`` is therefore set ``fence_grace`` seconds (default one hour)
+after the expiry, never at it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...keys import lock_key
+from ...locks import AcquireResult, LockInfo
+from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+
+__all__ = ["DynamoDBLockStore"]
+
+
+class DynamoDBLockStore:
+    def __init__(self, table: DynamoTable, namespace: str, *, fence_grace_s: int = 3600) -> None:
+        self._table = table
+        self._ns = namespace
+        self._grace_s = fence_grace_s
+
+    def _ttl(self, expires_at_ms: int) -> int:
+        return math.ceil(expires_at_ms / 1000) + self._grace_s
+
+    def _info(self, key: str, item: dict[str, Any] | None, now_ms: int) -> LockInfo | None:
+        if not item or "owner" not in item or int(item.get("expires_at_ms", 0)) <= now_ms:
+            return None
+        return LockInfo(key, str(item["owner"]), int(item["fence"]), int(item["expires_at_ms"]))
+
+    def try_acquire(self, key: str, owner: str, ttl_ms: int, now_ms: int) -> AcquireResult:
+        k = lock_key(self._ns, key)
+        expires = now_ms + ttl_ms
+        try:
+            response = self._table.call(
+                "update_item",
+                Key=marshal(k.primary),
+                # Free means: never created, swept, released, or expired (the sweeper may lag).
+                ConditionExpression=FREE,
+                UpdateExpression=(
+                    "SET #owner = :owner, expires_at_ms = :exp, #ttl = :ttl, "
+                    "fence = if_not_exists(fence, :base) + :one"
+                ),
+                ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
+                ExpressionAttributeValues=values(
+                    now=now_ms,
+                    owner=owner,
+                    exp=expires,
+                    ttl=self._ttl(expires),
+                    base=now_ms * 1000,
+                    one=1,
+                ),
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            return AcquireResult(None, self._info(key, failed.item, now_ms))
+        item = unmarshal(response["Attributes"])
+        return AcquireResult(LockInfo(key, owner, int(item["fence"]), expires))
+
+    def _if_held(
+        self, key: str, owner: str, fence: int, now_ms: int, update: str, **attr_values: Any
+    ) -> bool:
+        """One UpdateItem, made only while ``owner`` holds the unexpired lock with ``fence``."""
+        try:
+            self._table.call(
+                "update_item",
+                Key=marshal(lock_key(self._ns, key).primary),
+                ConditionExpression="#owner = :owner AND fence = :fence AND expires_at_ms > :now",
+                UpdateExpression=update,
+                ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
+                ExpressionAttributeValues=values(
+                    owner=owner, fence=fence, now=now_ms, **attr_values
+                ),
+            )
+        except ConditionFailedError:
+            return False
+        return True
+
+    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
+        expires = now_ms + ttl_ms
+        update = "SET expires_at_ms = :exp, #ttl = :ttl"
+        if not self._if_held(
+            key, owner, fence, now_ms, update, exp=expires, ttl=self._ttl(expires)
+        ):
+            return None
+        return LockInfo(key, owner, fence, expires)
+
+    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+        update = "SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner"
+        return self._if_held(key, owner, fence, now_ms, update, ttl=self._ttl(now_ms))
+
+    def force_release(self, key: str, now_ms: int) -> bool:
+        k = lock_key(self._ns, key)
+        try:
+            response = self._table.call(
+                "update_item",
+                Key=marshal(k.primary),
+                # Only touch an existing item: force_release never creates one.
+                ConditionExpression="attribute_exists(pk)",
+                UpdateExpression="SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner",
+                ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
+                ExpressionAttributeValues=values(now=now_ms, ttl=self._ttl(now_ms)),
+                ReturnValues="ALL_OLD",
+            )
+        except ConditionFailedError:
+            return False
+        old = unmarshal(response.get("Attributes", {}))
+        return self._info(key, old, now_ms) is not None
+
+    def get(self, key: str, now_ms: int) -> LockInfo | None:
+        return self._info(key, self._table.get(lock_key(self._ns, key).primary), now_ms)

@@ -1,0 +1,166 @@
+"""The MongoDB backend: the same key schema and primitives as DynamoDB, in one collection.
+
+Install the extra: ``pip install 'dynacoord[mongo]'``. Pass a ``pymongo`` database; dynacoord
+never connects at import time::
+
+    import pymongo
+    from dynacoord.backends.mongo import MongoBackend
+
+    db = pymongo.MongoClient("mongodb://localhost:27017/?replicaSet=rs0")["app"]
+    backend = MongoBackend(db, namespace="orders")
+    backend.ensure_indexes()          # idempotent; also done on first use unless auto_indexes=False
+
+Every item is one document with ``pk``/``sk`` (and ``gsi1pk``/``gsi1sk`` for listed kinds) as in
+DESIGN.md. The unique (pk, sk) index is what makes the upserting compare-and-set writes safe, so
+the backend creates the indexes on first use unless told not to (then call
+:meth:`MongoBackend.ensure_indexes` yourself, for example at deploy time).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, NoReturn
+
+try:
+    import pymongo
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError("MongoBackend needs pymongo: pip install 'dynacoord[mongo]'") from exc
+
+from ..._backend import Backend
+from ..._clock import Clock
+from ...errors import ConfigurationError, NotSupportedError
+from ._collection import MongoCollection, translate_errors
+
+if TYPE_CHECKING:
+    from ...breaker import BreakerStore
+    from ...cache import CacheStore
+    from ...checkpoints import CheckpointStore
+    from ...counters import CounterStore
+    from ...idempotency import IdempotencyStore
+    from ...locks import LockStore
+    from ...outbox import OutboxStore
+    from ...runs import RunStore
+
+__all__ = ["INDEXES", "MongoBackend"]
+
+#: name -> (keys, options) of every index the collection needs.
+INDEXES: dict[str, tuple[list[tuple[str, int]], dict[str, Any]]] = {
+    "pk_sk": ([("pk", pymongo.ASCENDING), ("sk", pymongo.ASCENDING)], {"unique": True}),
+    "gsi1": (
+        [("gsi1pk", pymongo.ASCENDING), ("gsi1sk", pymongo.ASCENDING)],
+        {"partialFilterExpression": {"gsi1pk": {"$exists": True}}},
+    ),
+    "ttl": ([("expires_at", pymongo.ASCENDING)], {"expireAfterSeconds": 0}),
+}
+
+
+class MongoBackend(Backend):
+    """dynacoord on MongoDB (pymongo ``Database``, MongoDB >= 4.2).
+
+    ``lock_fence_grace`` (seconds) keeps a released or expired lock's document that long so
+    fencing tokens keep growing from the stored value; ``gc_grace`` (seconds) is how long other
+    expired documents linger before the TTL monitor may delete them (they are treated as absent
+    from their expiry on, whatever the monitor has done).
+    """
+
+    kind = "mongo"
+
+    def __init__(
+        self,
+        database: Any,
+        *,
+        namespace: str = "default",
+        collection: str = "dynacoord",
+        clock: Clock | None = None,
+        lock_fence_grace: int = 3600,
+        gc_grace: int = 60,
+        auto_indexes: bool = True,
+    ) -> None:
+        super().__init__(namespace=namespace, clock=clock)
+        if database is None:
+            raise ConfigurationError("database is required: pass pymongo.MongoClient(...)[name]")
+        if not isinstance(collection, str) or not collection or "$" in collection:
+            raise ConfigurationError(f"collection must be a non-empty name, got {collection!r}")
+        for name, value in (("lock_fence_grace", lock_fence_grace), ("gc_grace", gc_grace)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0 (seconds), got {value!r}")
+        self.database = database
+        self.collection_name = collection
+        self.lock_fence_grace = lock_fence_grace
+        self.gc_grace = gc_grace
+        self.auto_indexes = auto_indexes
+        self.coll = MongoCollection(database[collection], gc_grace_ms=gc_grace * 1000)
+        self._indexes_ready = False
+        self._index_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"MongoBackend(database={getattr(self.database, 'name', '?')!r}, "
+            f"collection={self.collection_name!r}, namespace={self.namespace!r})"
+        )
+
+    def ensure_indexes(self) -> list[str]:
+        """Create the indexes the stores rely on (idempotent); return their names."""
+        names = []
+        with translate_errors("ensure_indexes"):
+            for name, (keys, options) in INDEXES.items():
+                names.append(self.coll.collection.create_index(keys, name=name, **options))
+        self._indexes_ready = True
+        return names
+
+    def _ready(self) -> MongoCollection:
+        if self.auto_indexes and not self._indexes_ready:
+            with self._index_lock:
+                if not self._indexes_ready:
+                    self.ensure_indexes()
+        return self.coll
+
+    # -- store factories ------------------------------------------------------------------------
+
+    def _lock_store(self, namespace: str) -> LockStore:
+        from .locks import MongoLockStore
+
+        return MongoLockStore(self._ready(), namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _checkpoint_store(self, namespace: str) -> CheckpointStore:
+        from .checkpoints import MongoCheckpointStore
+
+        return MongoCheckpointStore(self._ready(), namespace)
+
+    def _idempotency_store(self, namespace: str) -> IdempotencyStore:
+        from .idempotency import MongoIdempotencyStore
+
+        return MongoIdempotencyStore(self._ready(), namespace)
+
+    def _cache_store(self, namespace: str) -> CacheStore:
+        from .cache import MongoCacheStore
+
+        return MongoCacheStore(self._ready(), namespace, self.clock)
+
+    def _breaker_store(self, namespace: str) -> BreakerStore:
+        from .breaker import MongoBreakerStore
+
+        return MongoBreakerStore(self._ready(), namespace)
+
+    def _counter_store(self, namespace: str) -> CounterStore:
+        from .counters import MongoCounterStore
+
+        return MongoCounterStore(self._ready(), namespace)
+
+    def _run_store(self, namespace: str) -> RunStore:
+        from .runs import MongoRunStore
+
+        return MongoRunStore(self._ready(), namespace)
+
+    def _outbox_store(self, namespace: str) -> OutboxStore:
+        from .outbox import MongoOutboxStore
+
+        return MongoOutboxStore(self._ready(), namespace)
+
+    def transaction(self, *, client_request_token: str | None = None) -> NoReturn:
+        """Not available: ``backend.transaction()`` is DynamoDB-only (raises NotSupportedError)."""
+        # Never a silent non-atomic fallback: refuse clearly instead.
+        raise NotSupportedError(
+            "backend.transaction() is DynamoDB-only: "
+            "the collector commits DynamoDB TransactWriteItems (writes to other DynamoDB tables with DynamoDB condition expressions), which have no MongoDB equivalent; use a pymongo session transaction for your own documents and backend.outbox.publish() for events"
+        )

@@ -1,0 +1,107 @@
+"""Helpers shared by the MongoDB stores: the collection wrapper and the one error translation point.
+
+Layout (DESIGN.md section 2): one collection; every item is one document with the ``pk``/``sk``
+strings of the key schema (plus ``gsi1pk``/``gsi1sk`` for listed kinds), a unique (pk, sk)
+index, an index on (gsi1pk, gsi1sk) and a TTL index on the ``expires_at`` date.
+
+Expiry: the truth is ``expires_at_ms`` compared with the caller's ``now_ms``, as on DynamoDB.
+``expires_at`` only feeds the TTL monitor (which runs every 60 s): it is set to the item's
+remaining lifetime plus a grace period from the real wall clock, so an injected test clock can
+never make the monitor delete a live item.
+
+Atomicity: every conditional write is one single-document ``update_one``/``find_one_and_update``
+with the condition in its filter. Values written through aggregation-pipeline updates are
+wrapped in ``$literal`` so a user string starting with ``$`` is never read as a field path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from ...errors import BackendError, TableNotReadyError
+
+__all__ = ["MongoCollection", "literal", "live_filter", "translate_errors"]
+
+logger = logging.getLogger("dynacoord.backends.mongo")
+
+
+def live_filter(now_ms: int) -> dict[str, Any]:
+    """The query filter for "live at ``now_ms``": no ``expires_at_ms``, or one ahead of now."""
+    return {"$or": [{"expires_at_ms": {"$exists": False}}, {"expires_at_ms": {"$gt": now_ms}}]}
+
+
+def literal(value: Any) -> dict[str, Any]:
+    """A constant in an aggregation expression (never interpreted as ``$field``)."""
+    return {"$literal": value}
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Turn pymongo errors into dynacoord errors (chained) in one place.
+
+    ``DuplicateKeyError`` is *not* translated: stores catch it themselves, because it is how an
+    upsert tells them that the item exists but did not match the condition. Nor is a
+    ``BulkWriteError`` refused only by duplicate keys (how ``insert_many`` reports a clash).
+    """
+    from pymongo import errors
+
+    try:
+        yield
+    except errors.DuplicateKeyError:
+        raise
+    except errors.BulkWriteError as exc:
+        write_errors = exc.details.get("writeErrors") or []
+        if write_errors and all(e.get("code") == 11000 for e in write_errors):
+            raise
+        raise BackendError(f"MongoDB error during {what}: {exc}", code=str(exc.code)) from exc
+    except errors.OperationFailure as exc:
+        if exc.code == 26:  # NamespaceNotFound
+            raise TableNotReadyError(
+                f"MongoDB collection missing during {what}: call backend.ensure_indexes()"
+            ) from exc
+        raise BackendError(
+            f"MongoDB error during {what}: {exc}", code=str(exc.code) if exc.code else None
+        ) from exc
+    except errors.PyMongoError as exc:
+        raise BackendError(
+            f"MongoDB {type(exc).__name__} during {what}: {exc}", code=type(exc).__name__
+        ) from exc
+
+
+class MongoCollection:
+    """The collection all Mongo stores share."""
+
+    def __init__(self, collection: Any, *, gc_grace_ms: int = 60_000) -> None:
+        self.collection = collection
+        self.gc_grace_ms = gc_grace_ms
+
+    def gc_date(
+        self, expires_at_ms: int, now_ms: int, grace_ms: int | None = None
+    ) -> datetime.datetime:
+        """The ``expires_at`` date for the TTL monitor: remaining lifetime plus grace, real time."""
+        grace = self.gc_grace_ms if grace_ms is None else grace_ms
+        at_ms = int(time.time() * 1000) + max(0, expires_at_ms - now_ms) + grace
+        return datetime.datetime.fromtimestamp(at_ms / 1000, tz=datetime.timezone.utc)
+
+    def replace_if_free(
+        self, key: Mapping[str, Any], doc: Mapping[str, Any], now_ms: int, what: str
+    ) -> bool:
+        """Write ``doc`` under ``key`` unless a live document holds it; False (nothing written)
+        then. One upserting ``replace_one`` filtered on "expired": when a live document (or one
+        without expiry) holds the key, the filter does not match and the upsert's insert hits the
+        unique (pk, sk) index (``DuplicateKeyError``)."""
+        from pymongo.errors import DuplicateKeyError
+
+        try:
+            with translate_errors(what):
+                self.collection.replace_one(
+                    {**key, "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
+                )
+        except DuplicateKeyError:
+            return False
+        return True

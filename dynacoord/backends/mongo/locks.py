@@ -1,0 +1,136 @@
+"""The lock store on MongoDB.
+
+Document: ``pk=LOCK#{ns}#{key}``, ``sk=LOCK``, ``owner``, ``fence``, ``expires_at_ms``,
+``expires_at`` (TTL monitor only).
+
+Acquire is one upserting ``find_one_and_update`` whose filter says "free" (``expires_at_ms <=
+now``; a released lock has its expiry set to the release time). When the lock is held, the filter
+does not match, the upsert tries to insert a second (pk, sk) and the unique index refuses it with
+``DuplicateKeyError``: the store then reads the holder. If that read finds the lock free (it
+expired in between), the attempt is simply repeated, so a duplicate-key race never reports a
+free lock as held.
+
+As on DynamoDB, a released lock is kept so the fence continues from ``fence + 1``; a document
+removed by the TTL monitor (``fence_grace`` after expiry) restarts from ``now_ms * 1000 + 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from ...keys import lock_key
+from ...locks import AcquireResult, LockInfo
+from ._collection import MongoCollection, literal, translate_errors
+
+__all__ = ["MongoLockStore"]
+
+_ACQUIRE_ATTEMPTS = 4
+
+
+class MongoLockStore:
+    def __init__(self, coll: MongoCollection, namespace: str, *, fence_grace_s: int = 3600) -> None:
+        self._coll = coll
+        self._c = coll.collection
+        self._ns = namespace
+        self._grace_ms = fence_grace_s * 1000
+
+    def _filter(self, key: str) -> dict[str, Any]:
+        return lock_key(self._ns, key).primary
+
+    @staticmethod
+    def _info(key: str, doc: dict[str, Any] | None, now_ms: int) -> LockInfo | None:
+        if not doc or doc.get("owner") is None or int(doc.get("expires_at_ms", 0)) <= now_ms:
+            return None
+        return LockInfo(key, str(doc["owner"]), int(doc["fence"]), int(doc["expires_at_ms"]))
+
+    def try_acquire(self, key: str, owner: str, ttl_ms: int, now_ms: int) -> AcquireResult:
+        expires = now_ms + ttl_ms
+        base = now_ms * 1000
+        update = [
+            {
+                "$set": {
+                    "owner": literal(owner),
+                    "expires_at_ms": literal(expires),
+                    "expires_at": literal(self._coll.gc_date(expires, now_ms, self._grace_ms)),
+                    "fence": {"$add": [{"$ifNull": ["$fence", literal(base)]}, 1]},
+                }
+            }
+        ]
+        query = {**self._filter(key), "expires_at_ms": {"$lte": now_ms}}
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            try:
+                with translate_errors("lock acquire"):
+                    doc = self._c.find_one_and_update(
+                        query, update, upsert=True, return_document=ReturnDocument.AFTER
+                    )
+                return AcquireResult(LockInfo(key, owner, int(doc["fence"]), expires))
+            except DuplicateKeyError:
+                # Held (or created by a racer a moment ago): report the holder, unless it turns
+                # out to be free by now, in which case the attempt is repeated.
+                with translate_errors("lock get"):
+                    current = self._c.find_one(self._filter(key))
+                holder = self._info(key, current, now_ms)
+                if holder is not None:
+                    return AcquireResult(None, holder)
+        return AcquireResult(None, None)
+
+    def _if_held(
+        self, key: str, owner: str, fence: int, now_ms: int, update: dict[str, Any], what: str
+    ) -> bool:
+        """One update, made only while ``owner`` holds the unexpired lock with ``fence``."""
+        with translate_errors(what):
+            result = self._c.update_one(
+                {
+                    **self._filter(key),
+                    "owner": owner,
+                    "fence": fence,
+                    "expires_at_ms": {"$gt": now_ms},
+                },
+                update,
+            )
+        return bool(result.matched_count == 1)
+
+    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
+        expires = now_ms + ttl_ms
+        update = {
+            "$set": {
+                "expires_at_ms": expires,
+                "expires_at": self._coll.gc_date(expires, now_ms, self._grace_ms),
+            }
+        }
+        if not self._if_held(key, owner, fence, now_ms, update, "lock extend"):
+            return None
+        return LockInfo(key, owner, fence, expires)
+
+    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+        update = {
+            "$set": {
+                "expires_at_ms": now_ms,
+                "expires_at": self._coll.gc_date(now_ms, now_ms, self._grace_ms),
+            },
+            "$unset": {"owner": ""},
+        }
+        return self._if_held(key, owner, fence, now_ms, update, "lock release")
+
+    def force_release(self, key: str, now_ms: int) -> bool:
+        with translate_errors("lock force_release"):
+            old = self._c.find_one_and_update(
+                self._filter(key),
+                {
+                    "$set": {
+                        "expires_at_ms": now_ms,
+                        "expires_at": self._coll.gc_date(now_ms, now_ms, self._grace_ms),
+                    },
+                    "$unset": {"owner": ""},
+                },
+                return_document=ReturnDocument.BEFORE,
+            )
+        return self._info(key, old, now_ms) is not None
+
+    def get(self, key: str, now_ms: int) -> LockInfo | None:
+        with translate_errors("lock get"):
+            doc = self._c.find_one(self._filter(key))
+        return self._info(key, doc, now_ms)

@@ -1,0 +1,129 @@
+"""The Redis backend: the same key schema and primitives as DynamoDB, on one Redis server.
+
+Install the extra: ``pip install 'dynacoord[redis]'``. Pass a ``redis.Redis`` client (with or
+without ``decode_responses``); dynacoord never opens a connection at import time::
+
+    import redis
+    from dynacoord.backends.redis import RedisBackend
+
+    backend = RedisBackend(redis.Redis(host="localhost"), namespace="orders")
+    with backend.locks.hold("nightly-report", ttl=30) as lease:
+        ...
+
+Items are hashes named by their DESIGN.md key strings (``{pk}`` or ``{pk}|{sk}``); listings use
+sorted sets named by the ``gsi1pk`` strings. Compare-and-set operations are Lua scripts, so a
+store method is still one round trip and atomic. Redis Cluster is not supported (scripts touch an
+item and its index key, which may live in different slots): use a single primary (with replicas
+or Sentinel). Redis replication is asynchronous, so a failover can lose the last writes: see the
+README's backend comparison.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+try:
+    import redis as _redis  # noqa: F401  (checked here so the error names the extra)
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError("RedisBackend needs redis-py: pip install 'dynacoord[redis]'") from exc
+
+from ..._backend import Backend
+from ..._clock import Clock
+from ...errors import ConfigurationError, NotSupportedError
+from ._conn import RedisConn
+
+if TYPE_CHECKING:
+    from ...breaker import BreakerStore
+    from ...cache import CacheStore
+    from ...checkpoints import CheckpointStore
+    from ...counters import CounterStore
+    from ...idempotency import IdempotencyStore
+    from ...locks import LockStore
+    from ...outbox import OutboxStore
+    from ...runs import RunStore
+
+__all__ = ["RedisBackend"]
+
+
+class RedisBackend(Backend):
+    """dynacoord on Redis (``redis.Redis`` client, Redis >= 6.2).
+
+    ``lock_fence_grace`` (seconds) keeps a released or expired lock's hash that long so fencing
+    tokens keep growing from the stored value; ``gc_grace`` (seconds) is how long other expired
+    items linger before Redis deletes them (they are treated as absent from their expiry on).
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "default",
+        clock: Clock | None = None,
+        lock_fence_grace: int = 3600,
+        gc_grace: int = 60,
+    ) -> None:
+        super().__init__(namespace=namespace, clock=clock)
+        if client is None:
+            raise ConfigurationError("client is required: pass redis.Redis(...)")
+        for name, value in (("lock_fence_grace", lock_fence_grace), ("gc_grace", gc_grace)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0 (seconds), got {value!r}")
+        self.client = client
+        self.lock_fence_grace = lock_fence_grace
+        self.gc_grace = gc_grace
+        self.conn = RedisConn(client, gc_grace_ms=gc_grace * 1000)
+
+    def __repr__(self) -> str:
+        return f"RedisBackend(namespace={self.namespace!r})"
+
+    # -- store factories ------------------------------------------------------------------------
+
+    def _lock_store(self, namespace: str) -> LockStore:
+        from .locks import RedisLockStore
+
+        return RedisLockStore(self.conn, namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _checkpoint_store(self, namespace: str) -> CheckpointStore:
+        from .checkpoints import RedisCheckpointStore
+
+        return RedisCheckpointStore(self.conn, namespace)
+
+    def _idempotency_store(self, namespace: str) -> IdempotencyStore:
+        from .idempotency import RedisIdempotencyStore
+
+        return RedisIdempotencyStore(self.conn, namespace)
+
+    def _cache_store(self, namespace: str) -> CacheStore:
+        from .cache import RedisCacheStore
+
+        return RedisCacheStore(self.conn, namespace, self.clock)
+
+    def _breaker_store(self, namespace: str) -> BreakerStore:
+        from .breaker import RedisBreakerStore
+
+        return RedisBreakerStore(self.conn, namespace)
+
+    def _counter_store(self, namespace: str) -> CounterStore:
+        from .counters import RedisCounterStore
+
+        return RedisCounterStore(self.conn, namespace)
+
+    def _run_store(self, namespace: str) -> RunStore:
+        from .runs import RedisRunStore
+
+        return RedisRunStore(self.conn, namespace)
+
+    def _outbox_store(self, namespace: str) -> OutboxStore:
+        from .outbox import RedisOutboxStore
+
+        return RedisOutboxStore(self.conn, namespace)
+
+    def transaction(self, *, client_request_token: str | None = None) -> NoReturn:
+        """Not available: ``backend.transaction()`` is DynamoDB-only (raises NotSupportedError)."""
+        # Never a silent non-atomic fallback: refuse clearly instead.
+        raise NotSupportedError(
+            "backend.transaction() is DynamoDB-only: "
+            "a Redis MULTI/EXEC cannot carry DynamoDB's conditional writes to other tables, and Lua scripts are not a general transaction API; publish events with backend.outbox.publish() (one atomic script for the whole batch)"
+        )

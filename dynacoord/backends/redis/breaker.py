@@ -1,0 +1,213 @@
+"""The circuit-breaker store on Redis.
+
+Item: hash ``CB#{ns}#{name}`` with ``state``, ``failures``, ``successes``, ``opened_at_ms``,
+``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``; no expiry (the state must
+outlive every process). Absent means closed with no failures; ``reset`` closes the hash in place
+(never deletes it) so that ``trial_round`` never goes back.
+
+Every method is one Lua script that checks the state it leaves and writes in the same atomic
+step (the conditions are those of the DynamoDB store), so of several processes racing for a
+transition exactly one makes it, and counters use ``HINCRBY``, never read-modify-write.
+Scripts reply ``{ok, field, value, ...}``: the flag, then the hash (after the write, or before
+it where the protocol asks for the old record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...breaker import BreakerRecord, StartTrialResult
+from ...keys import breaker_key
+from ._conn import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, translate_errors
+
+__all__ = ["RedisBreakerStore"]
+
+_HEAD = (
+    LUA_REPLY
+    + """
+local function num(field)
+  local v = redis.call('HGET', KEYS[1], field)
+  if v then return tonumber(v) end
+  return nil
+end
+local st = redis.call('HGET', KEYS[1], 'state')
+"""
+)
+
+# ARGV: now
+_FAIL = (
+    _HEAD
+    + """
+if st and st ~= 'closed' then return {0} end
+redis.call('HSET', KEYS[1], 'state', 'closed', 'updated_ms', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'failures', 1)
+return reply(1)
+"""
+)
+
+# ARGV: now
+_RESET_FAILURES = (
+    _HEAD
+    + """
+local failures = num('failures')
+if st ~= 'closed' or not failures or failures <= 0 then return {0} end
+redis.call('HSET', KEYS[1], 'failures', 0, 'updated_ms', ARGV[1])
+return {1}
+"""
+)
+
+# ARGV: now, min failures|''  (replies with the record as it was)
+_TRIP = (
+    _HEAD
+    + """
+if ARGV[2] ~= '' then
+  local failures = num('failures')
+  if st ~= 'closed' or not failures or failures < tonumber(ARGV[2]) then return {0} end
+end
+local old = reply(1)
+redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[1], 'successes', 0,
+           'trial_calls', 0, 'updated_ms', ARGV[1])
+redis.call('HDEL', KEYS[1], 'trial_started_ms')
+return old
+"""
+)
+
+# ARGV: now, cutoff  (won: the new record; lost: the current one)
+_START_TRIAL = (
+    _HEAD
+    + """
+local cutoff = tonumber(ARGV[2])
+local opened = num('opened_at_ms')
+local started = num('trial_started_ms')
+if not ((st == 'open' and opened and opened <= cutoff) or
+        (st == 'half_open' and started and started <= cutoff)) then
+  return reply(0)
+end
+redis.call('HSET', KEYS[1], 'state', 'half_open', 'trial_calls', 1, 'successes', 0,
+           'trial_started_ms', ARGV[1], 'updated_ms', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'trial_round', 1)
+return reply(1)
+"""
+)
+
+# ARGV: round, now, cutoff, max calls
+_JOIN_TRIAL = (
+    _HEAD
+    + """
+local calls = num('trial_calls')
+local started = num('trial_started_ms')
+if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) or not calls
+   or calls >= tonumber(ARGV[4]) or not started or started <= tonumber(ARGV[3]) then
+  return {0}
+end
+redis.call('HSET', KEYS[1], 'trial_started_ms', ARGV[2], 'updated_ms', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'trial_calls', 1)
+return reply(1)
+"""
+)
+
+# ARGV: round, now
+_TRIAL_SUCCESS = (
+    _HEAD
+    + """
+if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) then return {0} end
+redis.call('HINCRBY', KEYS[1], 'successes', 1)
+redis.call('HINCRBY', KEYS[1], 'trial_calls', -1)
+redis.call('HSET', KEYS[1], 'updated_ms', ARGV[2])
+return reply(1)
+"""
+)
+
+# ARGV: round, now
+_CLOSE = (
+    _HEAD
+    + """
+if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) then return {0} end
+redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0, 'trial_calls', 0,
+           'updated_ms', ARGV[2])
+redis.call('HDEL', KEYS[1], 'opened_at_ms', 'trial_started_ms')
+return {1}
+"""
+)
+
+# ARGV: round, now
+_REOPEN = (
+    _HEAD
+    + """
+if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) then return {0} end
+redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[2], 'successes', 0,
+           'trial_calls', 0, 'updated_ms', ARGV[2])
+redis.call('HDEL', KEYS[1], 'trial_started_ms')
+return {1}
+"""
+)
+
+# ARGV: now  (replies with the record as it was). Closes the hash in place rather than deleting
+# it: trial_round is kept, so the next trial starts a new round and any outcome still to come
+# from a round started before the reset fails its round check instead of acting on the new one.
+_RESET = (
+    _HEAD
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+local old = reply(1)
+redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0, 'trial_calls', 0,
+           'updated_ms', ARGV[1])
+redis.call('HDEL', KEYS[1], 'opened_at_ms', 'trial_started_ms')
+return old
+"""
+)
+
+
+class RedisBreakerStore:
+    def __init__(self, conn: RedisConn, namespace: str) -> None:
+        self._conn = conn
+        self._ns = namespace
+
+    def _run(self, script: str, name: str, args: list[Any], what: str) -> tuple[bool, Any]:
+        reply = self._conn.run(script, [breaker_key(self._ns, name).pk], args, what)
+        return as_int(reply[0]) == 1, list(reply[1:])
+
+    def get(self, name: str) -> BreakerRecord:
+        with translate_errors("breaker get"):
+            raw = self._conn.client.hgetall(breaker_key(self._ns, name).pk)
+        return BreakerRecord.from_item(hash_fields(raw))
+
+    def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
+        ok, rest = self._run(_FAIL, name, [now_ms], "breaker record_failure")
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
+
+    def reset_failures(self, name: str, now_ms: int) -> bool:
+        return self._run(_RESET_FAILURES, name, [now_ms], "breaker reset_failures")[0]
+
+    def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
+        ok, rest = self._run(
+            _TRIP, name, [now_ms, "" if min_failures is None else min_failures], "breaker trip"
+        )
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
+
+    def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
+        ok, rest = self._run(_START_TRIAL, name, [now_ms, cutoff_ms], "breaker start_trial")
+        record = BreakerRecord.from_item(pairs(rest))
+        return StartTrialResult(record) if ok else StartTrialResult(None, record)
+
+    def join_trial(
+        self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
+    ) -> BreakerRecord | None:
+        ok, rest = self._run(
+            _JOIN_TRIAL, name, [trial_round, now_ms, cutoff_ms, max_calls], "breaker join_trial"
+        )
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
+
+    def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
+        ok, rest = self._run(_TRIAL_SUCCESS, name, [trial_round, now_ms], "breaker trial_success")
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
+
+    def close(self, name: str, trial_round: int, now_ms: int) -> bool:
+        return self._run(_CLOSE, name, [trial_round, now_ms], "breaker close")[0]
+
+    def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
+        return self._run(_REOPEN, name, [trial_round, now_ms], "breaker reopen")[0]
+
+    def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
+        ok, rest = self._run(_RESET, name, [now_ms], "breaker reset")
+        return BreakerRecord.from_item(pairs(rest)) if ok else None

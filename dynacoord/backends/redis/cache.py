@@ -1,0 +1,305 @@
+"""The cache store on Redis.
+
+Item: hash ``CACHE#{ns}#{key}`` with the value in ``n`` (a plain integer in Redis's signed 64-bit
+range, so that ``incr`` is one atomic ``HINCRBY``) or ``v`` (codec text of everything else), and
+``expires_at_ms`` when it expires (``PEXPIRE`` removes it a grace period later).
+Index: sorted set ``idx|CACHE#{ns}#0`` of the keys, all with score 0: ``keys(pattern)`` reads
+the lexicographic range of the pattern's literal prefix (``ZRANGEBYLEX``), page by page. Listing
+never uses ``KEYS``, and never ``SCAN`` over the whole keyspace either. A page drops the index
+entries whose item Redis has already removed.
+
+Item size: the same limit as DynamoDB (400 KB) is enforced, so data written through one backend
+always fits in the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import codec
+from ..._clock import Clock, now_ms
+from ...cache import CacheEntry, KeyPage, is_int64_text
+from ...errors import InvalidValueError
+from ...keys import cache_index_pk, cache_key
+from ._conn import LUA_LIVE, RedisConn, as_int, as_str, index_key, translate_errors
+
+__all__ = ["RedisCacheStore"]
+
+_PAGE = 1000
+
+# Every script below calls live(KEYS[1], ARGV[1]): ARGV[1] is now.
+
+# KEYS[1]=item, KEYS[2]=index; ARGV: now, member, field (n|v), value, expires|'', gc ms|''
+_ADD = (
+    LUA_LIVE
+    + """
+if live(KEYS[1], ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+end
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+return 1
+"""
+)
+
+# KEYS[1]=item, KEYS[2]=index; ARGV: now, member
+_DELETE = (
+    LUA_LIVE
+    + """
+local was = live(KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+if was then return 1 end
+return 0
+"""
+)
+
+# KEYS[1]=item; ARGV: now, expires|'', gc ms|''
+_TOUCH = (
+    LUA_LIVE
+    + """
+if not live(KEYS[1], ARGV[1]) then return 0 end
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], 'expires_at_ms')
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return 1
+"""
+)
+
+# KEYS[1]=item, KEYS[2]=index; ARGV: now, by, member, create ('1' or ''), expires|'', gc ms|''.
+# An absent or expired key becomes a new counter of `by` (when create is set) in the same atomic
+# script. Returns {0} absent/expired and not created, {2} not an integer, {3} overflow,
+# {1, value} (value read back as a string: a Lua number would round above 2^53).
+_INCR = (
+    LUA_LIVE
+    + """
+if not live(KEYS[1], ARGV[1]) then
+  if ARGV[4] == '' then return {0} end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'n', ARGV[2])
+  if ARGV[5] ~= '' then
+    redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  end
+  redis.call('ZADD', KEYS[2], 0, ARGV[3])
+  return {1, ARGV[2]}
+end
+if redis.call('HEXISTS', KEYS[1], 'n') == 0 then return {2} end
+local res = redis.pcall('HINCRBY', KEYS[1], 'n', ARGV[2])
+if type(res) == 'table' and res.err then return {3} end
+return {1, redis.call('HGET', KEYS[1], 'n')}
+"""
+)
+
+# KEYS[1]=index; ARGV: now, min, max, count, item prefix
+_KEYS_PAGE = """
+local members = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local out = {}
+for _, m in ipairs(members) do
+  local item = ARGV[5] .. m
+  local state = 'gone'
+  if redis.call('EXISTS', item) == 1 then
+    local exp = redis.call('HGET', item, 'expires_at_ms')
+    if exp and tonumber(exp) <= tonumber(ARGV[1]) then state = 'expired' else state = 'live' end
+  else
+    redis.call('ZREM', KEYS[1], m)
+  end
+  table.insert(out, m)
+  table.insert(out, state)
+end
+return out
+"""
+
+
+def _field(encoded: str) -> tuple[str, str]:
+    if is_int64_text(encoded):
+        return "n", encoded
+    return "v", encoded
+
+
+class RedisCacheStore:
+    partitions = 1
+    max_batch_get = 100
+    max_batch_write = 100
+
+    def __init__(self, conn: RedisConn, namespace: str, clock: Clock) -> None:
+        self._conn = conn
+        self._ns = namespace
+        self._clock = clock
+        self._index = index_key(cache_index_pk(namespace, 0))
+        self._item_prefix = cache_key(namespace, "x").pk[:-1]
+
+    def _item(self, key: str) -> str:
+        return cache_key(self._ns, key).pk
+
+    @staticmethod
+    def _entry(n: Any, v: Any, expires: Any, now: int) -> CacheEntry | None:
+        if n is None and v is None:
+            return None
+        fields = {"n": as_str(n), "v": as_str(v), "expires_at_ms": as_str(expires)}
+        return CacheEntry.from_item({k: x for k, x in fields.items() if x is not None}, now)
+
+    def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        k = cache_key(self._ns, key)
+        item: dict[str, Any] = {**k.as_dict(), "v": encoded}
+        if expires_at_ms is not None:
+            item["expires_at_ms"] = expires_at_ms
+        codec.check_item_size(item, key=key)
+
+    # -- single items ---------------------------------------------------------------------------
+
+    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+        with translate_errors("cache get"):
+            n, v, expires = self._conn.client.hmget(self._item(key), ["n", "v", "expires_at_ms"])
+        return self._entry(n, v, expires, now_ms)
+
+    def _queue_set(
+        self, pipe: Any, key: str, encoded: str, expires_at_ms: int | None, now: int
+    ) -> None:
+        item = self._item(key)
+        field, value = _field(encoded)
+        pipe.delete(item)
+        pipe.hset(item, field, value)
+        if expires_at_ms is not None:
+            pipe.hset(item, "expires_at_ms", str(expires_at_ms))
+            pipe.pexpire(item, self._conn.gc_ms(expires_at_ms, now))
+        pipe.zadd(self._index, {key: 0})
+
+    def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        now = now_ms(self._clock)
+        with translate_errors("cache set"):
+            pipe = self._conn.client.pipeline(transaction=True)  # MULTI/EXEC: one atomic write
+            self._queue_set(pipe, key, encoded, expires_at_ms, now)
+            pipe.execute()
+
+    def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        field, value = _field(encoded)
+        ok = self._conn.run(
+            _ADD,
+            [self._item(key), self._index],
+            [
+                now_ms,
+                key,
+                field,
+                value,
+                "" if expires_at_ms is None else expires_at_ms,
+                "" if expires_at_ms is None else self._conn.gc_ms(expires_at_ms, now_ms),
+            ],
+            "cache add",
+        )
+        return as_int(ok) == 1
+
+    def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
+        return self.add(key, str(value), expires_at_ms, now_ms)
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        ok = self._conn.run(_DELETE, [self._item(key), self._index], [now_ms, key], "cache delete")
+        return as_int(ok) == 1
+
+    def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
+        ok = self._conn.run(
+            _TOUCH,
+            [self._item(key)],
+            [
+                now_ms,
+                "" if expires_at_ms is None else expires_at_ms,
+                "" if expires_at_ms is None else self._conn.gc_ms(expires_at_ms, now_ms),
+            ],
+            "cache touch",
+        )
+        return as_int(ok) == 1
+
+    def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
+        # One script: add to a live counter or create the key. A `by` outside int64 cannot be a
+        # Redis counter; create_counter then stores it as text, as `set` would.
+        create = is_int64_text(str(by))
+        reply = self._conn.run(
+            _INCR,
+            [self._item(key), self._index],
+            [
+                now_ms,
+                by,
+                key,
+                "1" if create else "",
+                "" if expires_if_new is None else expires_if_new,
+                "" if expires_if_new is None else self._conn.gc_ms(expires_if_new, now_ms),
+            ],
+            "cache incr",
+        )
+        outcome = as_int(reply[0])
+        if outcome == 0:
+            return None
+        if outcome == 2:
+            raise InvalidValueError(
+                f"cache key {key!r} holds a value that is not an integer (in Redis's signed "
+                "64-bit range): incr needs an int (set it with an int, or delete it first)"
+            )
+        if outcome == 3:
+            raise InvalidValueError(
+                f"incr of cache key {key!r} by {by} would leave Redis's signed 64-bit range"
+            )
+        return as_int(reply[1])
+
+    # -- listing and batches --------------------------------------------------------------------
+
+    def keys_page(self, partition: int, prefix: str, now_ms: int, cursor: Any) -> KeyPage:
+        raw_prefix = prefix.encode("utf-8", "surrogatepass")
+        # 0xFF never occurs in UTF-8, so "prefix + 0xFF" bounds every key with that prefix.
+        high = b"(" + raw_prefix + b"\xff" if prefix else b"+"
+        if cursor is not None:
+            low = b"(" + str(cursor).encode("utf-8", "surrogatepass")
+        else:
+            low = b"[" + raw_prefix if prefix else b"-"
+        reply = self._conn.run(
+            _KEYS_PAGE,
+            [self._index],
+            [now_ms, low, high, _PAGE + 1, self._item_prefix],
+            "cache keys",
+        )
+        pairs = [(as_str(reply[i]) or "", as_str(reply[i + 1])) for i in range(0, len(reply), 2)]
+        more = len(pairs) > _PAGE
+        pairs = pairs[:_PAGE]
+        live = [m for m, state in pairs if state == "live"]
+        expired = [m for m, state in pairs if state == "expired"]
+        return KeyPage(live, expired, pairs[-1][0] if more else None)
+
+    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+        with translate_errors("cache get_many"):
+            pipe = self._conn.client.pipeline(transaction=False)  # one round trip
+            for key in keys:
+                pipe.hmget(self._item(key), ["n", "v", "expires_at_ms"])
+            replies = pipe.execute()
+        found: dict[str, CacheEntry] = {}
+        for key, (n, v, expires) in zip(keys, replies, strict=True):
+            entry = self._entry(n, v, expires, now_ms)
+            if entry is not None:
+                found[key] = entry
+        return found, []
+
+    def set_batch(
+        self, entries: list[tuple[str, str, int | None]]
+    ) -> list[tuple[str, str, int | None]]:
+        now = now_ms(self._clock)
+        with translate_errors("cache set_many"):
+            pipe = self._conn.client.pipeline(transaction=True)
+            for key, encoded, expires in entries:
+                self._queue_set(pipe, key, encoded, expires, now)
+            pipe.execute()
+        return []
+
+    def delete_batch(self, keys: list[str]) -> list[str]:
+        if not keys:
+            return []
+        with translate_errors("cache delete_many"):
+            pipe = self._conn.client.pipeline(transaction=True)
+            pipe.delete(*[self._item(k) for k in keys])
+            pipe.zrem(self._index, *keys)
+            pipe.execute()
+        return []

@@ -1,0 +1,194 @@
+"""The counter / flag / join store on Redis.
+
+Item: hash ``COUNTER#{ns}#{key}`` with ``kind`` (counter | flag | join) and
+
+* counter: ``n``
+* flag: ``value`` (codec text)
+* join: ``n`` (distinct members), ``expected``, and one field ``m:{member}`` per member (so the
+  "already counted?" check and the add are one atomic script on one key)
+
+plus ``expires_at_ms`` when it expires (``PEXPIRE`` removes it a grace period later). Every
+script treats an item with ``expires_at_ms <= now`` as absent, exactly like the DynamoDB store's
+conditions. Counters are ``HINCRBY`` (signed 64-bit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
+from ...keys import counter_key
+from ._conn import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, translate_errors
+
+__all__ = ["RedisCounterStore"]
+
+# Common head. state(): 'absent' | 'expired' | 'live'. reply(flag): {flag, field, value, ...}.
+_HEAD = (
+    LUA_REPLY
+    + """
+local now = tonumber(ARGV[1])
+local function state()
+  if redis.call('EXISTS', KEYS[1]) == 0 then return 'absent' end
+  local exp = redis.call('HGET', KEYS[1], 'expires_at_ms')
+  if exp and tonumber(exp) <= now then return 'expired' end
+  return 'live'
+end
+local function set_expiry(exp, gc, only_if_none)
+  if exp == '' then return end
+  if only_if_none and redis.call('HEXISTS', KEYS[1], 'expires_at_ms') == 1 then return end
+  redis.call('HSET', KEYS[1], 'expires_at_ms', exp)
+  redis.call('PEXPIRE', KEYS[1], gc)
+end
+local s = state()
+"""
+)
+
+# ARGV: now, by, expires|'', gc
+_ADD = (
+    _HEAD
+    + """
+if s == 'expired' then return {0} end
+if s == 'live' and redis.call('HGET', KEYS[1], 'kind') ~= 'counter' then return reply(0) end
+redis.call('HSET', KEYS[1], 'kind', 'counter')
+redis.call('HINCRBY', KEYS[1], 'n', ARGV[2])
+set_expiry(ARGV[3], ARGV[4], true)
+return reply(1)
+"""
+)
+
+# ARGV: now, field..., (pairs start at ARGV[4]); ARGV[2]=expires|'', ARGV[3]=gc
+_REPLACE = (
+    _HEAD
+    + """
+if s == 'live' then return reply(0) end
+redis.call('DEL', KEYS[1])
+for i = 4, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+set_expiry(ARGV[2], ARGV[3], false)
+return reply(1)
+"""
+)
+
+# ARGV: now
+_DELETE = (
+    _HEAD
+    + """
+redis.call('DEL', KEYS[1])
+if s == 'live' then return 1 end
+return 0
+"""
+)
+
+# ARGV: now, expires, gc
+_EXTEND = (
+    _HEAD
+    + """
+if s ~= 'live' then return 0 end
+set_expiry(ARGV[2], ARGV[3], false)
+return 1
+"""
+)
+
+# ARGV: now, member field, expected, expires|'', gc
+_JOIN_ADD = (
+    _HEAD
+    + """
+if s == 'expired' then return {0} end
+if s == 'live' then
+  if redis.call('HGET', KEYS[1], 'kind') ~= 'join'
+     or redis.call('HGET', KEYS[1], 'expected') ~= ARGV[3]
+     or redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
+    return reply(0)
+  end
+end
+redis.call('HSET', KEYS[1], 'kind', 'join', 'expected', ARGV[3], ARGV[2], '1')
+redis.call('HINCRBY', KEYS[1], 'n', 1)
+set_expiry(ARGV[4], ARGV[5], true)
+return reply(1)
+"""
+)
+
+
+def _read(fields: dict[str, str], now_ms: int) -> CounterItem | None:
+    # A join's members are hash fields "m:{member}", not one field.
+    members = [f[2:] for f in fields if f.startswith("m:")]
+    return CounterItem.from_item(fields, now_ms, members=members)
+
+
+class RedisCounterStore:
+    def __init__(self, conn: RedisConn, namespace: str) -> None:
+        self._conn = conn
+        self._ns = namespace
+
+    def _key(self, key: str) -> str:
+        return counter_key(self._ns, key).pk
+
+    def _expiry(self, ttl_ms: int | None, now_ms: int) -> list[Any]:
+        if ttl_ms is None:
+            return ["", ""]
+        return [now_ms + ttl_ms, self._conn.gc_ms(now_ms + ttl_ms, now_ms)]
+
+    def _outcome(self, reply: list[Any], now_ms: int) -> WriteOutcome:
+        item = _read(pairs(list(reply[1:])), now_ms)
+        if as_int(reply[0]) == 1:
+            return WriteOutcome(True, item=item)
+        return WriteOutcome(False, current=item)
+
+    def _replace(
+        self, key: str, fields: dict[str, Any], ttl_ms: int | None, now_ms: int, what: str
+    ) -> WriteOutcome:
+        args: list[Any] = [now_ms, *self._expiry(ttl_ms, now_ms)]
+        for name, value in fields.items():
+            args.extend([name, value])
+        return self._outcome(self._conn.run(_REPLACE, [self._key(key)], args, what), now_ms)
+
+    def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        reply = self._conn.run(
+            _ADD, [self._key(key)], [now_ms, by, *self._expiry(ttl_ms, now_ms)], "counter add"
+        )
+        return self._outcome(reply, now_ms)
+
+    def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        return self._replace(key, {"kind": COUNTER, "n": by}, ttl_ms, now_ms, "counter restart")
+
+    def put_if_absent(
+        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+    ) -> bool:
+        fields = value_fields(kind, value)
+        return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
+
+    def get(self, key: str, now_ms: int) -> CounterItem | None:
+        with translate_errors("counter get"):
+            raw = self._conn.client.hgetall(self._key(key))
+        return _read(hash_fields(raw), now_ms)
+
+    def delete(self, key: str, now_ms: int) -> bool:
+        return as_int(self._conn.run(_DELETE, [self._key(key)], [now_ms], "counter delete")) == 1
+
+    def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
+        expires = now_ms + ttl_ms
+        ok = self._conn.run(
+            _EXTEND,
+            [self._key(key)],
+            [now_ms, expires, self._conn.gc_ms(expires, now_ms)],
+            "counter extend",
+        )
+        return as_int(ok) == 1
+
+    def join_add(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        reply = self._conn.run(
+            _JOIN_ADD,
+            [self._key(key)],
+            [now_ms, f"m:{member}", expected, *self._expiry(ttl_ms, now_ms)],
+            "join arrive",
+        )
+        return self._outcome(reply, now_ms)
+
+    def join_restart(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        fields = {"kind": JOIN, "expected": expected, "n": 1, f"m:{member}": "1"}
+        return self._replace(key, fields, ttl_ms, now_ms, "join restart")

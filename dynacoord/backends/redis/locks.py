@@ -1,0 +1,128 @@
+"""The lock store on Redis.
+
+Item: hash ``LOCK#{ns}#{key}`` with ``owner``, ``fence``, ``expires_at_ms``.
+
+As on DynamoDB, a released lock is kept (``owner`` removed, ``expires_at_ms`` set to now) rather
+than deleted, so that the next acquire continues from ``fence + 1``. Once the hash is gone (its
+``PEXPIRE`` fired: expiry plus ``fence_grace``), the next acquire starts from ``now_ms * 1000 + 1``,
+which is above every earlier fence as long as the grace outlasts the clock skew between clients.
+
+Every write is a Lua script, so "check the owner, then change the item" is one atomic step on the
+server: a release can never delete a lock that another owner took between a read and a write.
+"""
+
+from __future__ import annotations
+
+from ...keys import lock_key
+from ...locks import AcquireResult, LockInfo
+from ._conn import RedisConn, as_int, as_str, translate_errors
+
+__all__ = ["RedisLockStore"]
+
+# KEYS[1]=lock; ARGV: owner, now, expires, fresh fence, gc ms
+_ACQUIRE = """
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'expires_at_ms')
+if cur[1] and tonumber(cur[3]) > tonumber(ARGV[2]) then
+  return {0, cur[1], cur[2], cur[3]}
+end
+if cur[2] then
+  redis.call('HINCRBY', KEYS[1], 'fence', 1)
+else
+  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'expires_at_ms', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {1, ARGV[1], redis.call('HGET', KEYS[1], 'fence'), ARGV[3]}
+"""
+
+# KEYS[1]=lock; ARGV: owner, fence, now, expires, gc ms
+_EXTEND = """
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'expires_at_ms')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+
+# KEYS[1]=lock; ARGV: owner, fence, now, gc ms
+_RELEASE = """
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'expires_at_ms')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HDEL', KEYS[1], 'owner')
+redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+# KEYS[1]=lock; ARGV: now, gc ms
+_FORCE_RELEASE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'expires_at_ms')
+redis.call('HDEL', KEYS[1], 'owner')
+redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if cur[1] and tonumber(cur[2]) > tonumber(ARGV[1]) then
+  return 1
+end
+return 0
+"""
+
+
+class RedisLockStore:
+    def __init__(self, conn: RedisConn, namespace: str, *, fence_grace_s: int = 3600) -> None:
+        self._conn = conn
+        self._ns = namespace
+        self._grace_ms = fence_grace_s * 1000
+
+    def _key(self, key: str) -> str:
+        return lock_key(self._ns, key).pk
+
+    def try_acquire(self, key: str, owner: str, ttl_ms: int, now_ms: int) -> AcquireResult:
+        expires = now_ms + ttl_ms
+        reply = self._conn.run(
+            _ACQUIRE,
+            [self._key(key)],
+            [owner, now_ms, expires, now_ms * 1000 + 1, ttl_ms + self._grace_ms],
+            "lock acquire",
+        )
+        info = LockInfo(key, as_str(reply[1]) or "", as_int(reply[2]), as_int(reply[3]))
+        if as_int(reply[0]) == 1:
+            return AcquireResult(info)
+        return AcquireResult(None, info)
+
+    def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
+        expires = now_ms + ttl_ms
+        ok = self._conn.run(
+            _EXTEND,
+            [self._key(key)],
+            [owner, fence, now_ms, expires, ttl_ms + self._grace_ms],
+            "lock extend",
+        )
+        return LockInfo(key, owner, fence, expires) if as_int(ok) == 1 else None
+
+    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+        ok = self._conn.run(
+            _RELEASE, [self._key(key)], [owner, fence, now_ms, self._grace_ms], "lock release"
+        )
+        return as_int(ok) == 1
+
+    def force_release(self, key: str, now_ms: int) -> bool:
+        ok = self._conn.run(
+            _FORCE_RELEASE, [self._key(key)], [now_ms, self._grace_ms], "lock force_release"
+        )
+        return as_int(ok) == 1
+
+    def get(self, key: str, now_ms: int) -> LockInfo | None:
+        with translate_errors("lock get"):
+            owner, fence, expires = self._conn.client.hmget(
+                self._key(key), ["owner", "fence", "expires_at_ms"]
+            )
+        if owner is None or as_int(expires) <= now_ms:
+            return None
+        return LockInfo(key, as_str(owner) or "", as_int(fence), as_int(expires))

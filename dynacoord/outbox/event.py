@@ -1,0 +1,265 @@
+"""The event model: :class:`Event` (what a publisher writes), :class:`EventRecord` (an event
+and its delivery state as stored) and the stored fields every backend shares."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import codec, keys
+from .._compat import StrEnum
+from .._items import is_live, optional_int, optional_str
+from .._validate import (
+    check_int,
+    check_utf8,
+)
+from ..errors import (
+    InvalidValueError,
+)
+
+__all__ = ["Event", "EventRecord", "EventStatus", "pending_fields"]
+
+
+class EventStatus(StrEnum):
+    """Where an event is in its life."""
+
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Event:
+    """One outbox event. ``Event(type, payload, *, id=None, occurred_at=None, metadata=None,
+    group=None)``.
+
+    ``id`` defaults to a random UUID (hex) and identifies the event everywhere (store key, relay
+    deduplication id): a retried publish of the same event is recognised by it. ``occurred_at``
+    (epoch seconds) defaults to now. ``payload`` and ``metadata`` are any values the codec stores
+    (JSON-compatible, plus bytes and Decimal); both are delivered as they went in. ``group`` is an
+    ordering/partition hint for relays (the SQS FIFO message group). ``attempt`` is set by the
+    worker on delivery: 1 on the first delivery, 2 on the first retry, ...
+    """
+
+    type: str
+    payload: Any
+    id: str
+    occurred_at: float
+    metadata: Mapping[str, Any]
+    group: str | None
+    attempt: int = field(default=0, compare=False)
+
+    def __init__(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        occurred_at: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        group: str | None = None,
+        attempt: int = 0,
+    ) -> None:
+        if not isinstance(type, str) or not type:
+            raise InvalidValueError(f"event type must be a non-empty str, got {type!r}")
+        check_utf8(type, "event type")
+        event_id = uuid.uuid4().hex if id is None else keys.validate_key(id, "event id")
+        if occurred_at is None:
+            occurred = time.time()
+        else:
+            if isinstance(occurred_at, bool) or not isinstance(occurred_at, (int, float)):
+                raise TypeError(
+                    f"occurred_at must be epoch seconds (int or float), got "
+                    f"{occurred_at.__class__.__name__}"
+                )
+            occurred = float(occurred_at)
+            if not math.isfinite(occurred):
+                raise InvalidValueError(
+                    f"occurred_at must be finite epoch seconds, got {occurred_at!r}"
+                )
+        if metadata is None:
+            meta: dict[str, Any] = {}
+        elif isinstance(metadata, Mapping):
+            meta = dict(metadata)
+        else:
+            raise InvalidValueError(
+                f"event metadata must be a mapping, got {metadata.__class__.__name__}"
+            )
+        if group is not None and (not isinstance(group, str) or not group):
+            raise InvalidValueError(f"event group must be a non-empty str or None, got {group!r}")
+        if group is not None:
+            check_utf8(group, "event group")
+        check_int(attempt, "attempt", minimum=0)
+        # Refuse values that cannot be stored now, not when the worker reads them back.
+        codec.encode(payload)
+        codec.encode(meta)
+        object.__setattr__(self, "type", type)
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "id", event_id)
+        object.__setattr__(self, "occurred_at", occurred)
+        object.__setattr__(self, "metadata", meta)
+        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "attempt", attempt)
+
+    @classmethod
+    def _restore(
+        cls,
+        *,
+        type: str,
+        payload: Any,
+        id: str,
+        occurred_at: float,
+        metadata: Mapping[str, Any],
+        group: str | None,
+        attempt: int,
+    ) -> Event:
+        """Rebuild a stored event without re-validating it (it was validated when published)."""
+        event = object.__new__(cls)
+        for name, value in (
+            ("type", type),
+            ("payload", payload),
+            ("id", id),
+            ("occurred_at", occurred_at),
+            ("metadata", dict(metadata)),
+            ("group", group),
+            ("attempt", attempt),
+        ):
+            object.__setattr__(event, name, value)
+        return event
+
+    def with_attempt(self, attempt: int) -> Event:
+        """A copy with ``attempt`` set (what a handler receives)."""
+        return Event._restore(
+            type=self.type,
+            payload=self.payload,
+            id=self.id,
+            occurred_at=self.occurred_at,
+            metadata=self.metadata,
+            group=self.group,
+            attempt=attempt,
+        )
+
+    @property
+    def occurred_at_ms(self) -> int:
+        return int(self.occurred_at * 1000)
+
+    def same_content(self, other: Event) -> bool:
+        """True if ``other`` is this event published again (same id, type, payload, metadata,
+        group; ``occurred_at`` and ``attempt`` are not compared)."""
+        return (
+            self.id == other.id
+            and self.type == other.type
+            and self.group == other.group
+            and codec.encode(self.payload) == codec.encode(other.payload)
+            and codec.encode(dict(self.metadata)) == codec.encode(dict(other.metadata))
+        )
+
+    def to_message(self) -> dict[str, Any]:
+        """The envelope relays send: id, type, occurred_at, group, payload, metadata."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "occurred_at": self.occurred_at,
+            "group": self.group,
+            "payload": self.payload,
+            "metadata": dict(self.metadata),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A stored event with its delivery state (what ``get``/``failed``/``pending`` return).
+
+    ``due_at_ms`` means: next attempt time (pending), lease expiry (in_flight), failure time
+    (failed), completion time (completed).
+    """
+
+    event: Event
+    status: EventStatus
+    attempts: int
+    due_at_ms: int
+    lease_token: str | None = None
+    last_error: str | None = None
+    updated_at_ms: int | None = None
+
+    @property
+    def id(self) -> str:
+        return self.event.id
+
+    @property
+    def type(self) -> str:
+        return self.event.type
+
+    @property
+    def due_at(self) -> float:
+        return self.due_at_ms / 1000
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any] | None, now_ms: int) -> EventRecord | None:
+        """The record a stored event holds (the same field names on every backend), or None if
+        there is no event or it expired (a completed event past its retention)."""
+        if not item or "event_id" not in item or not is_live(item, now_ms):
+            return None
+        metadata = item.get("metadata")
+        attempts = int(item.get("attempts", 0))
+        event = Event._restore(
+            type=str(item["event_type"]),
+            payload=codec.decode(str(item["payload"])),
+            id=str(item["event_id"]),
+            occurred_at=int(item["occurred_at_ms"]) / 1000,
+            metadata=codec.decode(str(metadata)) if metadata is not None else {},
+            group=optional_str(item, "event_group"),
+            attempt=attempts,
+        )
+        due = item.get("due_ms", item.get("completed_ms", 0))
+        return cls(
+            event=event,
+            status=EventStatus(str(item["status"])),
+            attempts=attempts,
+            due_at_ms=int(due),
+            lease_token=str(item["lease_token"]) if item.get("lease_token") else None,
+            last_error=str(item["last_error"]) if item.get("last_error") else None,
+            updated_at_ms=optional_int(item, "updated_ms"),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view (used by the CLI)."""
+        return {
+            "id": self.event.id,
+            "type": self.event.type,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "due_at": self.due_at,
+            "occurred_at": self.event.occurred_at,
+            "group": self.event.group,
+            "last_error": self.last_error,
+            "payload": self.event.payload,
+            "metadata": dict(self.event.metadata),
+        }
+
+
+def pending_fields(event: Event, due_ms: int) -> dict[str, Any]:
+    """The stored fields (keys aside) of a newly published event, pending and due at ``due_ms``:
+    the same field names on every backend, read back by :meth:`EventRecord.from_item`."""
+    fields: dict[str, Any] = {
+        "event_id": event.id,
+        "event_type": event.type,
+        "payload": codec.encode(event.payload),
+        "occurred_at_ms": event.occurred_at_ms,
+        "status": EventStatus.PENDING.value,
+        "attempts": 0,
+        "due_ms": due_ms,
+    }
+    if event.metadata:
+        fields["metadata"] = codec.encode(dict(event.metadata))
+    if event.group is not None:
+        fields["event_group"] = event.group
+    return fields

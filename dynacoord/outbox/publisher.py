@@ -1,0 +1,243 @@
+"""The publishing and management side: :class:`Outbox` (``backend.outbox``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .. import keys
+from .._clock import Clock, SystemClock, now_ms
+from .._validate import (
+    check_bool,
+    check_int,
+    check_iterable,
+)
+from ..errors import (
+    DuplicateEventError,
+    InvalidValueError,
+    TransactionTooLargeError,
+)
+from .event import Event, EventRecord, EventStatus
+from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
+from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
+
+__all__ = ["MAX_EVENTS_PER_PUBLISH", "Outbox"]
+
+logger = logging.getLogger(__name__)
+
+#: DynamoDB's TransactWriteItems limit: one publish writes at most this many events.
+MAX_EVENTS_PER_PUBLISH = 100
+
+
+def _as_events(events: Event | Iterable[Event]) -> list[Event]:
+    items = (
+        [events]
+        if isinstance(events, Event)
+        else check_iterable(events, "events", "Event objects", hint="pass one Event or a list")
+    )
+    for item in items:
+        if not isinstance(item, Event):
+            raise TypeError(f"publish takes Event objects, got {type(item).__name__}")
+    seen: set[str] = set()
+    for item in items:
+        if item.id in seen:
+            raise InvalidValueError(f"event id {item.id!r} appears twice in one publish")
+        seen.add(item.id)
+    return items
+
+
+class Outbox:
+    """The outbox of one namespace. Reached as ``backend.outbox``."""
+
+    def __init__(self, store: OutboxStore, *, clock: Clock | None = None) -> None:
+        self._store = store
+        self.clock: Clock = clock or SystemClock()
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def publish(
+        self, events: Event | Iterable[Event], *, tx: TransactionEntries | None = None
+    ) -> list[str]:
+        """Store one or many events for delivery; return their ids.
+
+        Without ``tx``: one atomic write of up to 100 events (more raise
+        :class:`TransactionTooLargeError` before anything is written). Publishing an event whose id
+        is already stored with the same content is a no-op (a retry after a lost response does not
+        duplicate it); the same id with different content raises
+        :class:`~dynacoord.errors.DuplicateEventError` and writes nothing.
+
+        With ``tx`` (from ``backend.transaction()``): the events are added to that transaction and
+        written when it commits, together with the caller's own writes.
+        """
+        items = _as_events(events)
+        if tx is not None:
+            now = now_ms(self.clock)
+            tx._add_entries(
+                [
+                    (f"publish event {e.id!r}", e.id, self._store.transaction_entry(e, now))
+                    for e in items
+                ]
+            )
+            return [e.id for e in items]
+        if len(items) > MAX_EVENTS_PER_PUBLISH:
+            raise TransactionTooLargeError(
+                f"publish of {len(items)} events: at most {MAX_EVENTS_PER_PUBLISH} events are "
+                "written in one transaction; split them into several publish calls",
+                size=len(items),
+                limit=MAX_EVENTS_PER_PUBLISH,
+            )
+        if not items:
+            return []
+        self._publish(items)
+        return [e.id for e in items]
+
+    def _publish(self, items: list[Event]) -> None:
+        clashes = self._store.publish(items, now_ms(self.clock))
+        if not clashes:
+            return
+        by_id = {e.id: e for e in items}
+        conflicting = [
+            event_id
+            for event_id, stored in clashes.items()
+            if stored is None or not by_id[event_id].same_content(stored.event)
+        ]
+        if conflicting:
+            raise DuplicateEventError(
+                f"event id(s) {conflicting!r} already stored with different content; nothing "
+                "was written",
+                event_ids=conflicting,
+            )
+        # Every clash is this very event, stored by an earlier attempt whose answer was lost:
+        # that is success for it. The first round wrote nothing, so publish the rest again.
+        logger.info("events %r were already published", sorted(clashes))
+        rest = [e for e in items if e.id not in clashes]
+        if rest:
+            self._publish(rest)
+
+    # -- delivering ---------------------------------------------------------------------------
+
+    def worker(
+        self,
+        handlers: Handler | Mapping[str, Handler],
+        *,
+        batch_size: int = 25,
+        lease: float = 30.0,
+        max_attempts: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 300.0,
+        poll_interval: float = 1.0,
+        on_missing_handler: MissingHandlerPolicy = "fail",
+        retention: float | None = DEFAULT_RETENTION_SECONDS,
+        heartbeat: bool = True,
+        name: str | None = None,
+    ) -> OutboxWorker:
+        """A worker that delivers due events to ``handlers`` (see :class:`OutboxWorker`)."""
+        return OutboxWorker(
+            self._store,
+            handlers,
+            clock=self.clock,
+            batch_size=batch_size,
+            lease=lease,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            poll_interval=poll_interval,
+            on_missing_handler=on_missing_handler,
+            retention=retention,
+            heartbeat=heartbeat,
+            name=name,
+        )
+
+    # -- management ---------------------------------------------------------------------------
+
+    def get(self, event_id: str) -> EventRecord | None:
+        """The stored event and its state, or None (never published, or completed and past its
+        retention)."""
+        keys.validate_key(event_id, "event id")
+        return self._store.get(event_id, now_ms(self.clock))
+
+    def failed(self, limit: int = 100) -> list[EventRecord]:
+        """Failed events, oldest failure first, up to ``limit`` (every shard and page read)."""
+        return self._list(EventStatus.FAILED, limit, None)
+
+    def pending(self, limit: int = 100, *, due_only: bool = False) -> list[EventRecord]:
+        """Pending events, earliest next attempt first, up to ``limit``."""
+        due = check_bool(due_only, "due_only")
+        return self._list(EventStatus.PENDING, limit, now_ms(self.clock) if due else None)
+
+    def in_flight(self, limit: int = 100) -> list[EventRecord]:
+        """Claimed events, earliest lease expiry first, up to ``limit``."""
+        return self._list(EventStatus.IN_FLIGHT, limit, None)
+
+    def _list(
+        self, status: EventStatus, limit: int, due_before_ms: int | None
+    ) -> list[EventRecord]:
+        check_int(limit, "limit", minimum=1)
+        found: list[EventRecord] = []
+        for shard in range(self._store.shards):
+            cursor: Any = None
+            taken = 0
+            while taken < limit:
+                page, cursor = self._store.query_page(
+                    status, shard, due_before_ms=due_before_ms, limit=limit - taken, cursor=cursor
+                )
+                found.extend(page)
+                taken += len(page)
+                if cursor is None:
+                    break
+        found.sort(key=lambda r: (r.due_at_ms, r.id))
+        return found[:limit]
+
+    def retry(self, ids: str | Iterable[str]) -> int:
+        """Put failed events back to pending (due now, attempts reset); return how many moved.
+
+        Only existing, failed events move; unknown ids and events in another state are logged
+        and left alone (never created). :meth:`retry_report` says which id went where.
+        """
+        return len(self.retry_report(ids).retried)
+
+    def retry_report(self, ids: str | Iterable[str]) -> RetryReport:
+        """Like :meth:`retry`, reporting each id as retried, not_found or not_failed."""
+        id_list = [ids] if isinstance(ids, str) else check_iterable(ids, "ids", "event ids")
+        for event_id in id_list:
+            keys.validate_key(event_id, "event id")
+        report = RetryReport([], [], [])
+        for event_id in dict.fromkeys(id_list):
+            outcome = self._store.retry_failed(event_id, now_ms(self.clock))
+            if outcome == "retried":
+                report.retried.append(event_id)
+            elif outcome == "not_found":
+                report.not_found.append(event_id)
+            else:
+                report.not_failed.append(event_id)
+        if report.not_found:
+            logger.warning("retry: no such events %r (nothing created)", report.not_found)
+        if report.not_failed:
+            logger.warning("retry: events %r are not failed; left as they are", report.not_failed)
+        return report
+
+    def stats(self) -> OutboxStats:
+        """Counts of pending (and due), in-flight and failed events (COUNT queries, every shard
+        and page). Completed events are not counted (that would need a scan)."""
+        now = now_ms(self.clock)
+
+        def count(status: EventStatus, due_before: int | None = None) -> int:
+            total = 0
+            for shard in range(self._store.shards):
+                cursor: Any = None
+                while True:
+                    n, cursor = self._store.count_page(
+                        status, shard, due_before_ms=due_before, cursor=cursor
+                    )
+                    total += n
+                    if cursor is None:
+                        break
+            return total
+
+        return OutboxStats(
+            pending=count(EventStatus.PENDING),
+            due=count(EventStatus.PENDING, now),
+            in_flight=count(EventStatus.IN_FLIGHT),
+            failed=count(EventStatus.FAILED),
+        )

@@ -1,0 +1,137 @@
+"""The storage protocol a backend implements for the outbox (one request per method), and the
+small result types of the management calls."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from .event import Event, EventRecord, EventStatus
+
+__all__ = ["OutboxStats", "OutboxStore", "RetryOutcome", "RetryReport", "TransactionEntries"]
+
+RetryOutcome = Literal["retried", "not_found", "not_failed"]
+
+
+class TransactionEntries(Protocol):
+    """What ``Outbox.publish(tx=...)`` needs of a transaction: a way to add prepared entries
+    (what, event id, the backend's entry). The DynamoDB backend's ``Transaction`` is one."""
+
+    def _add_entries(self, entries: list[tuple[str, str | None, Any]]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """Event counts by status. ``due`` is the part of ``pending`` whose next attempt time has come.
+
+    Completed events are not counted: they leave the listing index, and counting them would need
+    a table scan.
+    """
+
+    pending: int
+    due: int
+    in_flight: int
+    failed: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "pending": self.pending,
+            "due": self.due,
+            "in_flight": self.in_flight,
+            "failed": self.failed,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RetryReport:
+    """What :meth:`Outbox.retry_report` did with each id."""
+
+    retried: list[str]
+    not_found: list[str]
+    not_failed: list[str]
+
+
+class OutboxStore(Protocol):
+    """Storage for outbox events. Every method is one request to the store.
+
+    ``now_ms`` is passed in so that time is decided by the caller's injected clock. Index queries
+    return ``(records, cursor)``; pass the cursor back for the next page, None means no more.
+    """
+
+    @property
+    def shards(self) -> int:
+        """How many index partitions each status is spread over."""
+        ...
+
+    def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
+        """Store ``events`` as pending and due now, all or nothing.
+
+        Returns ``{}`` when written. If some ids are already stored, nothing is written and the
+        result maps each clashing id to its stored record (None if the store could not say).
+        """
+        ...
+
+    def transaction_entry(self, event: Event, now_ms: int) -> Any:
+        """The backend's transaction entry that stores ``event`` as pending (no request)."""
+        ...
+
+    def get(self, event_id: str, now_ms: int) -> EventRecord | None:
+        """The stored event, read consistently; completed events past retention are absent."""
+        ...
+
+    def query_page(
+        self,
+        status: EventStatus,
+        shard: int,
+        *,
+        due_before_ms: int | None,
+        limit: int,
+        cursor: Any = None,
+    ) -> tuple[list[EventRecord], Any]:
+        """One page of the index of ``status`` in ``shard``, oldest due first, optionally only
+        events with ``due_at_ms <= due_before_ms``."""
+        ...
+
+    def count_page(
+        self, status: EventStatus, shard: int, *, due_before_ms: int | None, cursor: Any = None
+    ) -> tuple[int, Any]:
+        """How many events one page of that index holds."""
+        ...
+
+    def claim(
+        self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
+    ) -> EventRecord | None:
+        """Make the event in_flight under ``token`` if it is still as ``seen`` (same status and
+        lease token) and due; count the attempt. None if someone else got it first."""
+        ...
+
+    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
+        """Move the lease expiry while ``token`` holds the claim."""
+        ...
+
+    def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
+        """Mark completed (kept ``retention_ms``, or deleted when None) while ``token`` holds it."""
+        ...
+
+    def reschedule(
+        self,
+        event_id: str,
+        token: str,
+        due_ms: int,
+        error: str | None,
+        now_ms: int,
+        *,
+        count_attempt: bool = True,
+    ) -> bool:
+        """Back to pending, due at ``due_ms``, while ``token`` holds it. With
+        ``count_attempt=False`` the claim's attempt is given back (released unhandled)."""
+        ...
+
+    def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
+        """Mark failed (listed under failed, kept forever) while ``token`` holds it."""
+        ...
+
+    def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
+        """Move an existing failed event back to pending with its attempts reset; never creates."""
+        ...
