@@ -20,6 +20,8 @@ import random
 import socket
 import threading
 import uuid
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,15 +136,22 @@ class Lease:
             info = self._locks._store.extend(
                 self.key, self.owner, self.fence, ttl_ms, now_ms(self._locks.clock)
             )
-            if info is None:
-                self.lost = True
-                logger.warning("lock %r lost by %r (fence %d)", self.key, self.owner, self.fence)
-                return False
-            self.expires_at_ms = info.expires_at_ms
-            return True
+            if info is not None:
+                self.expires_at_ms = info.expires_at_ms
+                return True
+            self.lost = True
+            logger.warning("lock %r lost by %r (fence %d)", self.key, self.owner, self.fence)
+        self._locks._released(self)
+        return False
 
     def release(self) -> bool:
         """Free the lock. False if it had already been lost; never frees another owner's lock."""
+        try:
+            return self._release()
+        finally:
+            self._locks._released(self)  # the next waiter of this process may go now
+
+    def _release(self) -> bool:
         with self._mutex:
             if self.released:
                 return False
@@ -214,16 +223,37 @@ class _Heartbeat(threading.Thread):
             self.join()
 
 
+class _Waiters:
+    """The threads of this process waiting for one key, first come first served, and the lease
+    of this process that holds it (if any)."""
+
+    __slots__ = ("cond", "key", "tickets", "users")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.cond = threading.Condition(threading.Lock())
+        self.tickets: deque[object] = deque()
+        self.users = 0
+
+
 class Locks:
     """Distributed locks over a :class:`LockStore`. Reached as ``backend.locks``."""
 
     #: first retry delay and cap of the exponential backoff of a blocking acquire (seconds)
     backoff_initial = 0.02
     backoff_max = 1.0
+    #: refused attempts that saw the same holder (same fence, same expiry) before a waiter
+    #: stops polling and sleeps until that holder's expiry
+    idle_holder_attempts = 4
 
     def __init__(self, store: LockStore, *, clock: Clock | None = None) -> None:
         self._store = store
         self.clock: Clock = clock or SystemClock()
+        self._waiters_lock = threading.Lock()
+        self._queues: dict[str, _Waiters] = {}
+        # The lease of this process that holds each key (weak: a lease dropped without a
+        # release must not be kept alive here).
+        self._held: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
 
     def acquire(
         self,
@@ -236,40 +266,143 @@ class Locks:
         """Acquire ``key`` for ``ttl`` seconds (millisecond precision).
 
         With ``timeout=0`` this is one attempt (one conditional write). With ``timeout > 0`` it
-        retries with exponential backoff and full jitter until the deadline, then returns None.
+        retries until the deadline, then returns None: threads of this process waiting for the
+        same key queue up first come, first served, and only the head of the queue asks the
+        store; a release in this process hands the lock to the next one at once. Against a
+        holder elsewhere the head backs off exponentially with full jitter, never sleeping past
+        the holder's expiry, and a holder that neither extends nor releases across
+        :attr:`idle_holder_attempts` attempts is not polled again until it expires.
         An ``owner`` that already holds the lock gets it back with the same fence and a fresh TTL.
         """
         keys.validate_key(key, "lock key")
         ttl_ms = ttl_to_ms(ttl)
         wait = non_negative_seconds(timeout, "timeout")
         owner = default_owner() if owner is None else check_str(owner, "owner")
+        if wait == 0:
+            return self._attempt(key, owner, ttl_ms)[0]
         deadline = self.clock.monotonic() + wait
+        # The hand-off waits on a real condition variable: only with the real clock (a manual
+        # clock's sleep is how tests move time, and a condition wait would block in real time).
+        if not isinstance(self.clock, SystemClock):
+            return self._poll(key, owner, ttl_ms, deadline)
+        queue = self._waiters(key)
+        ticket = object()
+        with queue.cond:
+            queue.tickets.append(ticket)
+        try:
+            while True:
+                if not self._wait_turn(queue, ticket, owner, deadline):
+                    return None
+                lease = self._poll(key, owner, ttl_ms, deadline, queue=queue)
+                if lease is not None or self.clock.monotonic() >= deadline:
+                    return lease
+        finally:
+            with queue.cond:
+                queue.tickets.remove(ticket)
+                queue.cond.notify_all()
+            self._forget_waiters(key, queue)
+
+    def _poll(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        deadline: float,
+        *,
+        queue: _Waiters | None = None,
+    ) -> Lease | None:
+        """Ask the store until the lock is had, the deadline passes, or (with ``queue``) a
+        holder of this process appears (then the caller waits for its release instead)."""
         delay = self.backoff_initial
+        last: LockInfo | None = None
+        same = 0
         while True:
-            lease = self._attempt(key, owner, ttl_ms)
+            lease, holder = self._attempt(key, owner, ttl_ms)
             if lease is not None:
                 return lease
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return None
-            # Full jitter: contenders that failed together do not retry together.
-            self.clock.sleep(min(remaining, random.uniform(0, delay)))
+            if queue is not None and key in self._held:
+                return None  # held here: wait for the hand-off, not the store
+            sleep = random.uniform(0, delay)  # full jitter: failed together, retry apart
+            if holder is not None:
+                same = same + 1 if holder == last else 1
+                last = holder
+                until_expiry = max(0.0, (holder.expires_at_ms - now_ms(self.clock)) / 1000)
+                # Never sleep past the holder's expiry; a holder that did not move across
+                # several attempts is presumed gone: wait for its expiry instead of polling.
+                sleep = (
+                    until_expiry
+                    if same >= self.idle_holder_attempts
+                    else min(sleep, until_expiry + 0.001)
+                )
+            self.clock.sleep(min(remaining, sleep))
             delay = min(self.backoff_max, delay * 2)
 
-    def _attempt(self, key: str, owner: str, ttl_ms: int) -> Lease | None:
+    def _wait_turn(self, queue: _Waiters, ticket: object, owner: str, deadline: float) -> bool:
+        """Block until ``ticket`` heads the queue and no lease of this process holds the key
+        (or that lease expired); False when the deadline passed first."""
+        with queue.cond:
+            while True:
+                holder = self._held.get(queue.key)
+                if holder is not None and (holder.released or holder.lost or holder.owner == owner):
+                    holder = None
+                remaining = deadline - self.clock.monotonic()
+                if queue.tickets[0] is ticket:
+                    if holder is None:
+                        return True
+                    left = (holder.expires_at_ms - now_ms(self.clock)) / 1000
+                    if left <= 0:
+                        return True
+                    remaining = min(remaining, left, self.backoff_max)
+                if deadline - self.clock.monotonic() <= 0:
+                    return False
+                queue.cond.wait(max(0.001, remaining))
+
+    def _waiters(self, key: str) -> _Waiters:
+        with self._waiters_lock:
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = _Waiters(key)
+            queue.users += 1
+            return queue
+
+    def _forget_waiters(self, key: str, queue: _Waiters) -> None:
+        with self._waiters_lock:
+            queue.users -= 1
+            if queue.users == 0 and self._queues.get(key) is queue:
+                del self._queues[key]
+
+    def _released(self, lease: Lease) -> None:
+        """A lease of this process ended: wake the next waiter for its key."""
+        with self._waiters_lock:
+            if self._held.get(lease.key) is lease:
+                del self._held[lease.key]
+        queue = self._queues.get(lease.key)
+        if queue is not None:
+            with queue.cond:
+                queue.cond.notify_all()
+
+    def _attempt(self, key: str, owner: str, ttl_ms: int) -> tuple[Lease | None, LockInfo | None]:
+        """One acquisition attempt: (the lease, None) or (None, who holds the key if known)."""
         now = now_ms(self.clock)
         result = self._store.try_acquire(key, owner, ttl_ms, now)
         if result.acquired is not None:
             logger.debug("lock %r acquired by %r (fence %d)", key, owner, result.acquired.fence)
-            return Lease(self, result.acquired, ttl_ms)
+            lease = Lease(self, result.acquired, ttl_ms)
+            self._held[key] = lease
+            return lease, None
         holder = result.holder
         if holder is not None and holder.owner == owner:
             # Same owner again (or our own earlier write whose response was lost and retried):
             # keep the fence, refresh the TTL.
             info = self._store.extend(key, owner, holder.fence, ttl_ms, now)
             if info is not None:
-                return Lease(self, info, ttl_ms)
-        return None
+                lease = Lease(self, info, ttl_ms)
+                self._held[key] = lease
+                return lease, None
+        return None, holder
 
     @contextmanager
     def hold(
