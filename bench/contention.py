@@ -6,6 +6,14 @@ thread loops: blocking ``acquire`` (backoff with jitter), a short critical secti
 Mutual exclusion is checked outside DynamoDB: inside the critical section each thread marks an
 in-process "occupied" slot; finding it already taken is a violation. Fences are checked too: the
 fences seen in critical sections, in the order they were entered, must strictly increase.
+
+Beside the main run, ``rows`` compares in the same run, at 4 and 8 threads: dynacoord (FIFO
+hand-off between threads of the process), dynacoord's previous design (no hand-off: every waiter
+polls with backoff; ``Locks.fifo_handoff = False``), python-dynamodb-lock (on its own table, with
+a 10 ms retry period so it is not handicapped by its 5 s default) and a raw boto3 floor (a
+conditional PutItem retried every 5 ms, then a DeleteItem). Each row reports acquisitions/s,
+fairness (min/max acquisitions per thread), the p95 wait of an acquire, requests per
+acquisition and violations.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
     backend = env.backend(namespace=unique("contention"))
     with env.counter.measure() as ops:
         result = _contend(env, backend.locks)
+    result["rows"] = _rows(env)
     requests = sum(ops.values())
     total = result["acquisitions"]
     result.update(
@@ -68,10 +77,29 @@ def _redis(env: BenchEnv) -> dict[str, Any]:
         client.close()
 
 
-def _contend(env: BenchEnv, locks: Any) -> dict[str, Any]:
-    threads_n = env.scale.contention_threads
-    duration = env.scale.contention_seconds
-    key = "one-hot-key"
+class _DynacoordLocks:
+    """acquire(timeout) -> a release callable or None, and the fence of the last acquire."""
+
+    def __init__(self, locks: Any) -> None:
+        self.locks = locks
+
+    def acquire(self, key: str, timeout: float) -> tuple[Any, int] | None:
+        lease = self.locks.acquire(key, ttl=TTL, timeout=timeout)
+        return None if lease is None else (lease.release, lease.fence)
+
+
+def _contend(
+    env: BenchEnv,
+    locks: Any,
+    *,
+    threads: int | None = None,
+    seconds: float | None = None,
+    key: str = "one-hot-key",
+) -> dict[str, Any]:
+    threads_n = threads or env.scale.contention_threads
+    duration = seconds or env.scale.contention_seconds
+    lock = locks if isinstance(locks, (_RawFloor, _PeerLock)) else _DynacoordLocks(locks)
+    waits: list[float] = []
 
     occupied = threading.Lock()  # guards the bookkeeping below, never held across requests
     state: dict[str, Any] = {"holder": None, "violations": 0, "last_fence": -1, "fence_errors": 0}
@@ -85,26 +113,31 @@ def _contend(env: BenchEnv, locks: Any) -> dict[str, Any]:
     def worker(index: int) -> None:
         start_barrier.wait()
         while time.monotonic() < stop_at[0]:
+            asked = time.perf_counter()
             try:
-                lease = locks.acquire(key, ttl=TTL, timeout=1.0)
+                got = lock.acquire(key, 1.0)
             except Exception as exc:  # reported, not raised: a benchmark keeps going
                 errors.append(f"{type(exc).__name__}: {exc}")
                 continue
-            if lease is None:
+            if got is None:
                 timeouts[index] += 1
                 continue
+            waited = time.perf_counter() - asked
+            release, fence = got
             with occupied:
+                waits.append(waited)
                 if state["holder"] is not None:
                     state["violations"] += 1
                 state["holder"] = index
-                if lease.fence <= state["last_fence"]:
-                    state["fence_errors"] += 1
-                state["last_fence"] = lease.fence
+                if fence is not None:
+                    if fence <= state["last_fence"]:
+                        state["fence_errors"] += 1
+                    state["last_fence"] = fence
             time.sleep(CRITICAL_SECTION_S)
             with occupied:
                 if state["holder"] == index:
                     state["holder"] = None
-            if not lease.release():
+            if release() is False:
                 lost_releases[index] += 1
             acquisitions[index] += 1
 
@@ -136,6 +169,147 @@ def _contend(env: BenchEnv, locks: Any) -> dict[str, Any]:
         "fence_order_violations": state["fence_errors"],
         "lost_releases": sum(lost_releases),
         "acquire_timeouts": sum(timeouts),
+        "p50_wait_ms": round(_percentile(waits, 0.5) * 1000, 2),
+        "p95_wait_ms": round(_percentile(waits, 0.95) * 1000, 2),
         "errors": errors[:5],
         "error_count": len(errors),
     }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _RawFloor:
+    """The least a lock can cost: a conditional PutItem retried every 5 ms, then a DeleteItem."""
+
+    def __init__(self, client: Any, table: str) -> None:
+        self.client = client
+        self.table = table
+
+    def acquire(self, key: str, timeout: float) -> tuple[Any, int | None] | None:
+        deadline = time.monotonic() + timeout
+        item = {"pk": {"S": f"RAWLOCK#{key}"}, "sk": {"S": "LOCK"}}
+        while True:
+            try:
+                self.client.put_item(
+                    TableName=self.table,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+            except self.client.exceptions.ConditionalCheckFailedException:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.005)
+                continue
+            return (
+                lambda: self.client.delete_item(TableName=self.table, Key=item) and True,
+                None,
+            )
+
+
+class _PeerLock:
+    """python-dynamodb-lock with a usable retry period (10 ms) and a 1 s retry timeout."""
+
+    def __init__(self, lock_client: Any) -> None:
+        self.lock_client = lock_client
+
+    def acquire(self, key: str, timeout: float) -> tuple[Any, int | None] | None:
+        import datetime
+
+        from python_dynamodb_lock.python_dynamodb_lock import DynamoDBLockError
+
+        try:
+            lock = self.lock_client.acquire_lock(
+                key,
+                retry_period=datetime.timedelta(milliseconds=10),
+                retry_timeout=datetime.timedelta(seconds=timeout),
+            )
+        except DynamoDBLockError:
+            return None
+        return (lambda: lock.release(best_effort=False) is not False, None)
+
+
+def _measured(env: BenchEnv, name: str, lock: Any, threads: int, seconds: float) -> dict[str, Any]:
+    with env.counter.measure() as ops:
+        result = _contend(env, lock, threads=threads, seconds=seconds, key=unique("hot"))
+    total = result["acquisitions"]
+    requests = sum(ops.values())
+    return {
+        "name": name,
+        "threads": threads,
+        "acquisitions_per_s": result["acquisitions_per_s"],
+        "fairness_min_max": result["fairness_min_max"],
+        "p50_wait_ms": result["p50_wait_ms"],
+        "p95_wait_ms": result["p95_wait_ms"],
+        "requests_per_acquisition": round(requests / total, 2) if total else None,
+        "violations": result["mutual_exclusion_violations"] + result["fence_order_violations"],
+        "acquire_timeouts": result["acquire_timeouts"],
+        "error_count": result["error_count"],
+    }
+
+
+def _rows(env: BenchEnv) -> list[dict[str, Any]]:
+    """dynacoord, its previous design, python-dynamodb-lock and a raw floor at 4 and 8 threads."""
+    seconds = max(0.5, env.scale.contention_seconds / 2)
+    rows: list[dict[str, Any]] = []
+    peer: Any = None
+    try:
+        import boto3
+        from python_dynamodb_lock.python_dynamodb_lock import DynamoDBLockClient
+
+        lock_table = unique("pylock")
+        DynamoDBLockClient.create_dynamodb_table(
+            env.new_client(counted=False), table_name=lock_table
+        )
+        resource = boto3.resource(
+            "dynamodb",
+            endpoint_url=env.ddb.endpoint_url,
+            aws_access_key_id="dynacoord",
+            aws_secret_access_key="dynacoord",
+            region_name="us-east-1",
+        )
+        env.counter.attach(resource.meta.client)
+        peer = DynamoDBLockClient(
+            resource, table_name=lock_table, heartbeat_period=datetime_seconds(1)
+        )
+    except Exception as exc:  # not installed: the rows say so
+        rows.append({"name": "python-dynamodb-lock", "error": f"{type(exc).__name__}: {exc}"})
+    raw_client = env.new_client()
+    try:
+        for threads in (4, 8):
+            fair = env.backend(namespace=unique("fair")).locks
+            previous = env.backend(namespace=unique("prev")).locks
+            previous.fifo_handoff = False
+            rows.append(_measured(env, "dynacoord", fair, threads, seconds))
+            rows.append(
+                _measured(
+                    env, "dynacoord, previous design (no hand-off)", previous, threads, seconds
+                )
+            )
+            if peer is not None:
+                rows.append(
+                    _measured(env, "python-dynamodb-lock", _PeerLock(peer), threads, seconds)
+                )
+            rows.append(
+                _measured(
+                    env,
+                    "raw boto3 floor (put if absent, delete)",
+                    _RawFloor(raw_client, env.table),
+                    threads,
+                    seconds,
+                )
+            )
+    finally:
+        if peer is not None:
+            peer.close()
+    return rows
+
+
+def datetime_seconds(n: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=n)

@@ -416,6 +416,44 @@ def _contention(s: dict[str, Any]) -> list[str]:
     )
     if s.get("errors"):
         lines += ["", "First errors: " + "; ".join(f"`{e}`" for e in s["errors"])]
+    rows = [x for x in s.get("rows", []) if "error" not in x]
+    if rows:
+        lines += [
+            "",
+            "Side by side in the same run (one key, DynamoDB Local; the previous design is "
+            "dynacoord without the FIFO hand-off between threads of a process):",
+            "",
+        ]
+        lines += _table(
+            [
+                "lock",
+                "threads",
+                "acquisitions/s",
+                "fairness",
+                "p50 wait ms",
+                "p95 wait ms",
+                "requests/acquisition",
+                "timeouts (1 s)",
+                "violations",
+            ],
+            [
+                [
+                    x["name"],
+                    x["threads"],
+                    x["acquisitions_per_s"],
+                    x["fairness_min_max"],
+                    x["p50_wait_ms"],
+                    x["p95_wait_ms"],
+                    x["requests_per_acquisition"],
+                    x["acquire_timeouts"],
+                    x["violations"],
+                ]
+                for x in rows
+            ],
+        )
+    for x in s.get("rows", []):
+        if "error" in x:
+            lines += ["", f"{x['name']} not measured: `{x['error']}`"]
     if r and not redis_ok:
         lines += ["", f"Redis not measured: `{r.get('error')}`"]
     elif r.get("errors"):

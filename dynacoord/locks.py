@@ -245,6 +245,9 @@ class Locks:
     #: refused attempts that saw the same holder (same fence, same expiry) before a waiter
     #: stops polling and sleeps until that holder's expiry
     idle_holder_attempts = 4
+    #: queue blocking acquires of this process per key and hand the lock on at release; False
+    #: is the previous design (every waiter polls the store), kept for comparison in the bench
+    fifo_handoff = True
 
     def __init__(self, store: LockStore, *, clock: Clock | None = None) -> None:
         self._store = store
@@ -283,7 +286,7 @@ class Locks:
         deadline = self.clock.monotonic() + wait
         # The hand-off waits on a real condition variable: only with the real clock (a manual
         # clock's sleep is how tests move time, and a condition wait would block in real time).
-        if not isinstance(self.clock, SystemClock):
+        if not self.fifo_handoff or not isinstance(self.clock, SystemClock):
             return self._poll(key, owner, ttl_ms, deadline)
         queue = self._waiters(key)
         ticket = object()
