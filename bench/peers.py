@@ -164,15 +164,16 @@ def _idempotency_peer(env: BenchEnv) -> dict[str, Any]:
         idempotent_function,
     )
 
+    from dynacoord.provision import create_table
+
+    # The same table shape on both sides (pk/sk, the gsi1 index, TTL on): Powertools on an
+    # id-only table of its own would write smaller index-free items and compare unlike things.
     peer_table = unique("powertools")
-    env.client.create_table(
-        TableName=peer_table,
-        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_table(env.client, peer_table)
     peer_client = env.new_client()
-    persistence = DynamoDBPersistenceLayer(table_name=peer_table, boto3_client=peer_client)
+    persistence = DynamoDBPersistenceLayer(
+        table_name=peer_table, boto3_client=peer_client, key_attr="pk", sort_key_attr="sk"
+    )
     # No local cache: every call goes to DynamoDB, like dynacoord (which has none).
     config = IdempotencyConfig(event_key_jmespath="order_id", use_local_cache=False)
 
@@ -222,8 +223,10 @@ def _idempotency_runs(
         "status": "ok",
         "rows": [{"case": "first call", **first}, {"case": "replay", **second}],
         "note": (
-            "Powertools with use_local_cache=False (every call goes to DynamoDB, as in "
-            "dynacoord, which has no local cache) and no Lambda context; it stores an MD5 of the "
+            "Both on a table of the same shape (pk/sk, gsi1, TTL; Powertools with "
+            "key_attr='pk', sort_key_attr='sk'). Powertools with use_local_cache=False (every "
+            "call goes to DynamoDB, as in dynacoord without its local cache) and no Lambda "
+            "context; it stores an MD5 of the "
             "selected key, dynacoord the key itself; neither validates the payload here. Same "
             "requests on both sides (a conditional PutItem claim, then an UpdateItem), but "
             "dynacoord's completion is conditional on its claim token (a call whose lease was "
