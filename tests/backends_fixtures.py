@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +30,8 @@ from dynacoord.testing import free_port
 __all__ = [
     "EXTRA_CONTRACT_BACKENDS",
     "RedisServer",
+    "SerializedCollection",
+    "SerializedDatabase",
     "mongo_backend_factory",
     "mongo_database",
     "mongodb_backend_factory",
@@ -174,17 +177,127 @@ def redis_backend_factory(redis_client: Any) -> BackendFactory:
 
 
 # -- MongoDB --------------------------------------------------------------------------------------
+#
+# mongomock is not atomic across threads: two threads in the same ``find_one_and_update`` can both
+# see the document before either writes it, so a compare-and-set a real server refuses succeeds
+# twice. A server makes each single-document operation atomic and nothing more, so that is what
+# ``SerializedDatabase`` gives: one lock per collection held for the whole of each collection
+# method call (a ``find`` cursor is read to the end under the lock, after its sort/skip/limit), and
+# nothing held between calls. Thread-race cases therefore run on mongomock with a server's
+# guarantees, no stronger ones: a read-then-write made of two calls still races.
+
+
+class _SerializedCursor:
+    """The cursor of :meth:`SerializedCollection.find`: chained calls (``sort``, ``limit``,
+    ``skip``, ...) are recorded, and the query runs, to the last document, under the collection
+    lock when the cursor is first iterated."""
+
+    def __init__(self, owner: SerializedCollection, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self._owner = owner
+        self._args = args
+        self._kwargs = kwargs
+        self._chain: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self._docs: Iterator[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def chained(*args: Any, **kwargs: Any) -> _SerializedCursor:
+            self._chain.append((name, args, kwargs))
+            return self
+
+        return chained
+
+    def _materialize(self) -> Iterator[Any]:
+        if self._docs is None:
+            with self._owner.lock:
+                cursor = self._owner.collection.find(*self._args, **self._kwargs)
+                for name, args, kwargs in self._chain:
+                    cursor = getattr(cursor, name)(*args, **kwargs)
+                self._docs = iter(list(cursor))
+        return self._docs
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._materialize()
+
+    def __next__(self) -> Any:
+        return next(self._materialize())
+
+    def next(self) -> Any:
+        return next(self._materialize())
+
+
+class SerializedCollection:
+    """A mongomock collection whose every method call holds the collection's lock."""
+
+    def __init__(self, collection: Any, lock: threading.RLock) -> None:
+        self.collection = collection
+        self.lock = lock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.collection, name)
+        if not callable(attr):
+            return attr
+        if name == "find":
+            return lambda *args, **kwargs: _SerializedCursor(self, args, kwargs)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                result = attr(*args, **kwargs)
+                if name in ("aggregate", "find_raw_batches", "list_indexes", "watch"):
+                    result = iter(list(result))  # command cursors are lazy: read them here
+                return result
+
+        return call
+
+    def __getitem__(self, name: str) -> Any:  # sub-collection (``coll["x"]``)
+        return SerializedCollection(self.collection[name], self.lock)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SerializedCollection):
+            return bool(self.collection == other.collection)
+        return bool(self.collection == other)
+
+    def __hash__(self) -> int:
+        return hash(self.collection)
+
+
+class SerializedDatabase:
+    """A mongomock database whose collections are :class:`SerializedCollection` (one lock each,
+    shared by every handle on the same collection)."""
+
+    def __init__(self, database: Any) -> None:
+        self.database = database
+        self._locks: dict[str, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, name: str) -> threading.RLock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.RLock())
+
+    def __getitem__(self, name: str) -> SerializedCollection:
+        return SerializedCollection(self.database[name], self._lock(name))
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> SerializedCollection:
+        return SerializedCollection(
+            self.database.get_collection(name, *args, **kwargs), self._lock(name)
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.database, name)
 
 
 @pytest.fixture(scope="session")
 def mongo_database() -> Any:
-    """A mongomock database for the whole session (namespaces isolate tests)."""
+    """A mongomock database for the whole session (namespaces isolate tests), serialized per
+    collection call (:class:`SerializedDatabase`) so thread races run with a server's atomicity."""
     try:
         import mongomock
     except ImportError:
         _unavailable("mongomock is not installed: pip install -e '.[dev]'")
         raise
-    return mongomock.MongoClient()["dynacoord_test"]
+    return SerializedDatabase(mongomock.MongoClient()["dynacoord_test"])
 
 
 @pytest.fixture(scope="session")

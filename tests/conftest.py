@@ -34,6 +34,7 @@ from tests.backends_fixtures import (  # noqa: F401  (Redis/MongoDB fixtures, is
     redis_client,
     redis_server,
 )
+from tests.lossy import lossy  # noqa: F401  (lost-response fault injection, issue 13)
 
 # Never let a test reach real AWS by accident.
 for _name, _value in {

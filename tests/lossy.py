@@ -1,0 +1,428 @@
+"""The ``lossy`` fixture: a backend whose chosen write requests are applied, then lose their response.
+
+What it reproduces: a write reaches the server and is applied, the answer never reaches the
+client (a read timeout, a reset connection, a 5xx from a proxy), and the client library's *own*
+retry sends the same request again. botocore (standard mode), redis-py (``Retry`` on
+``ConnectionError``) and pymongo (retryable writes outside a replica set) all do that. A write
+that does not recognise its own applied write then answers differently than had the response
+arrived (DESIGN.md section 1).
+
+Usage, on every backend (``lossy.kind`` is ``"dynamodb"``, ``"redis"`` or ``"mongo"``)::
+
+    def test_add_recognises_its_own_write(lossy):
+        cache = lossy.backend().cache
+        lossy.lose_next(operation={"dynamodb": "UpdateItem", "redis": "EVALSHA",
+                                   "mongo": "find_one_and_update"}[lossy.kind])
+        assert cache.add("k", 1) is True
+        assert lossy.lost == 1          # proves the fault fired
+
+How each backend loses a response:
+
+* ``dynamodb`` (DynamoDB Local, the session table): a ``before-send`` hook on a dedicated client
+  (standard retry mode, 5 attempts) sends the signed request itself, then raises botocore's
+  ``ReadTimeoutError``; botocore retries. Operation names are DynamoDB's (``UpdateItem``,
+  ``PutItem``, ``DeleteItem``, ``TransactWriteItems``, ``BatchWriteItem``); reads are never lost.
+* ``redis`` (the session redis-server): a ``Connection`` subclass reads the real reply of the
+  command, discards it, disconnects and raises ``redis.exceptions.ConnectionError``; the client
+  is built with ``Retry(NoBackoff(), 3)`` so redis-py re-sends the command. Names are Redis
+  command names (``EVALSHA``, ``SET``, ``INCR``; a MULTI/EXEC pipeline is ``EXEC``, its reply is
+  the one lost). Read-only and connection-management commands are never lost.
+* ``mongo`` (mongomock, serialized per call like the contract fixtures): a collection proxy
+  applies the write, then applies the *same call* again and returns the second call's result
+  (or raises its error, e.g. ``DuplicateKeyError`` for a re-sent insert): what a retried write
+  without server-side deduplication does. Names are collection method names (``insert_one``,
+  ``update_one``, ``find_one_and_update``, ``bulk_write``...).
+
+Rules shared by all three:
+
+* Only a write whose first attempt *succeeded* loses its response (HTTP 200 on DynamoDB, a reply
+  that is not an error on Redis, a call that did not raise on Mongo): a refused write (e.g.
+  ``ConditionalCheckFailedException``) is answered normally and the fault stays armed for the
+  next matching write. A Redis script's own refusal is a normal reply, so it can be lost.
+* ``count`` counts distinct requests: the client's retry of a request whose response was lost is
+  delivered normally (it is never lost itself).
+* ``lost`` is the number of responses dropped so far; assert it to prove the fault fired.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dynacoord._backend import Backend
+from dynacoord._clock import Clock
+from dynacoord.testing import DynamoDBLocal, unique_name
+
+__all__ = ["DYNAMODB_WRITES", "MONGO_WRITES", "REDIS_NOT_WRITES", "Lossy", "lossy"]
+
+#: DynamoDB operations that can lose their response (everything else is a read).
+DYNAMODB_WRITES = frozenset(
+    {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
+)
+
+#: Redis commands that never lose their response: read-only, script management, connection.
+REDIS_NOT_WRITES = frozenset(
+    {
+        # reads
+        "GET", "MGET", "GETRANGE", "STRLEN", "HGET", "HMGET", "HGETALL", "HKEYS", "HVALS",
+        "HLEN", "HEXISTS", "HSTRLEN", "HSCAN", "EXISTS", "TTL", "PTTL", "EXPIRETIME",
+        "PEXPIRETIME", "TYPE", "SCAN", "KEYS", "RANDOMKEY", "DBSIZE", "ZRANGE", "ZRANGEBYSCORE",
+        "ZRANGEBYLEX", "ZREVRANGE", "ZREVRANGEBYSCORE", "ZREVRANGEBYLEX", "ZSCORE", "ZMSCORE",
+        "ZRANK", "ZREVRANK", "ZCARD", "ZCOUNT", "ZLEXCOUNT", "ZSCAN", "SMEMBERS", "SISMEMBER",
+        "SMISMEMBER", "SCARD", "SSCAN", "LRANGE", "LLEN", "LINDEX", "XRANGE", "XREVRANGE",
+        "XLEN", "EVALSHA_RO", "EVAL_RO", "FCALL_RO", "OBJECT", "MEMORY", "DUMP", "TIME",
+        # script management and the connection itself
+        "SCRIPT", "PING", "ECHO", "HELLO", "AUTH", "SELECT", "CLIENT", "INFO", "COMMAND",
+        "CONFIG", "QUIT", "RESET", "WATCH", "UNWATCH", "MULTI", "DISCARD", "READONLY",
+        "READWRITE", "FLUSHALL", "FLUSHDB",
+    }
+)  # fmt: skip
+
+#: Mongo collection methods that can lose their response (replayed once).
+MONGO_WRITES = frozenset(
+    {
+        "insert_one",
+        "insert_many",
+        "update_one",
+        "update_many",
+        "replace_one",
+        "delete_one",
+        "delete_many",
+        "find_one_and_update",
+        "find_one_and_replace",
+        "find_one_and_delete",
+        "bulk_write",
+    }
+)
+
+
+class _Faults:
+    """The armed faults and the count of lost responses, shared by the threads of one test."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: list[str | None] = []  # one per response to lose: an operation or any
+        self._retrying = threading.local()  # per thread: fingerprint of the request just lost
+        self.lost = 0
+        self.log: list[tuple[str, bool]] = []  # (operation, lost) of every write seen
+
+    def arm(self, count: int, operation: str | None) -> None:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be an int >= 1, got {count!r}")
+        with self._lock:
+            self._slots.extend([operation] * count)
+
+    def is_retry(self, fingerprint: Any) -> bool:
+        """True (once) when this thread re-sends the request whose response was just lost."""
+        previous = getattr(self._retrying, "fingerprint", None)
+        self._retrying.fingerprint = None
+        return previous is not None and previous == fingerprint
+
+    def wants(self, operation: str) -> bool:
+        """Whether a (successful) write of ``operation`` is to lose its response: consumes the
+        first armed slot that matches."""
+        with self._lock:
+            for index, slot in enumerate(self._slots):
+                if slot is None or slot == operation:
+                    del self._slots[index]
+                    return True
+        return False
+
+    def armed_for(self, operation: str) -> bool:
+        with self._lock:
+            return any(slot is None or slot == operation for slot in self._slots)
+
+    def record(self, operation: str, lost: bool, fingerprint: Any = None) -> None:
+        with self._lock:
+            self.log.append((operation, lost))
+            if lost:
+                self.lost += 1
+        if lost:
+            self._retrying.fingerprint = fingerprint
+
+
+class Lossy:
+    """A factory of backends of one kind wired through a client that loses chosen responses."""
+
+    kind: str
+
+    def __init__(self, kind: str, faults: _Faults, make: Callable[..., Backend]) -> None:
+        self.kind = kind
+        self._faults = faults
+        self._make = make
+
+    def backend(
+        self, *, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any
+    ) -> Backend:
+        """A backend in a fresh namespace (unless given) wired through the lossy client."""
+        return self._make(clock=clock, namespace=namespace or unique_name("lossy"), **kwargs)
+
+    def lose_next(self, count: int = 1, *, operation: str | None = None) -> None:
+        """The next ``count`` WRITE requests (only those named ``operation`` when given) are
+        applied for real, then their response is lost, and the client's own retry sends them
+        again (see the module docstring for names and rules)."""
+        self._faults.arm(count, operation)
+
+    @property
+    def lost(self) -> int:
+        """Responses dropped so far."""
+        return self._faults.lost
+
+    @property
+    def log(self) -> list[tuple[str, bool]]:
+        """``(operation, lost)`` of every write request seen so far (for failure messages)."""
+        return list(self._faults.log)
+
+    def __repr__(self) -> str:
+        return f"Lossy(kind={self.kind!r}, lost={self.lost})"
+
+
+# -- DynamoDB -------------------------------------------------------------------------------------
+
+
+class _RawBody:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._body
+
+
+def _dynamodb_lossy_client(dynamodb_local: DynamoDBLocal, faults: _Faults) -> Any:
+    import urllib3
+    from botocore.awsrequest import AWSResponse
+    from botocore.config import Config
+    from botocore.exceptions import ReadTimeoutError
+
+    http = urllib3.PoolManager(maxsize=32)
+    client = dynamodb_local.client(
+        config=Config(
+            retries={"mode": "standard", "max_attempts": 5},
+            max_pool_connections=64,
+            connect_timeout=5,
+            read_timeout=30,
+        )
+    )
+
+    def hook(request: Any, event_name: str, **_: Any) -> Any:
+        operation = event_name.rsplit(".", 1)[-1]
+        if operation not in DYNAMODB_WRITES:
+            return None
+        body = request.body if isinstance(request.body, bytes) else bytes(request.body or b"")
+        fingerprint = (operation, body)
+        if faults.is_retry(fingerprint) or not faults.armed_for(operation):
+            faults.record(operation, False)
+            return None
+        # Send the signed request for real: the write is applied (or refused) by the server.
+        real = http.request(
+            request.method,
+            request.url,
+            body=body,
+            headers=dict(request.headers),
+            retries=False,
+            preload_content=True,
+        )
+        if real.status == 200 and faults.wants(operation):
+            faults.record(operation, True, fingerprint)
+            raise ReadTimeoutError(endpoint_url=request.url)
+        # A refusal (or a fault already taken by another thread): hand the real answer back.
+        faults.record(operation, False)
+        return AWSResponse(request.url, real.status, dict(real.headers), _RawBody(real.data))
+
+    client.meta.events.register("before-send.dynamodb", hook)
+    return client
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+
+
+def _command_names(packed: Any) -> list[str]:
+    """The command names (first argument, upper case) of a packed RESP request."""
+    data = b"".join(bytes(chunk) for chunk in ([packed] if isinstance(packed, bytes) else packed))
+    names: list[str] = []
+    pos = 0
+    while pos < len(data):
+        if data[pos : pos + 1] != b"*":
+            raise AssertionError(f"unexpected RESP request at {pos}: {data[pos : pos + 20]!r}")
+        end = data.index(b"\r\n", pos)
+        count = int(data[pos + 1 : end])
+        pos = end + 2
+        for i in range(count):
+            end = data.index(b"\r\n", pos)
+            size = int(data[pos + 1 : end])
+            if i == 0:
+                names.append(data[end + 2 : end + 2 + size].decode("utf-8", "replace").upper())
+            pos = end + 2 + size + 2
+    return names
+
+
+def _redis_connection_class(faults: _Faults) -> type:
+    import redis
+    from redis.exceptions import ResponseError
+
+    class LossyConnection(redis.Connection):
+        """Reads each reply for real; a lossable one is then dropped with a ConnectionError."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._expect: deque[tuple[str, bool, bytes]] = deque()
+
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            super().send_packed_command(command, check_health=check_health)
+            # Recorded after sending: a health check inside the send reads its own reply first.
+            fingerprint = b"".join(
+                bytes(c) for c in ([command] if isinstance(command, bytes) else command)
+            )
+            names = _command_names(command)
+            in_multi = False
+            multi_writes = False
+            for name in names:
+                if name == "MULTI":
+                    in_multi, multi_writes = True, False
+                    self._expect.append((name, False, fingerprint))
+                elif name == "EXEC" and in_multi:
+                    in_multi = False
+                    self._expect.append((name, multi_writes, fingerprint))
+                elif in_multi:  # the reply is QUEUED: nothing applied yet
+                    multi_writes = multi_writes or name not in REDIS_NOT_WRITES
+                    self._expect.append((name, False, fingerprint))
+                else:
+                    self._expect.append((name, name not in REDIS_NOT_WRITES, fingerprint))
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            if not self._expect:
+                return super().read_response(*args, **kwargs)
+            name, write, fingerprint = self._expect.popleft()
+            if not write:
+                return super().read_response(*args, **kwargs)
+            if faults.is_retry((name, fingerprint)) or not faults.armed_for(name):
+                faults.record(name, False)
+                return super().read_response(*args, **kwargs)
+            try:
+                reply = super().read_response(*args, **kwargs)
+            except ResponseError:
+                faults.record(name, False)  # refused: not applied, the fault stays armed
+                raise
+            if not faults.wants(name):
+                faults.record(name, False)
+                return reply
+            faults.record(name, True, (name, fingerprint))
+            self.disconnect()
+            raise redis.exceptions.ConnectionError(f"injected: the reply to {name} was lost")
+
+        def disconnect(self, *args: Any, **kwargs: Any) -> None:
+            self._expect.clear()
+            super().disconnect(*args, **kwargs)
+
+    return LossyConnection
+
+
+def _redis_lossy_client(port: int, faults: _Faults) -> Any:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    pool = redis.ConnectionPool(
+        host="127.0.0.1",
+        port=port,
+        connection_class=_redis_connection_class(faults),
+        retry=Retry(NoBackoff(), 3),
+        retry_on_error=[redis.exceptions.ConnectionError],
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+# -- Mongo ----------------------------------------------------------------------------------------
+
+
+class LossyCollection:
+    """A collection whose write methods, when armed, run twice (the second call is the retry)
+    and return the second call's result."""
+
+    def __init__(self, collection: Any, faults: _Faults) -> None:
+        self.collection = collection
+        self._faults = faults
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.collection, name)
+        if name not in MONGO_WRITES or not callable(attr):
+            return attr
+        faults = self._faults
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            first = attr(*args, **kwargs)  # raises when refused: nothing applied, still armed
+            if not faults.wants(name):
+                faults.record(name, False)
+                return first
+            faults.record(name, True)
+            return attr(*args, **kwargs)  # the retry, as the server sees it
+
+        return call
+
+    def __getitem__(self, name: str) -> LossyCollection:
+        return LossyCollection(self.collection[name], self._faults)
+
+
+class LossyDatabase:
+    """A database whose collections are :class:`LossyCollection`."""
+
+    def __init__(self, database: Any, faults: _Faults) -> None:
+        self.database = database
+        self._faults = faults
+
+    def __getitem__(self, name: str) -> LossyCollection:
+        return LossyCollection(self.database[name], self._faults)
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> LossyCollection:
+        return LossyCollection(self.database.get_collection(name, *args, **kwargs), self._faults)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.database, name)
+
+
+# -- the fixture ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["dynamodb", "redis", "mongo"])
+def lossy(request: pytest.FixtureRequest) -> Iterator[Lossy]:
+    """A :class:`Lossy` of one backend kind (parametrized over dynamodb, redis, mongo)."""
+    kind: str = request.param
+    faults = _Faults()
+    if kind == "dynamodb":
+        from dynacoord.backends.dynamodb import DynamoDBBackend
+
+        dynamodb_local = request.getfixturevalue("dynamodb_local")
+        _, table = request.getfixturevalue("ddb_table")
+        client = _dynamodb_lossy_client(dynamodb_local, faults)
+
+        def make_ddb(**kwargs: Any) -> Backend:
+            return DynamoDBBackend(client, table_name=table, **kwargs)
+
+        yield Lossy(kind, faults, make_ddb)
+        client.close()
+    elif kind == "redis":
+        from dynacoord.backends.redis import RedisBackend
+
+        server = request.getfixturevalue("redis_server")
+        redis_client = _redis_lossy_client(server.port, faults)
+
+        def make_redis(**kwargs: Any) -> Backend:
+            return RedisBackend(redis_client, **kwargs)
+
+        yield Lossy(kind, faults, make_redis)
+        redis_client.close()
+    elif kind == "mongo":
+        from dynacoord.backends.mongo import MongoBackend
+
+        database = LossyDatabase(request.getfixturevalue("mongo_database"), faults)
+
+        def make_mongo(**kwargs: Any) -> Backend:
+            return MongoBackend(database, **kwargs)
+
+        yield Lossy(kind, faults, make_mongo)
+    else:  # pragma: no cover
+        raise AssertionError(kind)
