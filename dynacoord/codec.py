@@ -9,9 +9,11 @@ back with the same type and value it went in with:
 * a dict whose only key is one of the tags -> ``{"$$": {...}}`` (escaped, so user data that looks
   like a tag is not mistaken for one)
 
-Floats round-trip exactly (JSON uses ``repr``). NaN and infinities, sets, objects, non-str dict keys
-and recursive structures are refused with :class:`~dynacoord.errors.InvalidValueError` before
-anything is written. Tuples are stored as lists (and come back as lists), as with ``json``.
+Floats round-trip exactly (JSON uses ``repr``). NaN and infinities, ints of more than
+:data:`MAX_INT_DIGITS` digits (Python's default int/str conversion limit: a longer one could not
+be read back by a process with the default setting), sets, objects, non-str dict keys and
+recursive structures are refused with :class:`~dynacoord.errors.InvalidValueError` before
+anything is written. Decimals are stored as text, so any finite Decimal is kept exactly. Tuples are stored as lists (and come back as lists), as with ``json``.
 No pickle, ever: a value read from a shared table must never execute code.
 """
 
@@ -28,6 +30,7 @@ from .errors import InvalidValueError, ValueTooLargeError
 
 __all__ = [
     "DYNAMODB_ITEM_LIMIT",
+    "MAX_INT_DIGITS",
     "JSONValue",
     "check_item_size",
     "decode",
@@ -41,6 +44,11 @@ JSONValue: TypeAlias = Any
 #: DynamoDB's item size limit in bytes (attribute names plus values).
 DYNAMODB_ITEM_LIMIT = 400 * 1024
 
+#: The most digits of an int the codec stores (Python's default ``sys.get_int_max_str_digits()``).
+MAX_INT_DIGITS = 4300
+_INT_LIMIT = 10**MAX_INT_DIGITS
+_INT_CHECK_BITS = 14000  # below this bit length an int has fewer than 4300 digits
+
 _TAGS = frozenset({"$b", "$d", "$$"})
 _MAX_DEPTH = 64
 
@@ -50,7 +58,14 @@ def _to_jsonable(value: Any, depth: int, path: str) -> Any:
         raise InvalidValueError(
             f"value nests deeper than {_MAX_DEPTH} levels at {path} (recursive structure?)"
         )
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > _INT_CHECK_BITS and not -_INT_LIMIT < value < _INT_LIMIT:
+            raise InvalidValueError(
+                f"int at {path} has more than {MAX_INT_DIGITS} digits ({value.bit_length()} "
+                "bits), over the codec's int range; store it as a str or a Decimal"
+            )
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -109,7 +124,10 @@ def encode(value: Any) -> str:
         tree = _to_jsonable(value, 0, "value")
     except RecursionError as exc:  # pragma: no cover - depth check fires first
         raise InvalidValueError("value is recursive") from exc
-    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:  # an int over a lower sys.set_int_max_str_digits() of this process
+        raise InvalidValueError(f"value cannot be encoded: {exc}") from exc
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -3,7 +3,6 @@ and its delivery state as stored) and the stored fields every backend shares."""
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,7 +20,10 @@ from ..errors import (
     InvalidValueError,
 )
 
-__all__ = ["Event", "EventRecord", "EventStatus", "pending_fields"]
+__all__ = ["MAX_OCCURRED_AT", "Event", "EventRecord", "EventStatus", "pending_fields"]
+
+#: ``Event.occurred_at`` is epoch seconds in ``[0, MAX_OCCURRED_AT)``: 10000-01-01T00:00:00Z.
+MAX_OCCURRED_AT = 253402300800
 
 
 class EventStatus(StrEnum):
@@ -43,7 +45,7 @@ class Event:
 
     ``id`` defaults to a random UUID (hex) and identifies the event everywhere (store key, relay
     deduplication id): a retried publish of the same event is recognised by it. ``occurred_at``
-    (epoch seconds) defaults to now. ``payload`` and ``metadata`` are any values the codec stores
+    (epoch seconds, from 0 to before :data:`MAX_OCCURRED_AT`, the year 10000) defaults to now. ``payload`` and ``metadata`` are any values the codec stores
     (JSON-compatible, plus bytes and Decimal); both are delivered as they went in. ``group`` is an
     ordering/partition hint for relays (the SQS FIFO message group). ``attempt`` is set by the
     worker on delivery: 1 on the first delivery, 2 on the first retry, ...
@@ -80,11 +82,19 @@ class Event:
                     f"occurred_at must be epoch seconds (int or float), got "
                     f"{occurred_at.__class__.__name__}"
                 )
-            occurred = float(occurred_at)
-            if not math.isfinite(occurred):
-                raise InvalidValueError(
-                    f"occurred_at must be finite epoch seconds, got {occurred_at!r}"
+            # 0 to the end of year 9999 UTC: what a datetime (and so every relay) can carry and
+            # what fits the 15-digit millisecond sort keys; 1e300 would overflow every backend.
+            if not 0 <= occurred_at < MAX_OCCURRED_AT:
+                shown = (
+                    repr(occurred_at)
+                    if isinstance(occurred_at, float) or occurred_at.bit_length() < 128
+                    else f"an int of {occurred_at.bit_length()} bits"
                 )
+                raise InvalidValueError(
+                    f"occurred_at must be epoch seconds from 0 to before {MAX_OCCURRED_AT} "
+                    f"(year 10000), got {shown}"
+                )
+            occurred = float(occurred_at)
         if metadata is None:
             meta: dict[str, Any] = {}
         elif isinstance(metadata, Mapping):

@@ -22,8 +22,10 @@ from typing import Any, cast
 
 from ...errors import (
     BackendError,
+    InvalidValueError,
     TableNotReadyError,
     TransactionCancelledError,
+    TransactionTooLargeError,
     ValueTooLargeError,
 )
 
@@ -165,6 +167,18 @@ class DynamoTable:
             )
             return TransactionCancelledError(
                 f"transaction cancelled ({summary or message})", reasons=reasons
+            )
+        if code == "ValidationException" and "multiple operations on one item" in message:
+            # Two operations on one item the Transaction could not see (Puts into a table
+            # whose key it does not know): DynamoDB refused the whole request.
+            return InvalidValueError(
+                f"one item appears twice in one transaction, nothing was written: {message}"
+            )
+        if code == "ValidationException" and "transaction payload size" in message.lower():
+            return TransactionTooLargeError(
+                f"DynamoDB refused the transaction, nothing was written: {message}",
+                size=-1,
+                limit=4 * 1024 * 1024,
             )
         if (
             code == "ValidationException"

@@ -25,6 +25,7 @@ from ...errors import TransactionCancelledError
 from ...keys import outbox_index_pk, outbox_key, time_sk_bound
 from ...outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from .transaction import check_transaction_items
 
 __all__ = ["DynamoDBOutboxStore"]
 
@@ -100,6 +101,7 @@ class DynamoDBOutboxStore:
             except ConditionFailedError as failed:
                 return {events[0].id: EventRecord.from_item(failed.item, now_ms)}
             return {}
+        check_transaction_items([{"Put": p} for p in puts])  # 4 MB: refused before sending
         try:
             self._table.call("transact_write_items", TransactItems=[{"Put": p} for p in puts])
         except TransactionCancelledError as cancelled:

@@ -11,9 +11,16 @@ ends without an exception. Then one ``TransactWriteItems`` writes everything or 
                   condition="qty >= :n", values={":n": 1})
         tx.publish(Event("order.created", {"order": "1"}))
 
-DynamoDB allows 100 items per transaction: the 101st add raises
-:class:`~dynacoord.errors.TransactionTooLargeError` at once (the transaction is then discarded when
-the block exits with it). A refused transaction raises
+DynamoDB's transaction limits are checked as operations are added, so nothing is sent that
+DynamoDB would refuse for them: at most 100 items (the 101st add raises
+:class:`~dynacoord.errors.TransactionTooLargeError` at once), at most 4 MB of item data in all
+(the add that would cross it raises the same error, ``size`` and ``limit`` then in bytes), and
+each item at most once: a second operation on an item already in the transaction (the same
+event published twice, a put and an update of one key) raises
+:class:`~dynacoord.errors.InvalidValueError`. An add that raises adds nothing; the transaction is
+discarded when the block exits with the error. Numbers must be ones DynamoDB holds exactly (see
+:func:`check_number`): anything else is an ``InvalidValueError`` at the line that added it, never
+a ``decimal.Inexact``/``Rounded``/``Overflow``. A refused transaction raises
 :class:`~dynacoord.errors.TransactionCancelledError` whose ``reasons`` has one entry per added item,
 in the order they were added, each with ``Code`` (``"None"`` for the items that were fine),
 ``Message``, ``Operation`` (what was added, e.g. ``"put into 'orders'"``) and, for a failed
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +50,202 @@ from ...errors import (
 if TYPE_CHECKING:
     from ...outbox import Event, Outbox
 
-__all__ = ["MAX_TRANSACTION_ITEMS", "Transaction"]
+__all__ = [
+    "MAX_TRANSACTION_BYTES",
+    "MAX_TRANSACTION_ITEMS",
+    "Transaction",
+    "check_number",
+    "check_transaction_items",
+]
 
 logger = logging.getLogger(__name__)
 
 #: DynamoDB's limit on the items of one TransactWriteItems.
 MAX_TRANSACTION_ITEMS = 100
+#: DynamoDB's limit on the aggregate size of the items of one TransactWriteItems (4 MB).
+MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
+
+# DynamoDB numbers: at most 38 significant digits, magnitude 1E-130 to 9.99..E+125, or zero.
+_MAX_DIGITS = 38
+_MIN_ADJUSTED = -130
+_MAX_ADJUSTED = 125
+_INT_LIMIT = 10**_MAX_DIGITS
+
+
+def _number_error(where: str, what: str) -> InvalidValueError:
+    return InvalidValueError(
+        f"{where}: {what}; DynamoDB holds numbers of at most {_MAX_DIGITS} significant digits "
+        f"with a magnitude from 1E-130 to below 1E+126 (or zero), exactly or not at all"
+    )
+
+
+def check_number(value: int | Decimal, where: str) -> int | Decimal:
+    """``value`` as DynamoDB will hold it exactly, or :class:`InvalidValueError`.
+
+    The rule is boto3's: an int of at most 38 digits; a Decimal whose coefficient, *as written*,
+    has at most 38 digits (so ``Decimal(10**40)`` is refused and ``Decimal("1E+40")`` is not:
+    boto3 would raise ``decimal.Rounded`` for the first) and whose magnitude DynamoDB accepts
+    (1E-130 to below 1E+126, checked here because boto3 lets ``1E+126`` and ``1E-131`` through
+    to a ``ValidationException``). A zero of any exponent is sent as ``0``, which DynamoDB stores.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if -_INT_LIMIT < value < _INT_LIMIT:
+            return value
+        digits = f"{value.bit_length()}-bit" if value.bit_length() > 4000 else len(str(abs(value)))
+        raise _number_error(where, f"an int of {digits} digits is out of range")
+    if not value.is_finite():
+        raise _number_error(where, f"{value} is not a number DynamoDB stores")
+    if value.is_zero():
+        return Decimal(0)
+    coefficient = len(value.as_tuple().digits)
+    if coefficient > _MAX_DIGITS:
+        raise _number_error(
+            where,
+            f"a Decimal with {coefficient} significant digits as written cannot be held exactly "
+            "(write trailing zeros as an exponent: Decimal('1E+40'), not Decimal(10**40))",
+        )
+    if not _MIN_ADJUSTED <= value.adjusted() <= _MAX_ADJUSTED:
+        raise _number_error(where, f"{value} is out of range")
+    return value
+
+
+def _checked(value: Any, where: str) -> Any:
+    """``value`` with every number checked by :func:`check_number` (containers rebuilt only
+    when a number in them changed)."""
+    if isinstance(value, (int, Decimal)):
+        return check_number(value, where)
+    if isinstance(value, Mapping):
+        return {k: _checked(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_checked(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return {_checked(v, f"{where} set member") for v in value}
+    return value
+
+
+# -- sizes and identities of transaction items --------------------------------------------------
+
+
+def _n_size(text: str) -> int:
+    mantissa = text.lstrip("+-").split("e")[0].split("E")[0].replace(".", "")
+    digits = len(mantissa.strip("0")) or 1
+    return 1 + (digits + 1) // 2
+
+
+def _av_size(av: Mapping[str, Any]) -> int:
+    """DynamoDB's size of one attribute value (its documented item-size rules)."""
+    ((tag, raw),) = av.items()
+    if tag == "S":
+        return len(raw.encode("utf-8", "surrogatepass"))
+    if tag == "N":
+        return _n_size(raw)
+    if tag == "B":
+        return len(raw)
+    if tag in ("BOOL", "NULL"):
+        return 1
+    if tag == "SS":
+        return sum(len(v.encode("utf-8", "surrogatepass")) for v in raw)
+    if tag == "NS":
+        return sum(_n_size(v) for v in raw)
+    if tag == "BS":
+        return sum(len(v) for v in raw)
+    if tag == "M":
+        return 3 + sum(
+            len(k.encode("utf-8", "surrogatepass")) + _av_size(v) + 1 for k, v in raw.items()
+        )
+    if tag == "L":
+        return 3 + sum(_av_size(v) + 1 for v in raw)
+    return len(str(raw))
+
+
+def _map_size(item: Mapping[str, Any] | None) -> int:
+    if not item:
+        return 0
+    return sum(len(k.encode("utf-8", "surrogatepass")) + _av_size(v) for k, v in item.items())
+
+
+def _entry_size(entry: Mapping[str, Any]) -> int:
+    """The bytes an entry adds to the transaction: its item (Put) or key, plus expression values."""
+    ((_, op),) = entry.items()
+    return (
+        _map_size(op.get("Item"))
+        + _map_size(op.get("Key"))
+        + _map_size(op.get("ExpressionAttributeValues"))
+    )
+
+
+def _identity(
+    entry: Mapping[str, Any], key_names: Mapping[str, frozenset[str]]
+) -> tuple[str, str] | None:
+    """(table, key) of the item an entry touches; None for a Put into a table whose key
+    attributes are not known here (DynamoDB itself then refuses a duplicate)."""
+    ((_, op),) = entry.items()
+    table = str(op.get("TableName"))
+    key = op.get("Key")
+    if key is None:
+        names = key_names.get(table)
+        item = op.get("Item") or {}
+        if not names or not names <= set(item):
+            return None
+        key = {name: item[name] for name in names}
+    return table, repr(sorted((name, repr(av)) for name, av in key.items()))
+
+
+def check_transaction_items(
+    items: list[dict[str, Any]],
+    labels: list[str] | None = None,
+    *,
+    key_names: Mapping[str, frozenset[str]] | None = None,
+    max_items: int = MAX_TRANSACTION_ITEMS,
+    max_bytes: int = MAX_TRANSACTION_BYTES,
+) -> None:
+    """Raise what DynamoDB would refuse ``TransactItems`` for, before it is sent: more than
+    ``max_items`` (:class:`TransactionTooLargeError`), more than ``max_bytes`` of item data (the
+    same), one item twice (:class:`InvalidValueError`). ``key_names`` maps table names to their
+    key attribute names, so that Puts can be compared (Key-bearing operations teach the rest)."""
+    if len(items) > max_items:
+        raise TransactionTooLargeError(
+            f"a transaction holds at most {max_items} items, this one would hold {len(items)}",
+            size=len(items),
+            limit=max_items,
+        )
+    _check_bytes(sum(_entry_size(entry) for entry in items), max_bytes)
+    _check_distinct(items, labels or [f"item #{i}" for i in range(len(items))], key_names or {})
+
+
+def _check_bytes(size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise TransactionTooLargeError(
+            f"a transaction holds at most 4 MB ({max_bytes} bytes) of item data, this one "
+            f"would hold {size} bytes; split it, or store large values elsewhere (S3)",
+            size=size,
+            limit=max_bytes,
+        )
+
+
+def _check_distinct(
+    items: list[dict[str, Any]], labels: list[str], key_names: Mapping[str, frozenset[str]]
+) -> None:
+    known = dict(key_names)
+    for entry in items:
+        ((_, op),) = entry.items()
+        if "Key" in op:
+            known.setdefault(str(op.get("TableName")), frozenset(op["Key"]))
+    seen: dict[tuple[str, str], int] = {}
+    for index, entry in enumerate(items):
+        identity = _identity(entry, known)
+        if identity is None:
+            continue
+        if identity in seen:
+            first = seen[identity]
+            raise InvalidValueError(
+                f"one item appears twice in one transaction ({labels[first]} and "
+                f"{labels[index]}, the same key in {identity[0]!r}): DynamoDB refuses a "
+                "transaction with two operations on one item; nothing was sent"
+            )
+        seen[identity] = index
 
 
 def _check_str(value: Any, name: str) -> str:
@@ -59,9 +257,12 @@ def _check_str(value: Any, name: str) -> str:
 def _serialize(value: Any, where: str) -> dict[str, Any]:
     from ._table import to_av
 
+    value = _checked(value, where)
     try:
         return to_av(value)
-    except (TypeError, ValueError) as exc:
+    except InvalidValueError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as exc:
         raise InvalidValueError(
             f"{where}: {exc} (DynamoDB numbers must be int or decimal.Decimal, not float)"
         ) from exc
@@ -94,14 +295,23 @@ class Transaction:
         outbox: Outbox | None = None,
         client_request_token: str | None = None,
         max_items: int = MAX_TRANSACTION_ITEMS,
+        max_bytes: int = MAX_TRANSACTION_BYTES,
     ) -> None:
         self._table = table
         self._outbox = outbox
         self._token = client_request_token
         self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._items: list[dict[str, Any]] = []
         self._labels: list[str] = []
         self._event_ids: dict[int, str] = {}
+        # Key attribute names per table, so a Put can be compared with the other items; the
+        # dynacoord table's are known, others are learned from Key-bearing operations.
+        name = getattr(table, "name", None)
+        self._key_names: dict[str, frozenset[str]] = (
+            {name: frozenset({"pk", "sk"})} if isinstance(name, str) else {}
+        )
         self._state = "new"  # new -> open -> committed | discarded
 
     # -- collecting -------------------------------------------------------------------------------
@@ -118,7 +328,8 @@ class Transaction:
             raise RuntimeError(f"this transaction is already {self._state}")
 
     def _add_entries(self, entries: list[tuple[str, str | None, dict[str, Any]]]) -> None:
-        """Add (label, event id or None, TransactItem) entries, all or none (limit checked)."""
+        """Add (label, event id or None, TransactItem) entries, all or none (DynamoDB's limits
+        checked: item count, 4 MB, one item once)."""
         self._check_open()
         size = len(self._items) + len(entries)
         if size > self._max_items:
@@ -128,6 +339,14 @@ class Transaction:
                 size=size,
                 limit=self._max_items,
             )
+        sizes = [_entry_size(entry) for _, _, entry in entries]
+        _check_bytes(self._bytes + sum(sizes), self._max_bytes)
+        _check_distinct(
+            [*self._items, *(entry for _, _, entry in entries)],
+            [*self._labels, *(label for label, _, _ in entries)],
+            self._key_names,
+        )
+        self._bytes += sum(sizes)
         for label, event_id, entry in entries:
             if event_id is not None:
                 self._event_ids[len(self._items)] = event_id
