@@ -210,3 +210,41 @@ def test_mongo_find_one_and_update_returns_the_retry_result(lossy):
         return_document=ReturnDocument.AFTER,
     )
     assert lossy.lost == 1 and doc["n"] == 2, "the caller sees the second (retried) call's answer"
+
+
+# -- the serialized mongomock of tests/backends_fixtures.py ---------------------------------------
+
+
+def test_serialized_mongomock_makes_each_call_atomic_across_threads(mongo_database):
+    import threading
+
+    from pymongo import ReturnDocument
+
+    coll = mongo_database["serialized_selftest"]
+    key = _key()
+    seen: list[int] = []
+
+    def bump() -> None:
+        for _ in range(100):
+            doc = coll.find_one_and_update(
+                {"pk": key}, {"$inc": {"n": 1}}, upsert=True, return_document=ReturnDocument.AFTER
+            )
+            seen.append(doc["n"])
+
+    threads = [threading.Thread(target=bump) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert coll.find_one({"pk": key})["n"] == 800
+    assert sorted(seen) == list(range(1, 801)), "every call saw its own, distinct result"
+
+
+def test_serialized_mongomock_find_chains_and_reads_under_the_lock(mongo_database):
+    coll = mongo_database["serialized_selftest"]
+    group = _key()
+    coll.insert_many([{"g": group, "i": i} for i in range(10)])
+    cursor = coll.find({"g": group}, {"_id": 0, "i": 1}).sort("i", -1).skip(2).limit(3)
+    assert [d["i"] for d in cursor] == [7, 6, 5]
+    assert next(iter(coll.find({"g": group}).sort("i", 1)))["i"] == 0
+    assert coll.count_documents({"g": group}) == 10
