@@ -16,6 +16,7 @@ several times more than at the top level.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any, cast
@@ -29,13 +30,23 @@ from ...errors import (
     ValueTooLargeError,
 )
 
-__all__ = ["FREE", "LIVE", "ConditionFailedError", "DynamoTable"]
+__all__ = ["FREE", "LIVE", "REQUEST_TOKEN", "ConditionFailedError", "DynamoTable", "request_token"]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb")
 
 #: The condition of a write that creates an item: no item, or an expired one (DynamoDB's TTL
 #: sweeper may lag by days, so an expired item counts as absent). Needs ``:now``.
 FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
+#: The attribute holding the request token of the write that last created or changed an item:
+#: a retried write whose refusal shows its own token knows its first attempt applied.
+REQUEST_TOKEN = "req"
+
+
+def request_token() -> str:
+    """A fresh per-call request token (64 random bits)."""
+    return secrets.token_hex(8)
+
+
 #: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.
 LIVE = "(attribute_not_exists(expires_at_ms) OR expires_at_ms > :now)"
 
@@ -199,16 +210,24 @@ class DynamoTable:
 
     def put_if_free(self, item: Mapping[str, Any], now_ms: int) -> bool:
         """PutItem of ``item`` on condition :data:`FREE`; False (nothing written) when a live
-        item holds its key."""
+        item holds its key.
+
+        The item carries a fresh request token (:data:`REQUEST_TOKEN`): when botocore retries
+        the put after its first response was lost, the refusal shows the item as it is, and
+        that item carrying this call's token means the first attempt applied: True, as the
+        lost response would have said.
+        """
+        token = request_token()
         try:
             self.call(
                 "put_item",
-                Item=marshal(item),
+                Item=marshal({**item, REQUEST_TOKEN: token}),
                 ConditionExpression=FREE,
                 ExpressionAttributeValues=values(now=now_ms),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ConditionFailedError:
-            return False
+        except ConditionFailedError as failed:
+            return failed.item is not None and failed.item.get(REQUEST_TOKEN) == token
         return True
 
     def query_pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -94,14 +95,20 @@ class MongoCollection:
         """Write ``doc`` under ``key`` unless a live document holds it; False (nothing written)
         then. One upserting ``replace_one`` filtered on "expired": when a live document (or one
         without expiry) holds the key, the filter does not match and the upsert's insert hits the
-        unique (pk, sk) index (``DuplicateKeyError``)."""
+        unique (pk, sk) index (``DuplicateKeyError``).
+
+        The document carries a fresh request token: a write retried after its first response was
+        lost finds the document it wrote itself, and that is success (one read, only then)."""
         from pymongo.errors import DuplicateKeyError
 
+        token = secrets.token_hex(8)
         try:
             with translate_errors(what):
                 self.collection.replace_one(
-                    {**key, "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
+                    {**key, "expires_at_ms": {"$lte": now_ms}}, {**doc, "req": token}, upsert=True
                 )
         except DuplicateKeyError:
-            return False
+            with translate_errors(what):
+                current = self.collection.find_one(dict(key), {"req": 1})
+            return current is not None and current.get("req") == token
         return True

@@ -21,6 +21,7 @@ by a separate write.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,10 +38,17 @@ __all__ = [
     "index_key",
     "item_key",
     "pairs",
+    "request_token",
     "translate_errors",
 ]
 
 logger = logging.getLogger("dynacoord.backends.redis")
+
+
+def request_token() -> str:
+    """A fresh per-call request token (64 random bits), stored in the ``req`` field of the item
+    a script creates: a retried script that finds it knows its first run applied."""
+    return secrets.token_hex(8)
 
 
 #: Lua ``live(key, now)``: the hash exists and has no ``expires_at_ms`` or one after ``now``.

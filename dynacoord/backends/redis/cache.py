@@ -21,7 +21,7 @@ from ..._clock import Clock, now_ms
 from ...cache import CacheEntry, KeyPage, is_int64_text
 from ...errors import InvalidValueError
 from ...keys import cache_index_pk, cache_key
-from ._conn import LUA_LIVE, RedisConn, as_int, as_str, index_key, translate_errors
+from ._conn import LUA_LIVE, RedisConn, as_int, as_str, index_key, request_token, translate_errors
 
 __all__ = ["RedisCacheStore"]
 
@@ -29,13 +29,17 @@ _PAGE = 1000
 
 # Every script below calls live(KEYS[1], ARGV[1]): ARGV[1] is now.
 
-# KEYS[1]=item, KEYS[2]=index; ARGV: now, member, field (n|v), value, expires|'', gc ms|''
+# KEYS[1]=item, KEYS[2]=index; ARGV: now, member, field (n|v), value, expires|'', gc ms|'',
+# request token. A live item written by this very request (a retry after a lost reply) is ours.
 _ADD = (
     LUA_LIVE
     + """
-if live(KEYS[1], ARGV[1]) then return 0 end
+if live(KEYS[1], ARGV[1]) then
+  if redis.call('HGET', KEYS[1], 'req') == ARGV[7] then return 1 end
+  return 0
+end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'req', ARGV[7])
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
@@ -191,6 +195,7 @@ class RedisCacheStore:
                 value,
                 "" if expires_at_ms is None else expires_at_ms,
                 "" if expires_at_ms is None else self._conn.gc_ms(expires_at_ms, now_ms),
+                request_token(),
             ],
             "cache add",
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
 from ...keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._conn import RedisConn, as_int, as_str, index_key, item_key, translate_errors
+from ._conn import RedisConn, as_int, as_str, index_key, item_key, request_token, translate_errors
 
 __all__ = ["RedisCheckpointStore"]
 
@@ -25,11 +25,13 @@ _INSERT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local exp = redis.call('HGET', KEYS[1], 'expires_at_ms')
   if not exp or tonumber(exp) > tonumber(ARGV[1]) then
+    -- written by this very request (a retry after a lost reply): ours
+    if redis.call('HGET', KEYS[1], 'req') == ARGV[8] then return 1 end
     return 0
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'data', ARGV[3], 'created_ms', ARGV[5])
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'created_ms', ARGV[5], 'req', ARGV[8])
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'progress', ARGV[4])
 end
@@ -97,6 +99,7 @@ class RedisCheckpointStore:
                 checkpoint.created_ms,
                 "" if expires is None else expires,
                 "" if expires is None else self._conn.gc_ms(expires, now_ms),
+                request_token(),
             ],
             "checkpoint insert",
         )

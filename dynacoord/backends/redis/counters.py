@@ -18,7 +18,7 @@ from typing import Any
 
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
-from ._conn import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, translate_errors
+from ._conn import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, request_token, translate_errors
 
 __all__ = ["RedisCounterStore"]
 
@@ -56,11 +56,16 @@ return reply(1)
 """
 )
 
-# ARGV: now, field..., (pairs start at ARGV[4]); ARGV[2]=expires|'', ARGV[3]=gc
+# ARGV: now, field..., (pairs start at ARGV[4], the first pair is 'req', the request token);
+# ARGV[2]=expires|'', ARGV[3]=gc. A live item this very request wrote (a retry after a lost
+# reply) is a success.
 _REPLACE = (
     _HEAD
     + """
-if s == 'live' then return reply(0) end
+if s == 'live' then
+  if redis.call('HGET', KEYS[1], 'req') == ARGV[5] then return reply(1) end
+  return reply(0)
+end
 redis.call('DEL', KEYS[1])
 for i = 4, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
@@ -138,7 +143,7 @@ class RedisCounterStore:
     def _replace(
         self, key: str, fields: dict[str, Any], ttl_ms: int | None, now_ms: int, what: str
     ) -> WriteOutcome:
-        args: list[Any] = [now_ms, *self._expiry(ttl_ms, now_ms)]
+        args: list[Any] = [now_ms, *self._expiry(ttl_ms, now_ms), "req", request_token()]
         for name, value in fields.items():
             args.extend([name, value])
         return self._outcome(self._conn.run(_REPLACE, [self._key(key)], args, what), now_ms)

@@ -29,6 +29,7 @@ from ._conn import (
     hash_fields,
     index_key,
     pairs,
+    request_token,
     translate_errors,
 )
 
@@ -51,7 +52,11 @@ end
 _CREATE = (
     _HEAD
     + """
-if live(KEYS[1], now) then return {0} end
+if live(KEYS[1], now) then
+  -- written by this very request (a retry after a lost reply): ours
+  if redis.call('HGET', KEYS[1], 'req') == ARGV[5] then return {1} end
+  return {0}
+end
 unindex()
 redis.call('DEL', KEYS[1])
 for i = 4, #ARGV, 2 do
@@ -140,7 +145,7 @@ class RedisRunStore:
         codec.check_item_size({**key.as_dict(), "run_id": run_id, "ctx": ctx}, key=run_id)
         fields = {**new_run_fields(run_id, ttl_after_end_ms, now_ms), "gsi1sk": key.gsi1sk}
         fields.update({f"c:{name}": text for name, text in ctx.items()})
-        args: list[Any] = [now_ms, self._index_prefix, key.gsi1sk]
+        args: list[Any] = [now_ms, self._index_prefix, key.gsi1sk, "req", request_token()]
         for name, value in fields.items():
             args.extend([name, value])
         reply = self._conn.run(_CREATE, [key.pk], args, "run start")

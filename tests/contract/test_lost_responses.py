@@ -1,0 +1,199 @@
+"""Every write recognises its own applied write: the response of each conditional or counting
+write is lost once after the write applied, the client's own retry sends it again, and the answer
+is the one the caller would have got had the first response arrived (every backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynacoord import ManualClock
+from dynacoord.outbox import Event, EventStatus
+
+UPDATE = {"dynamodb": "UpdateItem", "redis": "EVALSHA", "mongo": "find_one_and_update"}
+PUT = {"dynamodb": "PutItem", "redis": "EVALSHA", "mongo": None}
+
+
+def _lose(lossy, op: dict[str, str | None]) -> None:
+    lossy.lose_next(operation=op[lossy.kind])
+
+
+# -- create if absent -------------------------------------------------------------------------
+
+
+def test_cache_add_recognises_its_own_write(lossy):
+    cache = lossy.backend().cache()
+    lossy.lose_next()
+    assert cache.add("k", {"v": 1}) is True
+    assert lossy.lost == 1
+    assert cache.get("k") == {"v": 1}
+    assert cache.add("k", 2) is False  # a later add by anyone still sees it taken
+
+
+def test_set_if_absent_recognises_its_own_write(lossy):
+    counters = lossy.backend().counters
+    lossy.lose_next()
+    assert counters.set_if_absent("flag", "mine") is True
+    assert lossy.lost == 1
+    assert counters.get("flag") == "mine"
+    assert counters.set_if_absent("flag", "other") is False
+
+
+def test_set_if_absent_of_a_counter_recognises_its_own_write(lossy):
+    counters = lossy.backend().counters
+    lossy.lose_next()
+    assert counters.set_if_absent("c", 5) is True
+    assert lossy.lost == 1
+    assert counters.increment("c") == 6
+
+
+def test_runs_start_returns_its_own_run(lossy):
+    runs = lossy.backend().runs
+    lossy.lose_next()
+    run = runs.start("run-1", context={"a": 1})
+    assert lossy.lost == 1
+    assert run.run_id == "run-1"
+    assert runs.get("run-1").context == {"a": 1}
+
+
+def test_checkpoint_save_with_a_sequence_returns_its_own_checkpoint(lossy):
+    cps = lossy.backend().checkpoints
+    lossy.lose_next()
+    cp = cps.save("task", {"step": 7}, sequence=7)
+    assert lossy.lost == 1
+    assert cp.sequence == 7
+    assert [c.sequence for c in cps.list("task")] == [7]
+
+
+def test_checkpoint_save_next_sequence_stores_one_checkpoint(lossy):
+    cps = lossy.backend().checkpoints
+    cps.save("task", "first")
+    lossy.lose_next()
+    cp = cps.save("task", "second")
+    assert lossy.lost == 1
+    assert cp.sequence == 2
+    assert [(c.sequence, c.data) for c in cps.list("task")] == [(1, "first"), (2, "second")]
+
+
+# -- counting -----------------------------------------------------------------------------------
+
+
+def test_increment_counts_once(lossy):
+    counters = lossy.backend().counters
+    counters.increment("n", 10)
+    lossy.lose_next()
+    assert counters.increment("n") == 11
+    assert lossy.lost == 1
+    assert counters.get("n") == 11
+
+
+def test_increment_of_a_new_counter_counts_once(lossy):
+    counters = lossy.backend().counters
+    lossy.lose_next()
+    assert counters.increment("fresh", 3) == 3
+    assert lossy.lost == 1
+    assert counters.get("fresh") == 3
+
+
+def test_cache_incr_counts_once(lossy):
+    cache = lossy.backend().cache()
+    cache.set("n", 10)
+    lossy.lose_next()
+    assert cache.incr("n") == 11
+    assert lossy.lost == 1
+    assert cache.get("n") == 11
+
+
+def test_join_completed_by_a_lost_response_fires(lossy):
+    counters = lossy.backend().counters
+    assert counters.join("fan", "a", expected=2).fired is False
+    lossy.lose_next()
+    result = counters.join("fan", "b", expected=2)
+    assert lossy.lost == 1
+    assert (result.count, result.complete, result.fired) == (2, True, True)
+    # At least once: a redelivery of the completing member fires again; any other never does.
+    assert counters.join("fan", "b", expected=2).fired is True
+    assert counters.join("fan", "a", expected=2).fired is False
+    extra = counters.join("fan", "c", expected=2)
+    assert (extra.count, extra.fired) == (3, False)
+    assert counters.join("fan", "b", expected=2).fired is True
+
+
+def test_join_arrival_before_completion_with_a_lost_response(lossy):
+    counters = lossy.backend().counters
+    lossy.lose_next()
+    first = counters.join("fan", "a", expected=2)
+    assert lossy.lost == 1
+    assert (first.count, first.fired) == (1, False)
+    assert counters.join("fan", "b", expected=2).fired is True
+
+
+def test_breaker_failure_count_is_exact(lossy):
+    breaker = lossy.backend().breaker("svc", failure_threshold=3, reset_timeout=60)
+    breaker.record_failure()
+    lossy.lose_next()
+    breaker.record_failure()
+    assert lossy.lost == 1
+    assert breaker.status().state == "closed"  # 2 failures, not 3
+    breaker.record_failure()
+    assert breaker.status().state == "open"
+
+
+def test_breaker_trial_slot_won_by_a_lost_response_runs_the_trial(lossy):
+    clock = ManualClock()
+    transitions: list[tuple[str, str]] = []
+    breaker = lossy.backend(clock=clock).breaker(
+        "svc",
+        failure_threshold=1,
+        reset_timeout=10,
+        on_transition=lambda name, old, new: transitions.append((str(old), str(new))),
+    )
+    breaker.record_failure()
+    assert breaker.status().state == "open"
+    clock.advance(11)
+    lossy.lose_next()
+    assert breaker.call(lambda: "trial ran") == "trial ran"
+    assert lossy.lost == 1
+    assert breaker.status().state == "closed"
+    assert ("open", "half_open") in transitions or ("open", "half-open") in transitions
+
+
+# -- outbox -------------------------------------------------------------------------------------
+
+
+def test_outbox_claim_with_a_lost_response_delivers_in_the_same_pass(lossy):
+    backend = lossy.backend()
+    backend.outbox.publish(Event("t", {"n": 1}, id="e1"))
+    seen: list[int] = []
+    worker = backend.outbox.worker(
+        lambda e: seen.append(e.attempt), max_attempts=1, batch_claim=False
+    ) if _has_batch_claim(backend) else backend.outbox.worker(
+        lambda e: seen.append(e.attempt), max_attempts=1
+    )
+    lossy.lose_next(operation=UPDATE[lossy.kind])
+    assert worker.run_once() == 1
+    assert lossy.lost == 1
+    assert seen == [1]
+    record = backend.outbox.get("e1")
+    assert record is None or record.status == EventStatus.COMPLETED
+
+
+def _has_batch_claim(backend) -> bool:
+    import inspect
+
+    return "batch_claim" in inspect.signature(backend.outbox.worker).parameters
+
+
+@pytest.mark.parametrize("n", [1])
+def test_idempotent_call_with_a_lost_claim_runs_once(lossy, n):
+    backend = lossy.backend()
+    calls: list[int] = []
+
+    @backend.idempotent(key="id")
+    def handler(event):
+        calls.append(1)
+        return {"ok": event["id"]}
+
+    lossy.lose_next(n)
+    assert handler({"id": "x"}) == {"ok": "x"}
+    assert handler({"id": "x"}) == {"ok": "x"}
+    assert calls == [1]
