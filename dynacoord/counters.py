@@ -77,6 +77,9 @@ class CounterItem:
     #: joins only
     expected: int | None = None
     members: frozenset[str] = frozenset()
+    #: joins only: the member whose arrival completed the join (while it is incomplete, the
+    #: latest member to arrive); arrivals beyond ``expected`` never change it
+    last_member: str | None = None
 
     @classmethod
     def from_item(
@@ -105,6 +108,7 @@ class CounterItem:
                 frozenset(
                     str(m) for m in (item.get("members", ()) if members is None else members)
                 ),
+                None if item.get("last") is None else str(item["last"]),
             )
         return cls(kind, int(item.get("n", 0)), expires_at_ms)
 
@@ -132,8 +136,10 @@ class WriteOutcome:
 class JoinResult:
     """The state of a join after one arrival.
 
-    ``fired`` is True for exactly one caller: the one whose arrival completed the join. A repeated
-    arrival of a member that was already counted reports the current state with ``fired=False``.
+    ``fired`` is True for the arrival that completed the join, and again for every repeated
+    arrival of that same member (at least once: a redelivery after a crash between the join and
+    the next step, or a retry whose first response was lost, must not strand the workflow). A
+    repeated arrival of any other member reports the current state with ``fired=False``.
     """
 
     count: int
@@ -273,9 +279,11 @@ class Counters:
     def join(self, key: str, member: str, *, expected: int, ttl: float | None = None) -> JoinResult:
         """Record that ``member`` arrived at the fan-in ``key`` that waits for ``expected`` members.
 
-        Idempotent per member: a redelivered arrival is counted once. ``fired`` is True for
-        exactly one caller, the one whose arrival made the count reach ``expected``; that caller
-        runs the continuation. Every caller must pass the same ``expected`` (the first arrival
+        Idempotent per member: a redelivered arrival is counted once. ``fired`` is True for the
+        member whose arrival made the count reach ``expected`` (that caller runs the
+        continuation) and stays True for every redelivery of that member, so a crash or a lost
+        response between the join and the continuation cannot strand the run (at least once:
+        make the continuation idempotent); any other member never fires. Every caller must pass the same ``expected`` (the first arrival
         stores it; a different value raises :class:`JoinMismatchError`). Extra distinct members
         beyond ``expected`` are counted but never fire again. ``ttl`` applies from the first
         arrival. Bounded by :data:`MAX_JOIN_EXPECTED` members of at most
@@ -315,9 +323,12 @@ class Counters:
                         stored_expected=stored,
                     )
                 if member in current.members:
+                    # Arrived before (a redelivery, or a retry of this very arrival whose
+                    # response was lost): it fires again if it is the member that completed it.
                     count = int(current.value)
                     logger.debug("join %r: member %r arrived again", key, member)
-                    return JoinResult(count, count >= expected, False, expected)
+                    fired = count >= expected and current.last_member == member
+                    return JoinResult(count, count >= expected, fired, expected)
                 continue  # pragma: no cover - the condition cannot fail otherwise
             outcome = self._store.join_restart(key, member, expected, ttl_ms, now)
             if outcome.ok:

@@ -31,6 +31,8 @@ class Item:
     value: Any
     expires: int | None
     members: set[str] = field(default_factory=set)
+    #: joins: the member whose arrival completed it (its redeliveries fire again)
+    completer: str | None = None
 
 
 def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
@@ -101,7 +103,9 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
             item.value = len(item.members)
             assert result.count == item.value
             assert result.complete is (item.value >= EXPECTED)
-            assert result.fired is (new and item.value == EXPECTED)
+            if new and item.value == EXPECTED:
+                item.completer = member
+            assert result.fired is (item.value >= EXPECTED and item.completer == member)
 
         @rule(key=st.sampled_from(KEYS))
         def delete(self, key: str) -> None:

@@ -27,6 +27,7 @@ _NAMES = {
     "#value": "value",
     "#members": "members",
     "#expected": "expected",
+    "#last": "last",
     "#ttl": "ttl",
 }
 
@@ -172,13 +173,19 @@ class DynamoDBCounterStore:
         # One atomic write: the member is added and counted only if it is not in the set yet, so
         # a redelivered arrival fails the condition (and reads back the state) instead of counting
         # twice; the count each successful add returns is therefore distinct.
-        sets, expiry = _keep_expiry("SET #kind = :kind, #expected = :expected", ttl_ms, now_ms)
-        return self._update(
+        # ``last`` names the member that completed the join: every arrival before completion
+        # sets it (``#n < :expected``), so once complete it is the completer's, and arrivals
+        # beyond ``expected`` (a second request, only for them) leave it alone.
+        common = "#kind = :kind AND #expected = :expected AND " + LIVE
+        sets, expiry = _keep_expiry(
+            "SET #kind = :kind, #expected = :expected, #last = :member", ttl_ms, now_ms
+        )
+        outcome = self._update(
             key,
             update=f"{sets} ADD #members :mset, #n :one",
             condition=(
-                "attribute_not_exists(pk) OR (#kind = :kind AND #expected = :expected AND "
-                f"{LIVE} AND NOT contains(#members, :member))"
+                f"attribute_not_exists(pk) OR ({common} AND NOT contains(#members, :member) "
+                "AND #n < :expected)"
             ),
             now_ms=now_ms,
             kind=JOIN,
@@ -189,12 +196,32 @@ class DynamoDBCounterStore:
             now=now_ms,
             **expiry,
         )
+        current = outcome.current
+        if outcome.ok or current is None or current.kind != JOIN:
+            return outcome
+        if current.expected != expected or member in current.members:
+            return outcome
+        if int(current.value) < expected:  # pragma: no cover - nothing else fails the condition
+            return outcome
+        return self._update(
+            key,
+            update="ADD #members :mset, #n :one",
+            condition=f"{common} AND NOT contains(#members, :member)",
+            now_ms=now_ms,
+            kind=JOIN,
+            expected=expected,
+            mset={member},
+            member=member,
+            one=1,
+            now=now_ms,
+        )
 
     def join_restart(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
         update, expiry = _new_expiry(
-            "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one",
+            "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one, "
+            "#last = :member",
             "REMOVE #value",
             ttl_ms,
             now_ms,
@@ -207,6 +234,7 @@ class DynamoDBCounterStore:
             kind=JOIN,
             expected=expected,
             mset={member},
+            member=member,
             one=1,
             now=now_ms,
             **expiry,

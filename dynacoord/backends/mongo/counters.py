@@ -143,6 +143,14 @@ class MongoCounterStore:
             "kind": literal(JOIN),
             "expected": literal(expected),
             "members": {"$concatArrays": [{"$ifNull": ["$members", []]}, literal([member])]},
+            # the member that completed the join: arrivals beyond expected leave it alone
+            "last": {
+                "$cond": [
+                    {"$lt": [{"$ifNull": ["$n", 0]}, expected]},
+                    literal(member),
+                    {"$ifNull": ["$last", None]},
+                ]
+            },
             "n": {"$add": [{"$ifNull": ["$n", 0]}, 1]},
             **self._expiry_if_none(ttl_ms, now_ms),
         }
@@ -151,5 +159,5 @@ class MongoCounterStore:
     def join_restart(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
-        fields = {"kind": JOIN, "expected": expected, "members": [member], "n": 1}
+        fields = {"kind": JOIN, "expected": expected, "members": [member], "n": 1, "last": member}
         return self._replace(key, fields, ttl_ms, now_ms, "join restart")

@@ -107,6 +107,10 @@ if s == 'live' then
     return reply(0)
   end
 end
+-- 'last' names the member that completed the join: arrivals beyond expected leave it alone
+if tonumber(redis.call('HGET', KEYS[1], 'n') or '0') < tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[1], 'last', string.sub(ARGV[2], 3))
+end
 redis.call('HSET', KEYS[1], 'kind', 'join', 'expected', ARGV[3], ARGV[2], '1')
 redis.call('HINCRBY', KEYS[1], 'n', 1)
 set_expiry(ARGV[4], ARGV[5], true)
@@ -195,5 +199,5 @@ class RedisCounterStore:
     def join_restart(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
-        fields = {"kind": JOIN, "expected": expected, "n": 1, f"m:{member}": "1"}
+        fields = {"kind": JOIN, "expected": expected, "n": 1, f"m:{member}": "1", "last": member}
         return self._replace(key, fields, ttl_ms, now_ms, "join restart")
