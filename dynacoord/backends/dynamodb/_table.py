@@ -30,7 +30,16 @@ from ...errors import (
     ValueTooLargeError,
 )
 
-__all__ = ["FREE", "LIVE", "REQUEST_TOKEN", "ConditionFailedError", "DynamoTable", "request_token"]
+__all__ = [
+    "COUNT_WINDOW_MS",
+    "FREE",
+    "LIVE",
+    "REQUEST_TOKEN",
+    "ConditionFailedError",
+    "CountingToken",
+    "DynamoTable",
+    "request_token",
+]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb")
 
@@ -45,6 +54,40 @@ REQUEST_TOKEN = "req"
 def request_token() -> str:
     """A fresh per-call request token (64 random bits)."""
     return secrets.token_hex(8)
+
+
+#: Counting writes (an ADD cannot be refused by "already applied" on its own) keep the request
+#: tokens of recent writes on the item, in three slots ``rq0..rq2`` that rotate with the bucket
+#: ``now // COUNT_WINDOW_MS``: a write adds its token to the slot of its bucket, removes the slot
+#: of the next bucket (tokens at least one window old) and is refused if its token is in its own
+#: or the previous bucket's slot. A botocore retry re-sends the same request (same token, same
+#: bucket), so a retry sent less than one window after the first attempt is always recognised.
+COUNT_WINDOW_MS = 60_000
+
+
+class CountingToken:
+    """The expression parts of one counting write's request token (see COUNT_WINDOW_MS)."""
+
+    __slots__ = ("names", "slots", "token", "values")
+
+    def __init__(self, now_ms: int) -> None:
+        bucket = now_ms // COUNT_WINDOW_MS
+        self.token = secrets.token_urlsafe(8)
+        self.slots = (f"rq{bucket % 3}", f"rq{(bucket - 1) % 3}", f"rq{(bucket + 1) % 3}")
+        self.names = {"#rqa": self.slots[0], "#rqb": self.slots[1], "#rqc": self.slots[2]}
+        self.values = {"rqt": self.token, "rqs": {self.token}}
+
+    #: the condition part: this token was not applied yet
+    condition = "(NOT contains(#rqa, :rqt) AND NOT contains(#rqb, :rqt))"
+    #: ADD clause part and REMOVE clause part of the update
+    add = "#rqa :rqs"
+    remove = "#rqc"
+
+    def applied(self, item: Mapping[str, Any] | None) -> bool:
+        """Whether ``item`` (a refusal's ALL_OLD) shows this token: the write applied before."""
+        if not item:
+            return False
+        return any(self.token in (item.get(slot) or ()) for slot in self.slots[:2])
 
 
 #: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.

@@ -27,7 +27,15 @@ from ... import codec
 from ...cache import CacheEntry, KeyPage
 from ...errors import InvalidValueError
 from ...keys import cache_index_pk, cache_key, cache_pk
-from ._table import LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import (
+    LIVE,
+    ConditionFailedError,
+    CountingToken,
+    DynamoTable,
+    marshal,
+    unmarshal,
+    values,
+)
 
 __all__ = ["DynamoDBCacheStore"]
 
@@ -117,14 +125,25 @@ class DynamoDBCacheStore:
             sets.append("#ttl = if_not_exists(#ttl, :ttl)")
             attr_values.update(exp=expires_if_new, ttl=math.ceil(expires_if_new / 1000))
             extra["ExpressionAttributeNames"] = {"#ttl": "ttl"}
+        token = CountingToken(now_ms)
+        attr_values.update(token.values)
+        extra["ExpressionAttributeNames"] = {
+            **extra.get("ExpressionAttributeNames", {}),
+            **token.names,
+        }
         try:
             # One request for the common cases: ADD to a live counter, or create an absent key
             # (ADD on a missing number starts from 0).
             response = self._table.call(
                 "update_item",
                 Key=self._primary(key),
-                ConditionExpression=f"attribute_not_exists(pk) OR (attribute_exists(n) AND {live})",
-                UpdateExpression=f"ADD n :by SET {', '.join(sets)}",
+                ConditionExpression=(
+                    f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
+                    f"AND {token.condition}"
+                ),
+                UpdateExpression=(
+                    f"ADD n :by, {token.add} SET {', '.join(sets)} REMOVE {token.remove}"
+                ),
                 ExpressionAttributeValues=values(**attr_values),
                 # ALL_NEW, not UPDATED_NEW: an ADD of 0 leaves n unchanged, and a store may then
                 # leave n out of the updated attributes (moto does). A counter item is small.
@@ -133,6 +152,9 @@ class DynamoDBCacheStore:
                 **extra,
             )
         except ConditionFailedError as failed:
+            if token.applied(failed.item):
+                # A retry of this very write whose first response was lost: counted once.
+                return int((failed.item or {})["n"])
             entry = CacheEntry.from_item(failed.item, now_ms)
             if entry is None:
                 return None  # expired: the caller replaces it with a fresh counter
@@ -142,18 +164,22 @@ class DynamoDBCacheStore:
         return int(unmarshal(response["Attributes"])["n"])
 
     def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
+        token = CountingToken(now_ms)
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._primary(key),
                 # Only a live numeric entry: a string value must not grow an `n`.
-                ConditionExpression=f"attribute_exists(n) AND {LIVE}",
-                UpdateExpression="ADD n :by",
-                ExpressionAttributeValues=values(now=now_ms, by=by),
+                ConditionExpression=f"attribute_exists(n) AND {LIVE} AND {token.condition}",
+                UpdateExpression=f"ADD n :by, {token.add} REMOVE {token.remove}",
+                ExpressionAttributeNames=token.names,
+                ExpressionAttributeValues=values(now=now_ms, by=by, **token.values),
                 ReturnValues="ALL_NEW",  # see incr: n must come back even when by is 0
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
+            if token.applied(failed.item):
+                return int((failed.item or {})["n"])
             if CacheEntry.from_item(failed.item, now_ms) is not None:
                 raise self._not_an_integer(key) from None
             return None

@@ -17,7 +17,16 @@ from typing import Any
 
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
-from ._table import FREE, LIVE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import (
+    FREE,
+    LIVE,
+    ConditionFailedError,
+    CountingToken,
+    DynamoTable,
+    marshal,
+    unmarshal,
+    values,
+)
 
 __all__ = ["DynamoDBCounterStore"]
 
@@ -83,20 +92,29 @@ class DynamoDBCounterStore:
         condition: str,
         now_ms: int,
         return_values: str = "ALL_NEW",
+        token: CountingToken | None = None,
         **vals: Any,
     ) -> WriteOutcome:
+        names = _names(update + " " + condition)
+        if token is not None:  # only the parts the expressions use (DynamoDB refuses others)
+            text = update + " " + condition
+            names.update({k: v for k, v in token.names.items() if k in text})
+            vals.update({k: v for k, v in token.values.items() if f":{k}" in text})
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._key(key),
                 UpdateExpression=update,
                 ConditionExpression=condition,
-                ExpressionAttributeNames=_names(update + " " + condition),
+                ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values(**vals),
                 ReturnValues=return_values,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
+            if token is not None and token.applied(failed.item):
+                # A retry of this very write whose first response was lost: it applied once.
+                return WriteOutcome(True, item=CounterItem.from_item(failed.item, now_ms))
             return WriteOutcome(False, current=CounterItem.from_item(failed.item, now_ms))
         return WriteOutcome(
             True, item=CounterItem.from_item(unmarshal(response["Attributes"]), now_ms)
@@ -107,11 +125,13 @@ class DynamoDBCounterStore:
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         # A live counter keeps its expiry (fixed windows); only one without an expiry gets it.
         sets, expiry = _keep_expiry("SET #kind = :kind", ttl_ms, now_ms)
+        token = CountingToken(now_ms)
         return self._update(
             key,
-            update=f"{sets} ADD #n :by",
-            condition=_LIVE_OR_ABSENT,
+            update=f"{sets} ADD #n :by, {token.add} REMOVE {token.remove}",
+            condition=f"({_LIVE_OR_ABSENT}) AND {token.condition}",
             now_ms=now_ms,
+            token=token,
             kind=COUNTER,
             by=by,
             now=now_ms,
@@ -119,14 +139,19 @@ class DynamoDBCounterStore:
         )
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        token = CountingToken(now_ms)
         update, expiry = _new_expiry(
-            "SET #kind = :kind, #n = :by", "REMOVE #value, #members, #expected", ttl_ms, now_ms
+            "SET #kind = :kind, #n = :by, #rqa = :rqs",
+            "REMOVE #value, #members, #expected, #rqb, #rqc",
+            ttl_ms,
+            now_ms,
         )
         return self._update(
             key,
             update=update,
             condition=FREE,
             now_ms=now_ms,
+            token=token,
             kind=COUNTER,
             by=by,
             now=now_ms,

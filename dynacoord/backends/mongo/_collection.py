@@ -74,6 +74,21 @@ def translate_errors(what: str) -> Iterator[None]:
         ) from exc
 
 
+#: Counting writes keep the request tokens of the last this-many writes on the document
+#: (``rq``): a retried write whose token is there applied before and does not count again.
+COUNT_TOKENS_KEPT = 128
+
+
+def counting_token() -> str:
+    """A fresh per-call request token for a counting write."""
+    return secrets.token_urlsafe(8)
+
+
+def counted(doc: Mapping[str, Any] | None, token: str) -> bool:
+    """Whether ``doc`` shows the counting write of ``token`` as applied."""
+    return doc is not None and token in (doc.get("rq") or ())
+
+
 class MongoCollection:
     """The collection all Mongo stores share."""
 

@@ -24,7 +24,14 @@ from ..._clock import Clock, now_ms
 from ...cache import CacheEntry, KeyPage, is_int64_text
 from ...errors import InvalidValueError
 from ...keys import cache_key
-from ._collection import MongoCollection, live_filter, translate_errors
+from ._collection import (
+    COUNT_TOKENS_KEPT,
+    MongoCollection,
+    counted,
+    counting_token,
+    live_filter,
+    translate_errors,
+)
 
 __all__ = ["MongoCacheStore"]
 
@@ -110,8 +117,17 @@ class MongoCacheStore:
         return bool(result.matched_count == 1)
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        live_counter = {**self._primary(key), "n": {"$exists": True}, **live_filter(now_ms)}
-        update: dict[str, Any] = {"$inc": {"n": by}}
+        token = counting_token()
+        live_counter = {
+            **self._primary(key),
+            "n": {"$exists": True},
+            "rq": {"$ne": token},  # a retry of this very incr (its token applied) counts once
+            **live_filter(now_ms),
+        }
+        update: dict[str, Any] = {
+            "$inc": {"n": by},
+            "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}},
+        }
         # An upsert also creates an absent key in the same request. A `by` outside int64 cannot
         # be a BSON counter; create_counter then stores it as text, as `set` would.
         upsert = is_int64_text(str(by))
@@ -134,6 +150,8 @@ class MongoCacheStore:
             pass  # an expired or non-integer entry holds the key, or a racing incr created it
         with translate_errors("cache get"):
             current = self._c.find_one(self._primary(key))
+        if counted(current, token):
+            return int((current or {})["n"])
         if CacheEntry.from_item(current, now_ms) is not None and "n" not in (current or {}):
             raise InvalidValueError(
                 f"cache key {key!r} holds a value that is not an integer (in MongoDB's signed "

@@ -27,7 +27,15 @@ from pymongo.errors import DuplicateKeyError
 
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
-from ._collection import MongoCollection, literal, live_filter, translate_errors
+from ._collection import (
+    COUNT_TOKENS_KEPT,
+    MongoCollection,
+    counted,
+    counting_token,
+    literal,
+    live_filter,
+    translate_errors,
+)
 
 __all__ = ["MongoCounterStore"]
 
@@ -53,8 +61,26 @@ class MongoCounterStore:
         }
 
     def _in_place(
-        self, key: str, condition: dict[str, Any], stage: dict[str, Any], now_ms: int, what: str
+        self,
+        key: str,
+        condition: dict[str, Any],
+        stage: dict[str, Any],
+        now_ms: int,
+        what: str,
+        token: str | None = None,
     ) -> WriteOutcome:
+        if token is not None:
+            # Counting: refused if this token was applied (a retried write); remembered if not.
+            condition = {**condition, "rq": {"$ne": token}}
+            stage = {
+                **stage,
+                "rq": {
+                    "$slice": [
+                        {"$concatArrays": [{"$ifNull": ["$rq", []]}, literal([token])]},
+                        -COUNT_TOKENS_KEPT,
+                    ]
+                },
+            }
         query = {**self._key(key), **condition}
         for upsert in (True, False):
             try:
@@ -71,6 +97,8 @@ class MongoCounterStore:
                 return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
         with translate_errors(what):
             current = self._c.find_one(self._key(key))
+        if token is not None and counted(current, token):
+            return WriteOutcome(True, item=CounterItem.from_item(current, now_ms))
         return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))
 
     def _replace(
@@ -93,7 +121,12 @@ class MongoCounterStore:
             **self._expiry_if_none(ttl_ms, now_ms),
         }
         return self._in_place(
-            key, {"kind": COUNTER, **live_filter(now_ms)}, stage, now_ms, "counter add"
+            key,
+            {"kind": COUNTER, **live_filter(now_ms)},
+            stage,
+            now_ms,
+            "counter add",
+            token=counting_token(),
         )
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:

@@ -31,6 +31,7 @@ from ...errors import BackendError
 __all__ = [
     "LUA_LIVE",
     "LUA_REPLY",
+    "LUA_TOKENS",
     "RedisConn",
     "as_int",
     "as_str",
@@ -39,10 +40,34 @@ __all__ = [
     "item_key",
     "pairs",
     "request_token",
+    "tokens_key",
     "translate_errors",
 ]
 
 logger = logging.getLogger("dynacoord.backends.redis")
+
+
+#: Counting scripts keep the request tokens of recent writes in a sorted set beside the item
+#: (``{item}|rq``, scored by the caller's now) for this long: a retried script whose token is
+#: there knows its first run applied and does not count again.
+COUNT_WINDOW_MS = 60_000
+
+#: Lua ``seen(rq, token)`` and ``remember(rq, token, now)`` for counting scripts.
+LUA_TOKENS = f"""
+local function seen(rq, token)
+  return redis.call('ZSCORE', rq, token) ~= false
+end
+local function remember(rq, token, now)
+  redis.call('ZADD', rq, now, token)
+  redis.call('ZREMRANGEBYSCORE', rq, '-inf', tonumber(now) - {COUNT_WINDOW_MS})
+  redis.call('PEXPIRE', rq, {2 * COUNT_WINDOW_MS})
+end
+"""
+
+
+def tokens_key(item: str) -> str:
+    """The sorted set of recent request tokens of the counting item ``item``."""
+    return f"{item}|rq"
 
 
 def request_token() -> str:

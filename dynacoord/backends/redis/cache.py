@@ -21,7 +21,17 @@ from ..._clock import Clock, now_ms
 from ...cache import CacheEntry, KeyPage, is_int64_text
 from ...errors import InvalidValueError
 from ...keys import cache_index_pk, cache_key
-from ._conn import LUA_LIVE, RedisConn, as_int, as_str, index_key, request_token, translate_errors
+from ._conn import (
+    LUA_LIVE,
+    LUA_TOKENS,
+    RedisConn,
+    as_int,
+    as_str,
+    index_key,
+    request_token,
+    tokens_key,
+    translate_errors,
+)
 
 __all__ = ["RedisCacheStore"]
 
@@ -83,7 +93,10 @@ return 1
 # {1, value} (value read back as a string: a Lua number would round above 2^53).
 _INCR = (
     LUA_LIVE
+    + LUA_TOKENS
     + """
+-- KEYS[3] = recent request tokens, ARGV[7] = this request's token: a retry counts once
+if seen(KEYS[3], ARGV[7]) then return {1, redis.call('HGET', KEYS[1], 'n')} end
 if not live(KEYS[1], ARGV[1]) then
   if ARGV[4] == '' then return {0} end
   redis.call('DEL', KEYS[1])
@@ -93,11 +106,13 @@ if not live(KEYS[1], ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[6])
   end
   redis.call('ZADD', KEYS[2], 0, ARGV[3])
+  remember(KEYS[3], ARGV[7], ARGV[1])
   return {1, ARGV[2]}
 end
 if redis.call('HEXISTS', KEYS[1], 'n') == 0 then return {2} end
 local res = redis.pcall('HINCRBY', KEYS[1], 'n', ARGV[2])
 if type(res) == 'table' and res.err then return {3} end
+remember(KEYS[3], ARGV[7], ARGV[1])
 return {1, redis.call('HGET', KEYS[1], 'n')}
 """
 )
@@ -227,7 +242,7 @@ class RedisCacheStore:
         create = is_int64_text(str(by))
         reply = self._conn.run(
             _INCR,
-            [self._item(key), self._index],
+            [self._item(key), self._index, tokens_key(self._item(key))],
             [
                 now_ms,
                 by,
@@ -235,6 +250,7 @@ class RedisCacheStore:
                 "1" if create else "",
                 "" if expires_if_new is None else expires_if_new,
                 "" if expires_if_new is None else self._conn.gc_ms(expires_if_new, now_ms),
+                request_token(),
             ],
             "cache incr",
         )

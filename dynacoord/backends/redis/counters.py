@@ -18,7 +18,17 @@ from typing import Any
 
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
-from ._conn import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, request_token, translate_errors
+from ._conn import (
+    LUA_REPLY,
+    LUA_TOKENS,
+    RedisConn,
+    as_int,
+    hash_fields,
+    pairs,
+    request_token,
+    tokens_key,
+    translate_errors,
+)
 
 __all__ = ["RedisCounterStore"]
 
@@ -43,15 +53,18 @@ local s = state()
 """
 )
 
-# ARGV: now, by, expires|'', gc
+# KEYS[2] = recent request tokens; ARGV: now, by, expires|'', gc, request token
 _ADD = (
     _HEAD
+    + LUA_TOKENS
     + """
+if seen(KEYS[2], ARGV[5]) then return reply(1) end  -- a retry of this very add: counted once
 if s == 'expired' then return {0} end
 if s == 'live' and redis.call('HGET', KEYS[1], 'kind') ~= 'counter' then return reply(0) end
 redis.call('HSET', KEYS[1], 'kind', 'counter')
 redis.call('HINCRBY', KEYS[1], 'n', ARGV[2])
 set_expiry(ARGV[3], ARGV[4], true)
+remember(KEYS[2], ARGV[5], ARGV[1])
 return reply(1)
 """
 )
@@ -154,7 +167,10 @@ class RedisCounterStore:
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         reply = self._conn.run(
-            _ADD, [self._key(key)], [now_ms, by, *self._expiry(ttl_ms, now_ms)], "counter add"
+            _ADD,
+            [self._key(key), tokens_key(self._key(key))],
+            [now_ms, by, *self._expiry(ttl_ms, now_ms), request_token()],
+            "counter add",
         )
         return self._outcome(reply, now_ms)
 
