@@ -17,7 +17,16 @@ from typing import Any
 
 from ...breaker import BreakerRecord, StartTrialResult, State
 from ...keys import breaker_key
-from ._table import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import (
+    REQUEST_TOKEN,
+    ConditionFailedError,
+    CountingToken,
+    DynamoTable,
+    marshal,
+    request_token,
+    unmarshal,
+    values,
+)
 
 __all__ = ["DynamoDBBreakerStore"]
 
@@ -47,6 +56,7 @@ class DynamoDBBreakerStore:
         condition: str | None,
         return_values: str = "NONE",
         old_on_failure: bool = False,
+        names: dict[str, str] | None = None,
         **attr_values: Any,
     ) -> dict[str, Any] | None:
         """One UpdateItem; the returned attributes (or {}), or None if the condition failed.
@@ -56,7 +66,7 @@ class DynamoDBBreakerStore:
         kwargs: dict[str, Any] = {
             "Key": marshal(breaker_key(self._ns, name).primary),
             "UpdateExpression": update,
-            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeNames": _NAMES if names is None else {**_NAMES, **names},
             "ExpressionAttributeValues": values(**attr_values),
             "ReturnValues": return_values,
         }
@@ -76,16 +86,29 @@ class DynamoDBBreakerStore:
         return BreakerRecord.from_item(self._table.get(breaker_key(self._ns, name).primary))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
-        # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write.
-        attrs = self._update(
-            name,
-            condition="attribute_not_exists(pk) OR #st = :closed",
-            update="SET #st = if_not_exists(#st, :closed), updated_ms = :now ADD failures :one",
-            return_values="ALL_NEW",
-            closed=State.CLOSED.value,
-            now=now_ms,
-            one=1,
-        )
+        # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write. The
+        # request token makes a retry of an applied failure (its response lost) count once.
+        token = CountingToken(now_ms)
+        try:
+            attrs = self._update(
+                name,
+                condition=f"(attribute_not_exists(pk) OR #st = :closed) AND {token.condition}",
+                update=(
+                    "SET #st = if_not_exists(#st, :closed), updated_ms = :now "
+                    f"ADD failures :one, {token.add} REMOVE {token.remove}"
+                ),
+                return_values="ALL_NEW",
+                old_on_failure=True,
+                names=token.names,
+                closed=State.CLOSED.value,
+                now=now_ms,
+                one=1,
+                **token.values,
+            )
+        except ConditionFailedError as failed:
+            if token.applied(failed.item):
+                return BreakerRecord.from_item(failed.item)
+            return None
         return None if attrs is None else BreakerRecord.from_item(attrs)
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
@@ -120,6 +143,7 @@ class DynamoDBBreakerStore:
         return None if attrs is None else BreakerRecord.from_item(attrs)
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
+        token = request_token()
         try:
             attrs = self._update(
                 name,
@@ -132,10 +156,13 @@ class DynamoDBBreakerStore:
                 ),
                 update=(
                     "SET #st = :half, trial_calls = :one, successes = :zero, "
-                    "trial_started_ms = :now, updated_ms = :now ADD trial_round :one"
+                    "trial_started_ms = :now, updated_ms = :now, #req = :req "
+                    "ADD trial_round :one"
                 ),
                 return_values="ALL_NEW",
                 old_on_failure=True,
+                names={"#req": REQUEST_TOKEN},
+                req=token,
                 open=State.OPEN.value,
                 half=State.HALF_OPEN.value,
                 cutoff=cutoff_ms,
@@ -144,6 +171,9 @@ class DynamoDBBreakerStore:
                 zero=0,
             )
         except ConditionFailedError as failed:
+            if failed.item is not None and failed.item.get(REQUEST_TOKEN) == token:
+                # A retry of this very write whose first response was lost: the slot is ours.
+                return StartTrialResult(BreakerRecord.from_item(failed.item))
             return StartTrialResult(None, BreakerRecord.from_item(failed.item))
         return StartTrialResult(BreakerRecord.from_item(attrs))
 

@@ -79,6 +79,11 @@ def translate_errors(what: str) -> Iterator[None]:
 COUNT_TOKENS_KEPT = 128
 
 
+def request_token() -> str:
+    """A fresh per-call request token for a conditional write (stored as ``req``)."""
+    return secrets.token_hex(8)
+
+
 def counting_token() -> str:
     """A fresh per-call request token for a counting write."""
     return secrets.token_urlsafe(8)

@@ -20,7 +20,14 @@ from pymongo.errors import DuplicateKeyError
 
 from ...breaker import BreakerRecord, StartTrialResult, State
 from ...keys import breaker_key
-from ._collection import MongoCollection, translate_errors
+from ._collection import (
+    COUNT_TOKENS_KEPT,
+    MongoCollection,
+    counted,
+    counting_token,
+    request_token,
+    translate_errors,
+)
 
 __all__ = ["MongoBreakerStore"]
 
@@ -99,14 +106,23 @@ class MongoBreakerStore:
             return BreakerRecord.from_item(self._c.find_one(self._key(name)))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
+        # The request token makes a retried failure (its first response lost) count once.
+        token = counting_token()
         doc = self._modify(
             name,
-            {"state": _CLOSED},
-            {"$set": {"updated_ms": now_ms}, "$inc": {"failures": 1}},
+            {"state": _CLOSED, "rq": {"$ne": token}},
+            {
+                "$set": {"updated_ms": now_ms},
+                "$inc": {"failures": 1},
+                "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}},
+            },
             "breaker record_failure",
             upsert=True,
         )
-        return None if doc is None else BreakerRecord.from_item(doc)
+        if doc is None:
+            current = self._c.find_one(self._key(name))
+            return BreakerRecord.from_item(current) if counted(current, token) else None
+        return BreakerRecord.from_item(doc)
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         with translate_errors("breaker reset_failures"):
@@ -127,6 +143,7 @@ class MongoBreakerStore:
         return None if old is None else BreakerRecord.from_item(old)
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
+        token = request_token()
         condition = {
             "$or": [
                 {"state": _OPEN, "opened_at_ms": {"$lte": cutoff_ms}},
@@ -140,13 +157,19 @@ class MongoBreakerStore:
                 "successes": 0,
                 "trial_started_ms": now_ms,
                 "updated_ms": now_ms,
+                "req": token,
             },
             "$inc": {"trial_round": 1},
         }
         doc = self._modify(name, condition, update, "breaker start_trial")
         if doc is not None:
             return StartTrialResult(BreakerRecord.from_item(doc))
-        return StartTrialResult(None, self.get(name))
+        with translate_errors("breaker get"):
+            current = self._c.find_one(self._key(name))
+        if current is not None and current.get("state") == _HALF and current.get("req") == token:
+            # A retry of this very start whose first response was lost: the slot is ours.
+            return StartTrialResult(BreakerRecord.from_item(current))
+        return StartTrialResult(None, BreakerRecord.from_item(current))
 
     def join_trial(
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int

@@ -18,7 +18,17 @@ from typing import Any
 
 from ...breaker import BreakerRecord, StartTrialResult
 from ...keys import breaker_key
-from ._conn import LUA_REPLY, RedisConn, as_int, hash_fields, pairs, translate_errors
+from ._conn import (
+    LUA_REPLY,
+    LUA_TOKENS,
+    RedisConn,
+    as_int,
+    hash_fields,
+    pairs,
+    request_token,
+    tokens_key,
+    translate_errors,
+)
 
 __all__ = ["RedisBreakerStore"]
 
@@ -37,10 +47,14 @@ local st = redis.call('HGET', KEYS[1], 'state')
 # ARGV: now
 _FAIL = (
     _HEAD
+    + LUA_TOKENS
     + """
+-- KEYS[2] = recent request tokens, ARGV[2] = this one: a retried failure counts once
+if seen(KEYS[2], ARGV[2]) then return reply(1) end
 if st and st ~= 'closed' then return {0} end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'updated_ms', ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'failures', 1)
+remember(KEYS[2], ARGV[2], ARGV[1])
 return reply(1)
 """
 )
@@ -81,10 +95,12 @@ local opened = num('opened_at_ms')
 local started = num('trial_started_ms')
 if not ((st == 'open' and opened and opened <= cutoff) or
         (st == 'half_open' and started and started <= cutoff)) then
+  -- a retry of this very start (its reply lost) finds the slot it took: ours
+  if st == 'half_open' and redis.call('HGET', KEYS[1], 'req') == ARGV[3] then return reply(1) end
   return reply(0)
 end
 redis.call('HSET', KEYS[1], 'state', 'half_open', 'trial_calls', 1, 'successes', 0,
-           'trial_started_ms', ARGV[1], 'updated_ms', ARGV[1])
+           'trial_started_ms', ARGV[1], 'updated_ms', ARGV[1], 'req', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'trial_round', 1)
 return reply(1)
 """
@@ -163,8 +179,12 @@ class RedisBreakerStore:
         self._conn = conn
         self._ns = namespace
 
-    def _run(self, script: str, name: str, args: list[Any], what: str) -> tuple[bool, Any]:
-        reply = self._conn.run(script, [breaker_key(self._ns, name).pk], args, what)
+    def _run(
+        self, script: str, name: str, args: list[Any], what: str, *, tokens: bool = False
+    ) -> tuple[bool, Any]:
+        item = breaker_key(self._ns, name).pk
+        keys = [item, tokens_key(item)] if tokens else [item]
+        reply = self._conn.run(script, keys, args, what)
         return as_int(reply[0]) == 1, list(reply[1:])
 
     def get(self, name: str) -> BreakerRecord:
@@ -173,7 +193,9 @@ class RedisBreakerStore:
         return BreakerRecord.from_item(hash_fields(raw))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
-        ok, rest = self._run(_FAIL, name, [now_ms], "breaker record_failure")
+        ok, rest = self._run(
+            _FAIL, name, [now_ms, request_token()], "breaker record_failure", tokens=True
+        )
         return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
@@ -186,7 +208,9 @@ class RedisBreakerStore:
         return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
-        ok, rest = self._run(_START_TRIAL, name, [now_ms, cutoff_ms], "breaker start_trial")
+        ok, rest = self._run(
+            _START_TRIAL, name, [now_ms, cutoff_ms, request_token()], "breaker start_trial"
+        )
         record = BreakerRecord.from_item(pairs(rest))
         return StartTrialResult(record) if ok else StartTrialResult(None, record)
 
