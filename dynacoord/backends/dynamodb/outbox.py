@@ -215,8 +215,13 @@ class DynamoDBOutboxStore:
                 ExpressionAttributeNames=_NAMES,
                 ExpressionAttributeValues=values(**args),
                 ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ConditionFailedError:
+        except ConditionFailedError as failed:
+            # The lease token is this claim's request token: a refusal that shows it is a retry
+            # of this very claim whose first response was lost. The claim is ours.
+            if failed.item is not None and failed.item.get("lease_token") == token:
+                return EventRecord.from_item(failed.item, now_ms)
             return None
         return EventRecord.from_item(unmarshal(response["Attributes"]), now_ms)
 

@@ -205,6 +205,10 @@ class MongoOutboxStore:
                 },
                 return_document=ReturnDocument.AFTER,
             )
+            if doc is None:
+                # The lease token is this claim's request token: finding it on the event means a
+                # retry of this very claim whose first response was lost. The claim is ours.
+                doc = self._c.find_one({**self._key(seen.id), "lease_token": token})
         return None if doc is None else EventRecord.from_item(doc, now_ms)
 
     def _if_held(self, event_id: str, token: str, update: dict[str, Any], what: str) -> bool:
