@@ -34,7 +34,13 @@ from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import is_live, optional_int
 from ._validate import check_int, ttl_to_ms
-from .errors import BackendError, CounterTypeError, InvalidKeyError, JoinMismatchError
+from .errors import (
+    BackendError,
+    CounterTypeError,
+    InvalidKeyError,
+    InvalidValueError,
+    JoinMismatchError,
+)
 
 __all__ = [
     "MAX_JOIN_EXPECTED",
@@ -130,6 +136,9 @@ class WriteOutcome:
     item: CounterItem | None = None
     #: the live item that made the condition fail; None when it failed on an expired item
     current: CounterItem | None = None
+    #: set (to the store's largest counter) when the add was refused because its result would
+    #: leave the numbers the store can hold; nothing was written
+    out_of_range: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +232,12 @@ class Counters:
         now = now_ms(self.clock)
         for _ in range(_MAX_RESTARTS):
             outcome = self._store.add(key, by, ttl_ms, now)
+            if outcome.out_of_range is not None:
+                limit = outcome.out_of_range
+                raise InvalidValueError(
+                    f"incrementing counter {key!r} by {by} would leave the range this store "
+                    f"holds exactly (-{limit}..{limit}); nothing was written"
+                )
             if not outcome.ok:
                 self._refuse_other_kind(key, outcome.current, COUNTER)
                 # Expired: restart it, unless another caller restarted it first (then add again).

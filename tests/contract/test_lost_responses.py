@@ -197,3 +197,52 @@ def test_idempotent_call_with_a_lost_claim_runs_once(lossy, n):
     assert handler({"id": "x"}) == {"ok": "x"}
     assert handler({"id": "x"}) == {"ok": "x"}
     assert calls == [1]
+
+
+# -- numbers at the edges of each store ----------------------------------------------------------
+
+#: the largest counter each backend holds exactly
+LIMITS = {"moto": 10**38 - 1, "dynamodb": 10**38 - 1, "redis": 2**63 - 1, "mongo": 2**63 - 1}
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_an_increment_past_the_stores_range_is_refused_and_writes_nothing(make_backend, sign):
+    from dynacoord import InvalidValueError
+
+    backend = make_backend()
+    top = LIMITS[backend_kind(make_backend)]
+    # int64 is asymmetric: its lowest value is -(top + 1); DynamoDB's range is symmetric
+    edge = top if sign > 0 else (-top if top == 10**38 - 1 else -top - 1)
+    counters = backend.counters
+    assert counters.set_if_absent("edge", edge) is True
+    with pytest.raises(InvalidValueError, match="nothing was written"):
+        counters.increment("edge", sign)
+    assert counters.get("edge") == edge  # still readable, unchanged
+    assert counters.increment("edge", -sign) == edge - sign
+
+
+def test_an_increment_by_more_than_the_store_holds_is_refused(make_backend):
+    from dynacoord import InvalidValueError
+
+    backend = make_backend()
+    with pytest.raises(InvalidValueError):
+        backend.counters.increment("big", LIMITS[backend_kind(make_backend)] + 1)
+    assert backend.counters.get("big") is None
+
+
+def backend_kind(make_backend) -> str:
+    return getattr(make_backend, "kind", "")
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_cache_incr_past_the_stores_range_is_refused_and_writes_nothing(make_backend, sign):
+    from dynacoord import InvalidValueError
+
+    top = LIMITS[backend_kind(make_backend)]
+    edge = top if sign > 0 else (-top if top == 10**38 - 1 else -top - 1)
+    cache = make_backend().cache()
+    cache.set("edge", edge)
+    with pytest.raises(InvalidValueError):
+        cache.incr("edge", sign)
+    assert cache.get("edge") == edge
+    assert cache.incr("edge", -sign) == edge - sign

@@ -25,6 +25,7 @@ from typing import Any
 
 from ... import codec
 from ...cache import CacheEntry, KeyPage
+from ...counters import MAX_COUNTER_VALUE
 from ...errors import InvalidValueError
 from ...keys import cache_index_pk, cache_key, cache_pk
 from ._table import (
@@ -41,6 +42,24 @@ __all__ = ["DynamoDBCacheStore"]
 
 _CACHE_SK = cache_key("x", "x").sk
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
+
+
+def _in_range(by: int, attr_values: dict[str, Any]) -> str:
+    """The condition part keeping ``n + by`` within DynamoDB's 38 digits (adds ``:lim``)."""
+    if by == 0:
+        return ""
+    attr_values["lim"] = MAX_COUNTER_VALUE - by if by > 0 else -MAX_COUNTER_VALUE - by
+    return " AND (attribute_not_exists(n) OR n " + ("<=" if by > 0 else ">=") + " :lim)"
+
+
+def _check_range(key: str, item: Any, by: int) -> None:
+    """Refuse (nothing was written) an incr whose sum DynamoDB could only store rounded."""
+    n = (item or {}).get("n")
+    if n is not None and abs(int(n) + by) > MAX_COUNTER_VALUE:
+        raise InvalidValueError(
+            f"incr of cache key {key!r} by {by} would leave DynamoDB's 38 significant digits; "
+            "nothing was written"
+        )
 
 
 class DynamoDBCacheStore:
@@ -127,6 +146,7 @@ class DynamoDBCacheStore:
             extra["ExpressionAttributeNames"] = {"#ttl": "ttl"}
         token = CountingToken(now_ms)
         attr_values.update(token.values)
+        in_range = _in_range(by, attr_values)
         extra["ExpressionAttributeNames"] = {
             **extra.get("ExpressionAttributeNames", {}),
             **token.names,
@@ -139,7 +159,7 @@ class DynamoDBCacheStore:
                 Key=self._primary(key),
                 ConditionExpression=(
                     f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
-                    f"AND {token.condition}"
+                    f"AND {token.condition}{in_range}"
                 ),
                 UpdateExpression=(
                     f"ADD n :by, {token.add} SET {', '.join(sets)} REMOVE {token.remove}"
@@ -158,6 +178,7 @@ class DynamoDBCacheStore:
             entry = CacheEntry.from_item(failed.item, now_ms)
             if entry is None:
                 return None  # expired: the caller replaces it with a fresh counter
+            _check_range(key, failed.item, by)
             if "n" in (failed.item or {}) and expires_if_new is not None:
                 return self._add_to_live(key, by, now_ms)  # a live counter without expiry
             raise self._not_an_integer(key) from None
@@ -165,21 +186,27 @@ class DynamoDBCacheStore:
 
     def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
         token = CountingToken(now_ms)
+        attr_values: dict[str, Any] = {"now": now_ms, "by": by, **token.values}
+        in_range = _in_range(by, attr_values)
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._primary(key),
                 # Only a live numeric entry: a string value must not grow an `n`.
-                ConditionExpression=f"attribute_exists(n) AND {LIVE} AND {token.condition}",
+                ConditionExpression=(
+                    f"attribute_exists(n) AND {LIVE} AND {token.condition}{in_range}"
+                ),
                 UpdateExpression=f"ADD n :by, {token.add} REMOVE {token.remove}",
                 ExpressionAttributeNames=token.names,
-                ExpressionAttributeValues=values(now=now_ms, by=by, **token.values),
+                ExpressionAttributeValues=values(**attr_values),
                 ReturnValues="ALL_NEW",  # see incr: n must come back even when by is 0
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
             if token.applied(failed.item):
                 return int((failed.item or {})["n"])
+            if CacheEntry.from_item(failed.item, now_ms) is not None:
+                _check_range(key, failed.item, by)
             if CacheEntry.from_item(failed.item, now_ms) is not None:
                 raise self._not_an_integer(key) from None
             return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
+from ...counters import COUNTER, JOIN, MAX_COUNTER_VALUE, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
 from ._table import (
     FREE,
@@ -47,6 +47,15 @@ _LIVE_OR_ABSENT = f"attribute_not_exists(pk) OR (#kind = :kind AND {LIVE})"
 def _names(expression: str) -> dict[str, str]:
     """Only the placeholders an expression uses (DynamoDB refuses unused ones)."""
     return {k: v for k, v in _NAMES.items() if k in expression}
+
+
+def _range_condition(by: int) -> tuple[str, int]:
+    """The condition part (and its ``:lim``) keeping ``n + by`` within 38 digits."""
+    if by > 0:
+        return " AND (attribute_not_exists(#n) OR #n <= :lim)", MAX_COUNTER_VALUE - by
+    if by < 0:
+        return " AND (attribute_not_exists(#n) OR #n >= :lim)", -MAX_COUNTER_VALUE - by
+    return "", 0
 
 
 def _ttl_s(expires_at_ms: int) -> int:
@@ -126,17 +135,30 @@ class DynamoDBCounterStore:
         # A live counter keeps its expiry (fixed windows); only one without an expiry gets it.
         sets, expiry = _keep_expiry("SET #kind = :kind", ttl_ms, now_ms)
         token = CountingToken(now_ms)
-        return self._update(
+        # DynamoDB would store a sum past 38 digits rounded: refuse it in the condition instead.
+        in_range, limit = _range_condition(by)
+        bounds: dict[str, Any] = {"lim": limit} if in_range else {}
+        outcome = self._update(
             key,
             update=f"{sets} ADD #n :by, {token.add} REMOVE {token.remove}",
-            condition=f"({_LIVE_OR_ABSENT}) AND {token.condition}",
+            condition=f"({_LIVE_OR_ABSENT}) AND {token.condition}{in_range}",
             now_ms=now_ms,
             token=token,
             kind=COUNTER,
             by=by,
             now=now_ms,
+            **bounds,
             **expiry,
         )
+        current = outcome.current
+        if (
+            not outcome.ok
+            and current is not None
+            and current.kind == COUNTER
+            and abs(int(current.value) + by) > MAX_COUNTER_VALUE
+        ):
+            return WriteOutcome(False, current=current, out_of_range=MAX_COUNTER_VALUE)
+        return outcome
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         token = CountingToken(now_ms)

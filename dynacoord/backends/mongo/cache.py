@@ -35,6 +35,8 @@ from ._collection import (
 
 __all__ = ["MongoCacheStore"]
 
+_INT64_MAX = 2**63 - 1
+
 _PAGE = 1000
 
 
@@ -124,6 +126,11 @@ class MongoCacheStore:
             "rq": {"$ne": token},  # a retry of this very incr (its token applied) counts once
             **live_filter(now_ms),
         }
+        # A sum outside int64 does not match (nothing written), then reads as out of range.
+        if by > 0:
+            live_counter["n"] = {"$exists": True, "$not": {"$gt": _INT64_MAX - by}}
+        elif by < 0:
+            live_counter["n"] = {"$exists": True, "$not": {"$lt": -_INT64_MAX - 1 - by}}
         update: dict[str, Any] = {
             "$inc": {"n": by},
             "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}},
@@ -152,6 +159,16 @@ class MongoCacheStore:
             current = self._c.find_one(self._primary(key))
         if counted(current, token):
             return int((current or {})["n"])
+        n = (current or {}).get("n")
+        if (
+            CacheEntry.from_item(current, now_ms) is not None
+            and isinstance(n, int)
+            and not -_INT64_MAX - 1 <= n + by <= _INT64_MAX
+        ):
+            raise InvalidValueError(
+                f"incr of cache key {key!r} by {by} would leave MongoDB's signed 64-bit range; "
+                "nothing was written"
+            )
         if CacheEntry.from_item(current, now_ms) is not None and "n" not in (current or {}):
             raise InvalidValueError(
                 f"cache key {key!r} holds a value that is not an integer (in MongoDB's signed "

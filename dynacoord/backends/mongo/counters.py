@@ -39,6 +39,8 @@ from ._collection import (
 
 __all__ = ["MongoCounterStore"]
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 class MongoCounterStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
@@ -115,19 +117,36 @@ class MongoCounterStore:
         return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        if not INT64_MIN <= by <= INT64_MAX:  # a BSON counter is a signed 64-bit integer
+            return WriteOutcome(False, out_of_range=INT64_MAX)
         stage = {
             "kind": literal(COUNTER),
             "n": {"$add": [{"$ifNull": ["$n", 0]}, literal(by)]},
             **self._expiry_if_none(ttl_ms, now_ms),
         }
-        return self._in_place(
+        # A sum outside int64 does not match (nothing written), then reads as out of range.
+        limit: dict[str, Any] = {}
+        if by > 0:
+            limit = {"n": {"$not": {"$gt": INT64_MAX - by}}}
+        elif by < 0:
+            limit = {"n": {"$not": {"$lt": INT64_MIN - by}}}
+        outcome = self._in_place(
             key,
-            {"kind": COUNTER, **live_filter(now_ms)},
+            {"kind": COUNTER, **live_filter(now_ms), **limit},
             stage,
             now_ms,
             "counter add",
             token=counting_token(),
         )
+        current = outcome.current
+        if (
+            not outcome.ok
+            and current is not None
+            and current.kind == COUNTER
+            and not INT64_MIN <= int(current.value) + by <= INT64_MAX
+        ):
+            return WriteOutcome(False, current=current, out_of_range=INT64_MAX)
+        return outcome
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         return self._replace(key, {"kind": COUNTER, "n": by}, ttl_ms, now_ms, "counter restart")

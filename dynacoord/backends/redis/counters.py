@@ -32,6 +32,8 @@ from ._conn import (
 
 __all__ = ["RedisCounterStore"]
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 # Common head. state(): 'absent' | 'expired' | 'live'. reply(flag): {flag, field, value, ...}.
 _HEAD = (
     LUA_REPLY
@@ -61,8 +63,10 @@ _ADD = (
 if seen(KEYS[2], ARGV[5]) then return reply(1) end  -- a retry of this very add: counted once
 if s == 'expired' then return {0} end
 if s == 'live' and redis.call('HGET', KEYS[1], 'kind') ~= 'counter' then return reply(0) end
+-- HINCRBY first: a sum outside int64 is refused before anything is written
+local added = redis.pcall('HINCRBY', KEYS[1], 'n', ARGV[2])
+if type(added) == 'table' and added.err then return {3} end
 redis.call('HSET', KEYS[1], 'kind', 'counter')
-redis.call('HINCRBY', KEYS[1], 'n', ARGV[2])
 set_expiry(ARGV[3], ARGV[4], true)
 remember(KEYS[2], ARGV[5], ARGV[1])
 return reply(1)
@@ -166,12 +170,16 @@ class RedisCounterStore:
         return self._outcome(self._conn.run(_REPLACE, [self._key(key)], args, what), now_ms)
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
+        if not INT64_MIN <= by <= INT64_MAX:  # a Redis counter is a signed 64-bit integer
+            return WriteOutcome(False, out_of_range=INT64_MAX)
         reply = self._conn.run(
             _ADD,
             [self._key(key), tokens_key(self._key(key))],
             [now_ms, by, *self._expiry(ttl_ms, now_ms), request_token()],
             "counter add",
         )
+        if as_int(reply[0]) == 3:
+            return WriteOutcome(False, out_of_range=INT64_MAX)
         return self._outcome(reply, now_ms)
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
