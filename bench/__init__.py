@@ -28,7 +28,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
-    from . import coldstart, contention, outbox, overhead, peers, request_counts
+    from . import coldstart, contention, exactness, outbox, overhead, peers, request_counts
 
     return {
         "requests": request_counts.run,
@@ -37,10 +37,11 @@ def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
         "contention": contention.run,
         "coldstart": coldstart.run,
         "peers": peers.run,
+        "exactness": exactness.run,
     }
 
 
-SECTIONS = ("requests", "overhead", "outbox", "contention", "coldstart", "peers")
+SECTIONS = ("requests", "overhead", "outbox", "contention", "coldstart", "peers", "exactness")
 
 
 def _dist(name: str) -> str:
