@@ -246,3 +246,25 @@ def test_a_cache_incr_past_the_stores_range_is_refused_and_writes_nothing(make_b
         cache.incr("edge", sign)
     assert cache.get("edge") == edge
     assert cache.incr("edge", -sign) == edge - sign
+
+
+# -- state transitions ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("end", ["complete", "fail"])
+def test_a_run_ended_by_a_lost_response_returns_the_ended_run(lossy, end):
+    runs = lossy.backend().runs
+    runs.start("r", context={})
+    lossy.lose_next()
+    ended = runs.complete("r", result={"ok": 1}) if end == "complete" else runs.fail("r", "boom")
+    assert lossy.lost == 1
+    assert str(ended.status) == ("completed" if end == "complete" else "failed")
+
+
+def test_a_run_heartbeat_with_a_lost_response_is_applied(lossy):
+    runs = lossy.backend().runs
+    runs.start("r", context={})
+    lossy.lose_next()
+    runs.heartbeat("r")
+    assert lossy.lost == 1
+    assert str(runs.get("r").status) == "running"

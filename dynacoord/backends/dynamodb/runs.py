@@ -22,7 +22,15 @@ from ..._items import is_live
 from ...errors import RunExistsError
 from ...keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ...runs import Run, RunPage, RunStatus, new_run_fields, write_refused
-from ._table import ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import (
+    REQUEST_TOKEN,
+    ConditionFailedError,
+    DynamoTable,
+    marshal,
+    request_token,
+    unmarshal,
+    values,
+)
 
 __all__ = ["DynamoDBRunStore"]
 
@@ -69,18 +77,29 @@ class DynamoDBRunStore:
         names: dict[str, str],
         vals: dict[str, Any],
     ) -> Run:
+        # Every transition carries a request token: a retry of an applied write (its response
+        # lost) is refused by it and returns the run that write made.
+        token = request_token()
+        assert update.startswith("SET ")
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._primary(run_id),
-                ConditionExpression="attribute_exists(pk) AND #status = :running",
-                UpdateExpression=update,
-                ExpressionAttributeNames={"#status": "status", **names},
-                ExpressionAttributeValues=values(running=RunStatus.RUNNING.value, **vals),
+                ConditionExpression=(
+                    "attribute_exists(pk) AND #status = :running AND "
+                    "(attribute_not_exists(#req) OR #req <> :req)"
+                ),
+                UpdateExpression="SET #req = :req, " + update[4:],
+                ExpressionAttributeNames={"#status": "status", "#req": REQUEST_TOKEN, **names},
+                ExpressionAttributeValues=values(
+                    running=RunStatus.RUNNING.value, req=token, **vals
+                ),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
+            if failed.item is not None and failed.item.get(REQUEST_TOKEN) == token:
+                return _run(failed.item)
             raise write_refused(run_id, failed.item, now_ms) from None
         return _run(unmarshal(response["Attributes"]))
 

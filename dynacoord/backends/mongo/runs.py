@@ -29,7 +29,7 @@ from ..._items import is_live
 from ...errors import RunExistsError
 from ...keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ...runs import Run, RunPage, RunStatus, new_run_fields, write_refused
-from ._collection import MongoCollection, literal, translate_errors
+from ._collection import MongoCollection, literal, request_token, translate_errors
 
 __all__ = ["MongoRunStore"]
 
@@ -89,6 +89,13 @@ class MongoRunStore:
             doc = self._c.find_one(self._key(run_id))
         return _run(doc) if doc and is_live(doc, now_ms) else None
 
+    def _applied(self, run_id: str, token: str, what: str) -> dict[str, Any] | None:
+        """The run as this very write left it, if the write applied before (its response lost
+        and retried: the retry matched nothing), else None."""
+        with translate_errors(what):
+            doc: dict[str, Any] | None = self._c.find_one({**self._key(run_id), "req": token})
+        return doc
+
     def update(
         self,
         run_id: str,
@@ -106,12 +113,15 @@ class MongoRunStore:
             update["$unset"] = {f"ctx.{_escape(name)}": "" for name in remove_fields}
         if reconciled:
             update["$inc"] = {"reconciles": 1}
+        token = sets["req"] = request_token()
         with translate_errors("run update"):
             doc = self._c.find_one_and_update(
-                {**self._key(run_id), "status": RunStatus.RUNNING.value},
+                {**self._key(run_id), "status": RunStatus.RUNNING.value, "req": {"$ne": token}},
                 update,
                 return_document=ReturnDocument.AFTER,
             )
+        if doc is None:
+            doc = self._applied(run_id, token, "run update")
         if doc is None:
             raise self._refused(run_id, now_ms, "run update")
         return _run(doc)
@@ -137,12 +147,16 @@ class MongoRunStore:
             stage["result"] = literal(codec.encode(result))
         else:
             stage["error"] = literal(error or "")
+        token = request_token()
+        stage["req"] = literal(token)
         with translate_errors("run finish"):
             doc = self._c.find_one_and_update(
                 {**self._key(run_id), "status": RunStatus.RUNNING.value},
                 [{"$set": stage}],
                 return_document=ReturnDocument.AFTER,
             )
+        if doc is None:
+            doc = self._applied(run_id, token, "run finish")
         if doc is None:
             raise self._refused(run_id, now_ms, "run finish")
         expires = int(doc["expires_at_ms"])

@@ -72,6 +72,8 @@ return {1}
 _UPDATE = (
     _HEAD
     + """
+-- the last set pair is ('req', token): a retry of this very update (its reply lost) is done
+if redis.call('HGET', KEYS[1], 'req') == ARGV[5 + 2 * tonumber(ARGV[5])] then return reply(1) end
 if not live(KEYS[1], now) or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return reply(0) end
 unindex()
 local nset = tonumber(ARGV[5])
@@ -92,12 +94,15 @@ return reply(1)
 _FINISH = (
     _HEAD
     + """
+-- ARGV[8] = request token: a retry of this very finish (its reply lost) is done
+if redis.call('HGET', KEYS[1], 'req') == ARGV[8] then return reply(1) end
 if not live(KEYS[1], now) or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return reply(0) end
 unindex()
 local ttl = tonumber(redis.call('HGET', KEYS[1], 'end_ttl_ms') or '0')
 local expires = now + ttl
 redis.call('HSET', KEYS[1], 'status', ARGV[4], 'updated_ms', ARGV[1], 'ended_ms', ARGV[1],
-           'gsi1sk', ARGV[3], 'expires_at_ms', string.format('%d', expires), ARGV[5], ARGV[6])
+           'gsi1sk', ARGV[3], 'expires_at_ms', string.format('%d', expires), ARGV[5], ARGV[6],
+           'req', ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ttl + tonumber(ARGV[7]))
 redis.call('ZADD', ARGV[2] .. ARGV[4], 0, ARGV[3])
 return reply(1)
@@ -174,10 +179,11 @@ class RedisRunStore:
             self._index_prefix,
             run_index_sk(now_ms, run_id),
             int(reconciled),
-            len(sets),
+            len(sets) + 1,
         ]
         for name, value in sets.items():
             args.extend([f"c:{name}", codec.encode(value)])
+        args.extend(["req", request_token()])  # last set pair: the request token
         args.extend(f"c:{name}" for name in remove_fields)
         reply = self._conn.run(_UPDATE, [self._key(run_id)], args, "run update")
         fields = pairs(list(reply[1:]))
@@ -208,6 +214,7 @@ class RedisRunStore:
                 status.value,
                 *outcome,
                 self._conn.gc_grace_ms,
+                request_token(),
             ],
             "run finish",
         )
