@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendError, StackDeploymentError, TableNotReadyError
+from .errors import BackendError, ConfigurationError, StackDeploymentError, TableNotReadyError
 from .keys import Kind, validate_namespace
 
 __all__ = [
@@ -156,6 +156,19 @@ def ensure_table(
                     f"cannot create table {table_name!r}: {create_exc}"
                 ) from create_exc
     table = _wait_active(client, table_name, progress, timeout=timeout)
+    if not created:
+        # Pointed at the wrong table (a typo, a wrong variable): change nothing there. Adding an
+        # index and TTL on an attribute that means something else would delete someone's data.
+        types = {
+            str(d.get("AttributeName")): str(d.get("AttributeType"))
+            for d in table.get("AttributeDefinitions", [])
+        }
+        problems = _check_key_schema("table", table.get("KeySchema", []), "pk", "sk", types)
+        if problems:
+            raise ConfigurationError(
+                f"table {table_name!r} is not a dynacoord table ({'; '.join(problems)}); "
+                "nothing was changed: check the table name"
+            )
     if not created and _add_missing_index(client, table, progress, options):
         _wait_active(client, table_name, progress, timeout=timeout)
     _enable_ttl(client, table_name, progress)

@@ -300,3 +300,20 @@ def test_ensure_table_refuses_to_move_ttl_from_another_attribute(moto_ddb: Any) 
         ensure_table(moto_ddb, "otherttl")
     ttl = moto_ddb.describe_time_to_live(TableName="otherttl")["TimeToLiveDescription"]
     assert ttl["AttributeName"] == "exp"
+
+
+def test_ensure_table_refuses_a_table_with_another_key_schema_and_changes_nothing(moto_ddb: Any) -> None:
+    from dynacoord import ConfigurationError
+
+    moto_ddb.create_table(
+        TableName="someone-elses",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    with pytest.raises(ConfigurationError, match="someone-elses.*not a dynacoord table"):
+        ensure_table(moto_ddb, "someone-elses")
+    table = moto_ddb.describe_table(TableName="someone-elses")["Table"]
+    assert not table.get("GlobalSecondaryIndexes")  # no gsi1 added
+    ttl = moto_ddb.describe_time_to_live(TableName="someone-elses")["TimeToLiveDescription"]
+    assert ttl["TimeToLiveStatus"] == "DISABLED"  # TTL left alone
