@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from . import __version__
 from ._cli.common import Context, UsageError, emit, env_default, error_line
 
 __all__ = ["build_parser", "main"]
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="DynamoDB endpoint, e.g. DynamoDB Local (env DYNACOORD_ENDPOINT_URL)",
     )
     parser.add_argument("--region", default=None, help="AWS region (default: boto3's)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

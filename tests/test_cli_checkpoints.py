@@ -44,7 +44,7 @@ def test_list_show_cleanup_delete(cli):
     assert code == 0 and json.loads(out)["deleted"] == 3
     assert [c.sequence for c in backend.checkpoints.list("job@2024")] == [4, 5]
 
-    code, out, _ = run("delete", "job@2024")
+    code, out, _ = run("delete", "job@2024", "--yes")
     assert code == 0 and json.loads(out)["deleted"] == 2
     assert backend.checkpoints.list("job@2024") == []
 
@@ -73,3 +73,22 @@ def test_errors_and_exit_codes(cli):
     assert code == 2
     code, out, _ = run("list", "empty")
     assert code == 0 and json.loads(out) == []
+
+
+def test_checkpoints_delete_needs_yes_like_every_destructive_command(ddb_cli):
+    backend, run = ddb_cli
+    backend.checkpoints.save("task-y", {"a": 1})
+    code, _, err = run("checkpoints", "delete", "task-y")
+    assert code != 0 and "--yes" in err
+    assert backend.checkpoints.load_latest("task-y") is not None  # nothing deleted
+    code, _, _ = run("checkpoints", "delete", "task-y", "--yes")
+    assert code == 0
+    assert backend.checkpoints.load_latest("task-y") is None
+
+
+def test_version_flag_prints_the_version(capsys):
+    import dynacoord
+    from dynacoord.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"dynacoord {dynacoord.__version__}"

@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
 
     delete = add_command(sub, "delete", _delete, "delete every checkpoint of a task")
     delete.add_argument("task_id")
+    delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
 
 
 def _summary(checkpoint: Any, *, data: bool) -> dict[str, Any]:
@@ -79,5 +80,9 @@ def _cleanup(ctx: Context) -> Any:
 
 
 def _delete(ctx: Context) -> Any:
+    if not ctx.args.yes:
+        raise UsageError(
+            f"checkpoints delete removes every checkpoint of task {ctx.args.task_id!r}: add --yes"
+        )
     deleted = ctx.backend().checkpoints.delete_all(ctx.args.task_id)
     return {"task_id": ctx.args.task_id, "deleted": deleted}
