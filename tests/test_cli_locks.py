@@ -36,7 +36,11 @@ def test_acquire_show_release(cli: Any) -> None:
 
     # releasing as someone else fails and leaves the lock alone
     code, _, err = cli("lock", "release", "job-1", "--owner", "bob", "--fence", str(lease["fence"]))
-    assert code == 1 and "not held by that owner" in err
+    assert code == 1 and "held by 'alice', not by that owner" in err
+    # the right owner with a wrong fence is told so, precisely
+    wrong = str(lease["fence"] + 7)
+    code, _, err = cli("lock", "release", "job-1", "--owner", "alice", "--fence", wrong)
+    assert code == 1 and f"with fence {lease['fence']}, not {wrong}" in err
     code, out, _ = cli("--json", "lock", "show", "job-1")
     assert json.loads(out)["owner"] == "alice"
 
@@ -56,6 +60,9 @@ def test_acquire_show_release(cli: Any) -> None:
     code, out, err = cli("lock", "release", "job-1", "--force")
     assert code == 0, err
     assert "released: true" in out
+    # --force on a free lock says there was nothing to release
+    code, _, err = cli("lock", "release", "job-1", "--force")
+    assert code == 1 and "is not held (nothing to release)" in err
 
 
 @pytest.mark.parametrize("ttl", ["0", "-5", "nan"])

@@ -99,3 +99,15 @@ def test_work_usage_errors(env):
     )
     assert code == 2
     assert run("outbox", "work", "--once", "--handler", "missing-colon")[0] == 2
+
+
+def test_outbox_work_imports_a_handler_module_from_the_current_directory(tmp_path, monkeypatch):
+    import sys
+
+    from dynacoord._cli.outbox import _import
+
+    (tmp_path / "my_handlers_cwd.py").write_text("def handle(event):\n    return 'ok'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    handler = _import("my_handlers_cwd:handle")
+    assert handler(None) == "ok"

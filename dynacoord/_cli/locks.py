@@ -60,7 +60,18 @@ def _release(ctx: Context) -> Any:
         lease = Lease(locks, LockInfo(ctx.args.key, ctx.args.owner, ctx.args.fence, 0), 1)
         released = lease.release()
     if not released:
-        raise CommandFailed(f"lock {ctx.args.key!r} was not held by that owner")
+        # Say precisely why: a free lock, another holder, or the right owner with another fence.
+        holder = locks.get(ctx.args.key)
+        if holder is None:
+            raise CommandFailed(f"lock {ctx.args.key!r} is not held (nothing to release)")
+        if ctx.args.force:  # pragma: no cover - force_release frees any live holder
+            raise CommandFailed(f"lock {ctx.args.key!r} could not be released")
+        if holder.owner == ctx.args.owner:
+            raise CommandFailed(
+                f"lock {ctx.args.key!r} is held by {holder.owner!r} with fence {holder.fence}, "
+                f"not {ctx.args.fence}"
+            )
+        raise CommandFailed(f"lock {ctx.args.key!r} is held by {holder.owner!r}, not by that owner")
     return {"key": ctx.args.key, "released": True}
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import signal
+import sys
 from typing import Any
 
 from .common import CommandFailed, Context, UsageError, add_command
@@ -92,6 +94,9 @@ def _import(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"--handler needs MODULE:FUNCTION, got {spec!r}")
+    # Like `python -m`: a module in the current directory is importable without PYTHONPATH=.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
