@@ -41,6 +41,7 @@ __all__ = [
     "deploy_stack",
     "ensure_table",
     "iam_policy",
+    "is_warning",
     "stack_outputs",
     "table_definition",
     "template_body",
@@ -308,6 +309,12 @@ def _check_key_schema(
                 f"{what} key attribute {name!r} has type {types.get(str(name))}, expected S"
             )
     return problems
+
+
+def is_warning(problem: str) -> bool:
+    """Whether a :func:`verify_table` finding leaves the table usable: only TTL being off (every
+    read treats expired items as absent; they are just never garbage-collected)."""
+    return problem.startswith(("TTL is DISABLED", "TTL is DISABLING"))
 
 
 def verify_table(client: Any, table_name: str) -> list[str]:

@@ -213,3 +213,26 @@ def test_stack_deploy_bad_parameters(run: Run, moto_aws: Any) -> None:
     code, _, err = run("stack", "deploy", "--parameter", "Tablename=x")
     assert code == 2 and "unknown stack parameter 'Tablename'" in err
     assert moto_aws.describe_stacks()["Stacks"] == []
+
+
+def test_table_verify_without_ttl_is_a_warning_with_exit_0(
+    run: Run, local: list[str], dynamodb_local: DynamoDBLocal
+) -> None:
+    # The README's promise: a table without TTL works, it just keeps dead items.
+    name = unique_name("nottl")
+    client = dynamodb_local.client()
+    client.create_table(**table_definition(name))
+    try:
+        code, out, err = run(*local, "--table", name, "--json", "table", "verify")
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["ok"] is True and report["problems"] == []
+        assert any(w.startswith("TTL is DISABLED") for w in report["warnings"])
+        assert "dynacoord: warning: TTL is DISABLED" in err
+    finally:
+        client.delete_table(TableName=name)
+
+
+def test_capacities_without_provisioned_billing_are_refused(run: Run, local: list[str]) -> None:
+    code, _, err = run(*local, "--table", unique_name("cap"), "table", "create", "--read-capacity", "3")
+    assert code == 2 and "PROVISIONED only" in err

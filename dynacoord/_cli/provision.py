@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from ..errors import BackendError, TableNotReadyError
@@ -50,8 +51,12 @@ def _register_table(subparsers: Any) -> None:
     create.add_argument(
         "--billing-mode", choices=("PAY_PER_REQUEST", "PROVISIONED"), default="PAY_PER_REQUEST"
     )
-    create.add_argument("--read-capacity", type=_positive_int, default=5)
-    create.add_argument("--write-capacity", type=_positive_int, default=5)
+    create.add_argument(
+        "--read-capacity", type=_positive_int, default=None, help="PROVISIONED only (default 5)"
+    )
+    create.add_argument(
+        "--write-capacity", type=_positive_int, default=None, help="PROVISIONED only (default 5)"
+    )
     create.add_argument("--deletion-protection", action="store_true")
     create.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ACTIVE")
 
@@ -129,6 +134,13 @@ def _fail_with_problems(ctx: Context, table: str, problems: list[str]) -> None:
 def _table_create(ctx: Context) -> Any:
     from ..provision import ensure_table, verify_table
 
+    capacities = (ctx.args.read_capacity, ctx.args.write_capacity)
+    if ctx.args.billing_mode != "PROVISIONED" and capacities != (None, None):
+        # Silently ignored otherwise: an on-demand table has no capacity to set.
+        raise UsageError(
+            "--read-capacity/--write-capacity apply to --billing-mode PROVISIONED only "
+            f"(this table would be {ctx.args.billing_mode})"
+        )
     client = ctx.client()
     created = ensure_table(
         client,
@@ -136,8 +148,8 @@ def _table_create(ctx: Context) -> Any:
         progress=ctx.progress,
         timeout=ctx.args.timeout,
         billing_mode=ctx.args.billing_mode,
-        read_capacity=ctx.args.read_capacity,
-        write_capacity=ctx.args.write_capacity,
+        read_capacity=ctx.args.read_capacity or 5,
+        write_capacity=ctx.args.write_capacity or 5,
         deletion_protection=ctx.args.deletion_protection,
     )
     problems = verify_table(client, ctx.table_name)
@@ -148,12 +160,16 @@ def _table_create(ctx: Context) -> Any:
 
 
 def _table_verify(ctx: Context) -> Any:
-    from ..provision import verify_table
+    from ..provision import is_warning, verify_table
 
-    problems = verify_table(ctx.client(), ctx.table_name)
+    found = verify_table(ctx.client(), ctx.table_name)
+    problems = [p for p in found if not is_warning(p)]
+    warnings = [p for p in found if is_warning(p)]
     if problems:
-        _fail_with_problems(ctx, ctx.table_name, problems)
-    return {"table": ctx.table_name, "ok": True, "problems": []}
+        _fail_with_problems(ctx, ctx.table_name, problems + warnings)
+    for warning in warnings:  # usable (exit 0), but say what it lacks
+        print(f"dynacoord: warning: {warning}", file=sys.stderr)
+    return {"table": ctx.table_name, "ok": True, "problems": [], "warnings": warnings}
 
 
 def _table_delete(ctx: Context) -> Any:
