@@ -221,3 +221,17 @@ def test_client_request_token_makes_a_retried_commit_idempotent(env):
     bump()  # the same request again within 10 minutes: DynamoDB does not apply it twice
     assert _order(client, orders, "counter")["n"] == 1
     assert backend.outbox.stats().pending == 1
+
+
+def test_a_missing_business_table_is_named_not_the_dynacoord_table(env):
+    from dynacoord import TableNotReadyError
+    from dynacoord.outbox import Event
+
+    backend, client, _ = env
+    with pytest.raises(TableNotReadyError) as raised:
+        with backend.transaction() as tx:
+            tx.put("no-such-orders-table", {"pk": "o-1"})
+            tx.publish(Event("order.placed", {"id": "o-1"}, id="evt-missing-table"))
+    assert "'no-such-orders-table'" in str(raised.value)
+    assert raised.value.table_name == "no-such-orders-table"
+    assert backend.outbox.get("evt-missing-table") is None  # nothing written

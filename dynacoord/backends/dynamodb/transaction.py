@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import (
     DuplicateEventError,
     InvalidValueError,
+    TableNotReadyError,
     TransactionCancelledError,
     TransactionTooLargeError,
 )
@@ -492,10 +493,36 @@ class Transaction:
         except TransactionCancelledError as cancelled:
             self._state = "discarded"
             raise self._explain(cancelled) from cancelled
+        except TableNotReadyError as missing:
+            self._state = "discarded"
+            raise self._missing_table(missing) from missing
         except BaseException:
             self._state = "discarded"
             raise
         self._state = "committed"
+
+    def _missing_table(self, error: TableNotReadyError) -> TableNotReadyError:
+        """DynamoDB says only "resource not found": name the table of this transaction that is
+        missing (one DescribeTable per table, on this error path only)."""
+        names: list[str] = []
+        for entry in self._items:
+            for operation in entry.values():
+                name = operation.get("TableName")
+                if isinstance(name, str) and name not in names:
+                    names.append(name)
+        client_error = self._table._client_error
+        for name in names:
+            try:
+                self._table.client.describe_table(TableName=name)
+            except client_error as exc:
+                code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+                if code == "ResourceNotFoundException":
+                    return TableNotReadyError(
+                        f"DynamoDB table {name!r} used in this transaction does not exist "
+                        "(nothing was written)",
+                        table_name=name,
+                    )
+        return error
 
     def _explain(self, cancelled: TransactionCancelledError) -> TransactionCancelledError:
         from ._table import unmarshal
