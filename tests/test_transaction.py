@@ -227,7 +227,7 @@ def test_a_missing_business_table_is_named_not_the_dynacoord_table(env):
     from dynacoord import TableNotReadyError
     from dynacoord.outbox import Event
 
-    backend, client, _ = env
+    backend, _, _ = env
     with pytest.raises(TableNotReadyError) as raised:
         with backend.transaction() as tx:
             tx.put("no-such-orders-table", {"pk": "o-1"})
