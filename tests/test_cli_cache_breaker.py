@@ -105,3 +105,20 @@ def test_breaker_status_trip_reset(cli):
 
     code, _, err = run("breaker", "status", "")
     assert code == 2 and "empty" in err
+
+
+def test_json_output_is_lossless_for_bytes_and_decimals(capsys):
+    import argparse
+    import base64
+    import json
+    from decimal import Decimal
+
+    from dynacoord._cli.common import Context, emit
+
+    ctx = Context(argparse.Namespace(json=True))
+    emit(ctx, {"b": b"\xff\x00ok", "d": Decimal("1.10"), "big": Decimal("12345678901234567890.123456789012345678"), "n": Decimal("7")})
+    out = json.loads(capsys.readouterr().out)
+    assert base64.b64decode(out["b"]["$bytes"]) == b"\xff\x00ok"
+    assert out["d"] == {"$decimal": "1.10"}
+    assert Decimal(out["big"]["$decimal"]) == Decimal("12345678901234567890.123456789012345678")
+    assert out["n"] == 7

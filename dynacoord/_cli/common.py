@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import decimal
 import json
@@ -92,10 +93,15 @@ def add_command(
 
 
 def _default(obj: Any) -> Any:
+    # Lossless: a Decimal with digits after the point keeps them (a float would turn 1.10 into
+    # 1.1 and round 38-digit values), bytes keep every byte (a utf-8 decode would replace some).
     if isinstance(obj, decimal.Decimal):
-        return int(obj) if obj == obj.to_integral_value() else float(obj)
+        exponent = obj.as_tuple().exponent
+        if isinstance(exponent, int) and exponent >= 0:
+            return int(obj)
+        return {"$decimal": str(obj)}
     if isinstance(obj, bytes):
-        return obj.decode("utf-8", "replace")
+        return {"$bytes": base64.b64encode(obj).decode("ascii")}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.asdict(obj)
     if hasattr(obj, "value") and isinstance(obj.value, str):  # enums
