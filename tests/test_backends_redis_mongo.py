@@ -78,7 +78,7 @@ def test_redis_lock_is_a_hash_under_the_design_key(redis_client, redis_backend_f
     backend = redis_backend_factory(clock=clock, namespace="keys-redis")
     lease = backend.locks.acquire("job/1", ttl=5, owner="me")
     assert lease is not None
-    name = "LOCK#keys-redis#job/1"
+    name = "{LOCK#keys-redis#job/1}"  # the pk in a hash tag (docs/redis.md)
     assert redis_client.type(name) == b"hash"
     fields = redis_client.hgetall(name)
     assert fields[b"owner"] == b"me"
@@ -96,10 +96,10 @@ def test_redis_gc_expiry_is_relative_so_a_fake_clock_never_deletes_live_items(
     clock = ManualClock(1_000_000_000.0)
     backend = redis_backend_factory(clock=clock, lock_fence_grace=100)
     lease = backend.locks.acquire("gc", ttl=5, owner="a")
-    pttl = redis_client.pttl(f"LOCK#{backend.namespace}#gc")
+    pttl = redis_client.pttl(f"{{LOCK#{backend.namespace}#gc}}")
     assert 100_000 < pttl <= 105_000  # ttl + fence grace, in real milliseconds
     lease.release()
-    pttl = redis_client.pttl(f"LOCK#{backend.namespace}#gc")
+    pttl = redis_client.pttl(f"{{LOCK#{backend.namespace}#gc}}")
     assert 90_000 < pttl <= 100_000  # a released lock lingers for the grace only
 
 
@@ -110,12 +110,12 @@ def test_redis_expired_item_is_absent_even_while_redis_still_holds_it(
     backend = redis_backend_factory(clock=clock)
     old = backend.locks.acquire("stale", ttl=1, owner="a")
     clock.advance(2)
-    assert redis_client.exists(f"LOCK#{backend.namespace}#stale") == 1
+    assert redis_client.exists(f"{{LOCK#{backend.namespace}#stale}}") == 1
     assert backend.locks.get("stale") is None
     new = backend.locks.acquire("stale", ttl=1, owner="b")
     assert new is not None and new.fence == old.fence + 1
     # The item is swept (as PEXPIRE would): the next fence still grows, from the clock.
-    redis_client.delete(f"LOCK#{backend.namespace}#stale")
+    redis_client.delete(f"{{LOCK#{backend.namespace}#stale}}")
     clock.advance(2)
     again = backend.locks.acquire("stale", ttl=1, owner="c")
     assert again is not None and again.fence > new.fence
@@ -164,11 +164,13 @@ def test_redis_server_errors_become_backend_errors(redis_server):
 def test_redis_cache_layout_and_listing_never_uses_keys(redis_client, redis_backend_factory):
     backend = redis_backend_factory(namespace="cache-layout")
     cache = backend.cache()
-    cache.set("0", "zero")  # the cache key "0" must not collide with the index of shard 0
-    cache.set("user:1", 5, ttl=60)
-    assert redis_client.hgetall("CACHE#cache-layout#user:1").keys() == {b"n", b"expires_at_ms"}
-    assert redis_client.type("idx|CACHE#cache-layout#0") == b"zset"
-    assert sorted(redis_client.zrange("idx|CACHE#cache-layout#0", 0, -1)) == [b"0", b"user:1"]
+    cache.set("0", "zero")  # shard 1: the cache key "0" must not collide with an index
+    cache.set("user:1", 5, ttl=60)  # shard 2 (crc32 % 8)
+    item = "{CACHE#cache-layout#2}|CACHE#cache-layout#user:1"  # under its shard's hash tag
+    assert redis_client.hgetall(item).keys() == {b"n", b"expires_at_ms"}
+    assert redis_client.type("{CACHE#cache-layout#2}|idx") == b"zset"
+    assert redis_client.zrange("{CACHE#cache-layout#2}|idx", 0, -1) == [b"user:1"]
+    assert redis_client.zrange("{CACHE#cache-layout#1}|idx", 0, -1) == [b"0"]
     cache.set_many({f"k{i}": i for i in range(30)})
     redis_client.config_resetstat()
     assert len(cache.keys()) == 32
@@ -177,7 +179,7 @@ def test_redis_cache_layout_and_listing_never_uses_keys(redis_client, redis_back
     stats = redis_client.info("commandstats")
     assert "cmdstat_keys" not in stats  # never KEYS: it blocks the server on big keyspaces
     assert "cmdstat_zrangebylex" in stats  # the sorted-set index is what lists
-    assert redis_client.exists("idx|CACHE#cache-layout#0") == 0
+    assert redis_client.exists(*[f"{{CACHE#cache-layout#{s}}}|idx" for s in range(8)]) == 0
 
 
 def test_redis_cache_index_drops_entries_redis_expired(redis_client, redis_backend_factory):
@@ -185,9 +187,11 @@ def test_redis_cache_index_drops_entries_redis_expired(redis_client, redis_backe
     cache = backend.cache()
     cache.set("a", 1)
     cache.set("b", 2)
-    redis_client.delete(f"CACHE#{backend.namespace}#b")  # as PEXPIRE would
+    ns = backend.namespace
+    redis_client.delete(f"{{CACHE#{ns}#1}}|CACHE#{ns}#b")  # as PEXPIRE would ("b": shard 1)
     assert cache.keys() == ["a"]
-    assert redis_client.zrange(f"idx|CACHE#{backend.namespace}#0", 0, -1) == [b"a"]
+    assert redis_client.zrange(f"{{CACHE#{ns}#1}}|idx", 0, -1) == []
+    assert redis_client.zrange(f"{{CACHE#{ns}#3}}|idx", 0, -1) == [b"a"]
 
 
 def test_redis_incr_beyond_64_bits_is_a_clear_error(redis_backend_factory):
@@ -397,14 +401,18 @@ def test_redis_outbox_and_runs_use_lex_sorted_status_indexes(redis_client, redis
     clock = ManualClock(1_700_000_000.0)
     backend = redis_backend_factory(clock=clock, namespace="idx-layout")
     backend.outbox.publish(Event("t", 1, id="ev", occurred_at=1_700_000_000.0))
-    assert redis_client.zrange("idx|OUTBOX#idx-layout#pending#0", 0, -1) == [b"001700000000000#ev"]
-    assert redis_client.hget("OUTBOX#idx-layout#ev", "status") == b"pending"
-    backend.runs.start("run-1")
-    assert redis_client.zrange("idx|RUN#idx-layout#running", 0, -1) == [b"001700000000000#run-1"]
+    # One hash tag for a namespace's whole outbox (a multi-event publish is one script).
+    pending = "{OUTBOX#idx-layout#0}|idx|OUTBOX#idx-layout#pending#0"
+    assert redis_client.zrange(pending, 0, -1) == [b"001700000000000#ev"]
+    assert redis_client.hget("{OUTBOX#idx-layout#0}|OUTBOX#idx-layout#ev", "status") == b"pending"
+    backend.runs.start("run-1")  # shard 3: the run and its status indexes share that tag
+    running = "{RUN#idx-layout#3}|idx|RUN#idx-layout#running"
+    assert redis_client.zrange(running, 0, -1) == [b"001700000000000#run-1"]
     clock.advance(1)
     backend.runs.complete("run-1", result={"ok": True})
-    assert redis_client.exists("idx|RUN#idx-layout#running") == 0
-    assert redis_client.zrange("idx|RUN#idx-layout#completed", 0, -1) == [b"001700000001000#run-1"]
+    assert redis_client.exists(running) == 0
+    completed = "{RUN#idx-layout#3}|idx|RUN#idx-layout#completed"
+    assert redis_client.zrange(completed, 0, -1) == [b"001700000001000#run-1"]
 
 
 def test_mongo_run_context_field_names_with_dots_and_dollars_round_trip(any_mongo):

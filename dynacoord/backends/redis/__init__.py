@@ -1,7 +1,9 @@
-"""The Redis backend: the same key schema and primitives as DynamoDB, on one Redis server.
+"""The Redis backend: the same key schema and primitives as DynamoDB, on one Redis primary or on a
+Redis Cluster (ElastiCache / MemoryDB cluster mode).
 
-Install the extra: ``pip install 'dynacoord[redis]'``. Pass a ``redis.Redis`` client (with or
-without ``decode_responses``); dynacoord never opens a connection at import time::
+Install the extra: ``pip install 'dynacoord[redis]'``. Pass a ``redis.Redis`` client or a
+``redis.cluster.RedisCluster`` client (with or without ``decode_responses``; the cluster is
+detected, there is no option); dynacoord never opens a connection at import time::
 
     import redis
     from dynacoord.backends.redis import RedisBackend
@@ -10,12 +12,12 @@ without ``decode_responses``); dynacoord never opens a connection at import time
     with backend.locks.hold("nightly-report", ttl=30) as lease:
         ...
 
-Items are hashes named by their DESIGN.md key strings (``{pk}`` or ``{pk}|{sk}``); listings use
-sorted sets named by the ``gsi1pk`` strings. Compare-and-set operations are Lua scripts, so a
-store method is still one round trip and atomic. Redis Cluster is not supported (scripts touch an
-item and its index key, which may live in different slots): use a single primary (with replicas
-or Sentinel). Redis replication is asynchronous, so a failover can lose the last writes: see the
-README's backend comparison.
+Items are hashes named by their DESIGN.md key strings inside a hash tag (``{pk}``,
+``{pk}|{sk}``, or ``{shard tag}|{pk}`` for listed kinds); listings use sorted sets in the same
+tags, so every script touches keys of one slot (docs/redis.md has the table). The layout is the
+same on a single primary and on a cluster. Compare-and-set operations are Lua scripts, so a store
+method is still one round trip and atomic. Redis replication is asynchronous, so a failover can
+lose the last writes: see the README's backend comparison.
 """
 
 from __future__ import annotations
@@ -74,9 +76,17 @@ class RedisBackend(Backend):
         self.lock_fence_grace = lock_fence_grace
         self.gc_grace = gc_grace
         self.conn = RedisConn(client, gc_grace_ms=gc_grace * 1000)
+        if self.conn.cluster:
+            _check_cluster_support()
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the client is a ``RedisCluster`` (detected from the client)."""
+        return self.conn.cluster
 
     def __repr__(self) -> str:
-        return f"RedisBackend(namespace={self.namespace!r})"
+        cluster = ", cluster=True" if self.conn.cluster else ""
+        return f"RedisBackend(namespace={self.namespace!r}{cluster})"
 
     # -- store factories ------------------------------------------------------------------------
 
@@ -126,4 +136,21 @@ class RedisBackend(Backend):
         raise NotSupportedError(
             "backend.transaction() is DynamoDB-only: "
             "a Redis MULTI/EXEC cannot carry DynamoDB's conditional writes to other tables, and Lua scripts are not a general transaction API; publish events with backend.outbox.publish() (one atomic script for the whole batch)"
+        )
+
+
+#: redis-py runs MULTI/EXEC on a cluster (keys of one slot) from this version on.
+CLUSTER_MIN_REDIS_PY = (6, 1)
+
+
+def _check_cluster_support() -> None:
+    from importlib.metadata import version
+
+    text = version("redis")
+    parts = tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+    if parts < CLUSTER_MIN_REDIS_PY:
+        need = ".".join(str(p) for p in CLUSTER_MIN_REDIS_PY)
+        raise ConfigurationError(
+            f"RedisBackend on a RedisCluster needs redis-py >= {need} (transactions on one slot), "
+            f"found {text}: pip install 'redis>={need}'"
         )

@@ -1,13 +1,30 @@
-"""Helpers shared by the Redis stores: the connection wrapper and the one error translation point.
+"""Helpers shared by the Redis stores: the key names, the connection wrapper and the one error
+translation point.
 
-Key layout (DESIGN.md section 2): an item is a Redis hash named after its ``pk`` (single-item
-kinds) or ``{pk}|{sk}`` (checkpoints); what DynamoDB does with ``gsi1`` is done with sorted sets
-named ``idx|{gsi1pk}`` (and ``idx|{pk}`` for a task's checkpoints by sequence). The ``idx|``
-prefix matters: item names start with a kind (``CACHE#``...) and contain user keys, so an index
-named by the bare ``gsi1pk`` (``CACHE#{ns}#0``) would collide with the item of cache key ``"0"``;
-nothing that starts with ``idx|`` can be an item. Every field value is a string; numbers are
-written as decimal strings computed in Python (never by Lua ``tostring``, which rounds above 14
-digits).
+Key layout (docs/redis.md has the full table). Names come from :mod:`dynacoord.keys` (DESIGN.md
+section 2) wrapped in a Redis Cluster **hash tag** ``{...}``: Redis hashes only the text between
+the first ``{`` and the next ``}``, so every key a script touches together gets the same tag and
+lives in the same slot, on a single primary and on a cluster alike (one layout for both).
+
+* A single-item kind is a hash named ``{pk}`` (``{LOCK#ns#key}``); a counting item's recent
+  request tokens are ``{pk}|rq`` beside it.
+* A checkpoint is ``{pk}|{sk}`` and its task's index ``{pk}|idx``: a task's checkpoints share
+  one slot, different tasks spread.
+* Listed kinds that DynamoDB indexes in gsi1 (cache entries, outbox events, workflow runs) are
+  filed under a **shard tag**: ``{tag}|{pk}`` for the item, ``{tag}|rq|{pk}`` for its tokens and
+  ``{tag}|idx`` / ``{tag}|idx|{gsi1pk}`` for the sorted sets that play gsi1. A script moves an
+  item between status indexes of its own shard only, so item and indexes share a slot, while
+  the shards of a namespace spread over the cluster. Listing reads every shard (one command per
+  shard).
+
+Why names never collide: a tag never contains ``|`` (a namespace cannot), so in a tagged name the
+first ``|`` ends the tag and the rest starts with a kind (``CACHE#``...), ``rq|`` or ``idx``;
+untagged names end with a fixed suffix (``}``, ``}|rq``, ``}|idx``, ``}|SEQ#`` + 20 digits). A user
+key may contain braces: the Redis tag is then cut at its first ``}``, which changes only the slot,
+never which keys share it (every name of an item starts with the same ``{`` + text).
+
+Every field value is a string; numbers are written as decimal strings computed in Python (never by
+Lua ``tostring``, which rounds above 14 digits).
 
 Expiry: the truth is the ``expires_at_ms`` field compared with the caller's ``now_ms``, exactly
 as on DynamoDB. ``PEXPIRE`` is only garbage collection: it is set *relative* (remaining lifetime
@@ -15,7 +32,8 @@ plus a grace period), so it works with any injected clock and never removes an i
 caller's clock says it expired.
 
 Compare-and-set operations are Lua scripts (run atomically by the server), never a read followed
-by a separate write.
+by a separate write. Scripts that read items named in an index build those names from a prefix
+passed in ARGV; the prefix carries the index's own tag, so the items are in the script's slot.
 """
 
 from __future__ import annotations
@@ -27,19 +45,24 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...errors import BackendError
+from ...keys import Kind, validate_namespace
 
 __all__ = [
     "LUA_LIVE",
     "LUA_REPLY",
     "LUA_TOKENS",
+    "SHARDS",
     "RedisConn",
     "as_int",
     "as_str",
     "hash_fields",
     "index_key",
+    "is_cluster",
     "item_key",
     "pairs",
     "request_token",
+    "shard_tag",
+    "shard_tokens_key",
     "tokens_key",
     "translate_errors",
 ]
@@ -66,8 +89,14 @@ end
 
 
 def tokens_key(item: str) -> str:
-    """The sorted set of recent request tokens of the counting item ``item``."""
+    """The sorted set of recent request tokens of the counting item named ``item`` (an untagged
+    ``{pk}`` name: the set ``{pk}|rq`` has the same tag, so the same slot)."""
     return f"{item}|rq"
+
+
+def shard_tokens_key(tag: str, pk: str) -> str:
+    """The request tokens of the counting item ``pk`` filed under the shard tag ``tag``."""
+    return f"{{{tag}}}|rq|{pk}"
 
 
 def request_token() -> str:
@@ -124,14 +153,43 @@ def hash_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {as_str(k) or "": as_str(v) or "" for k, v in raw.items()}
 
 
-def item_key(pk: str, sk: str | None = None) -> str:
-    """The Redis key of an item: ``pk`` or ``pk|sk``."""
-    return pk if sk is None else f"{pk}|{sk}"
+#: Shards of the listed kinds that spread over a cluster (cache entries, workflow runs): the
+#: items of one namespace are filed under this many shard tags, so over up to this many slots
+#: (and nodes). It is part of the key layout: another value would look for every cache entry and
+#: run under another name. The outbox keeps one shard per namespace (see outbox.py: a
+#: multi-event publish is one atomic script, so its events must share a slot).
+SHARDS = 8
 
 
-def index_key(name: str) -> str:
-    """The Redis key of the sorted set that plays the part of a gsi1 partition ``name``."""
-    return f"idx|{name}"
+def shard_tag(kind: Kind, namespace: str, shard: int) -> str:
+    """The shard tag ``{kind}#{ns}#{shard}`` (for the cache the same string as its gsi1pk)."""
+    validate_namespace(namespace)
+    return f"{kind.value}#{namespace}#{shard}"
+
+
+def item_key(pk: str, sk: str | None = None, *, tag: str | None = None) -> str:
+    """The Redis key of an item: ``{pk}``, ``{pk}|{sk}``, or ``{tag}|{pk}`` under a shard tag."""
+    if tag is not None:
+        return f"{{{tag}}}|{pk}"
+    return f"{{{pk}}}" if sk is None else f"{{{pk}}}|{sk}"
+
+
+def index_key(name: str, *, tag: str | None = None) -> str:
+    """The sorted set that plays the part of gsi1 partition ``name`` (or lists a task's
+    checkpoints, ``name`` = their pk): ``{name}|idx``, or ``{tag}|idx|{name}`` under a shard tag
+    (the outbox and run status indexes: every status of a shard in the shard's slot)."""
+    if tag is not None:
+        return f"{{{tag}}}|idx|{name}"
+    return f"{{{name}}}|idx"
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a ``redis.cluster.RedisCluster`` (detected, never configured)."""
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py without cluster support
+        return False
+    return isinstance(client, RedisCluster)
 
 
 @contextmanager
@@ -153,6 +211,7 @@ class RedisConn:
     def __init__(self, client: Any, *, gc_grace_ms: int = 60_000) -> None:
         self.client = client
         self.gc_grace_ms = gc_grace_ms
+        self.cluster = is_cluster(client)
         self._scripts: dict[str, Any] = {}
 
     def script(self, source: str) -> Any:
@@ -168,10 +227,80 @@ class RedisConn:
         with translate_errors(what):
             return self.script(source)(keys=keys, args=[_arg(a) for a in args])
 
+    def run_each(
+        self, source: str, calls: Sequence[tuple[list[str], list[Any]]], what: str
+    ) -> list[Any]:
+        """Run one script once per ``(keys, args)`` (one call per shard), replies in order.
+
+        A single primary gets one pipeline (one round trip). redis-py refuses scripts in a
+        cluster pipeline, so on a cluster the calls are grouped by the node that serves their
+        slot and each group is one pipeline on that node's own connection; a call the node
+        answers with a redirection (MOVED/ASK while slots move) or a node that fails is sent
+        again through the cluster client, which follows the redirection.
+        """
+        if not calls:
+            return []
+        script = self.script(source)
+        with translate_errors(what):
+            if not self.cluster:
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    script(keys=keys, args=[_arg(a) for a in args], client=pipe)
+                return list(pipe.execute())
+            return self._run_each_on_nodes(script, calls)
+
+    def _run_each_on_nodes(
+        self, script: Any, calls: Sequence[tuple[list[str], list[Any]]]
+    ) -> list[Any]:
+        import redis
+
+        replies: list[Any] = [None] * len(calls)
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, (keys, _args) in enumerate(calls):
+            node = self.client.get_node_from_key(keys[0])
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        again: list[int] = []
+        for node, indexes in groups.values():
+            connection = getattr(node, "redis_connection", None)
+            if connection is None:
+                again.extend(indexes)
+                continue
+            pipe = connection.pipeline(transaction=False)
+            for i in indexes:
+                keys, args = calls[i]
+                script(keys=keys, args=[_arg(a) for a in args], client=pipe)
+            try:
+                results = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError):
+                again.extend(indexes)
+                continue
+            for i, result in zip(indexes, results, strict=True):
+                if isinstance(result, redis.exceptions.ResponseError) and _redirected(result):
+                    again.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    replies[i] = result
+        for i in again:
+            keys, args = calls[i]
+            replies[i] = script(keys=keys, args=[_arg(a) for a in args])
+        return replies
+
     def gc_ms(self, expires_at_ms: int, now_ms: int, grace_ms: int | None = None) -> int:
         """Relative PEXPIRE for an item that logically expires at ``expires_at_ms``."""
         grace = self.gc_grace_ms if grace_ms is None else grace_ms
         return max(0, expires_at_ms - now_ms) + grace
+
+
+def _redirected(error: Exception) -> bool:
+    # A node that no longer (or not yet) serves the slot: the cluster client follows it.
+    text = str(error)
+    return text.startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")) or type(error).__name__ in (
+        "MovedError",
+        "AskError",
+        "TryAgainError",
+        "ClusterDownError",
+    )
 
 
 def _arg(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """The circuit-breaker store on Redis.
 
-Item: hash ``CB#{ns}#{name}`` with ``state``, ``failures``, ``successes``, ``opened_at_ms``,
+Item: hash ``{CB#{ns}#{name}}`` (the pk in a hash tag) with ``state``, ``failures``, ``successes``, ``opened_at_ms``,
 ``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``; no expiry (the state must
 outlive every process). Absent means closed with no failures; ``reset`` closes the hash in place
 (never deletes it) so that ``trial_round`` never goes back.
@@ -24,6 +24,7 @@ from ._conn import (
     RedisConn,
     as_int,
     hash_fields,
+    item_key,
     pairs,
     request_token,
     tokens_key,
@@ -182,14 +183,14 @@ class RedisBreakerStore:
     def _run(
         self, script: str, name: str, args: list[Any], what: str, *, tokens: bool = False
     ) -> tuple[bool, Any]:
-        item = breaker_key(self._ns, name).pk
+        item = item_key(breaker_key(self._ns, name).pk)
         keys = [item, tokens_key(item)] if tokens else [item]
         reply = self._conn.run(script, keys, args, what)
         return as_int(reply[0]) == 1, list(reply[1:])
 
     def get(self, name: str) -> BreakerRecord:
         with translate_errors("breaker get"):
-            raw = self._conn.client.hgetall(breaker_key(self._ns, name).pk)
+            raw = self._conn.client.hgetall(item_key(breaker_key(self._ns, name).pk))
         return BreakerRecord.from_item(hash_fields(raw))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:

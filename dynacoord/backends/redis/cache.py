@@ -1,12 +1,15 @@
 """The cache store on Redis.
 
-Item: hash ``CACHE#{ns}#{key}`` with the value in ``n`` (a plain integer in Redis's signed 64-bit
+Item: hash ``{CACHE#{ns}#{shard}}|CACHE#{ns}#{key}`` (filed under its shard's hash tag, the
+DynamoDB gsi1pk of the key, ``shard`` = a stable hash of the key modulo ``SHARDS``) with the value in ``n`` (a plain integer in Redis's signed 64-bit
 range, so that ``incr`` is one atomic ``HINCRBY``) or ``v`` (codec text of everything else), and
 ``expires_at_ms`` when it expires (``PEXPIRE`` removes it a grace period later).
-Index: sorted set ``idx|CACHE#{ns}#0`` of the keys, all with score 0: ``keys(pattern)`` reads
-the lexicographic range of the pattern's literal prefix (``ZRANGEBYLEX``), page by page. Listing
+Index: one sorted set per shard, ``{CACHE#{ns}#{shard}}|idx``, of the keys, all with score 0, in
+the slot of the shard's items: ``keys(pattern)`` reads, shard by shard (one script per shard and
+page), the lexicographic range of the pattern's literal prefix (``ZRANGEBYLEX``). Listing
 never uses ``KEYS``, and never ``SCAN`` over the whole keyspace either. A page drops the index
-entries whose item Redis has already removed.
+entries whose item Redis has already removed. Batches (``set_many``, ``delete_many``) are one
+MULTI/EXEC on a single primary and one per shard on a cluster (a transaction cannot span slots).
 
 Item size: the same limit as DynamoDB (400 KB) is enforced, so data written through one backend
 always fits in the others.
@@ -14,22 +17,24 @@ always fits in the others.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ... import codec
 from ..._clock import Clock, now_ms
 from ...cache import CacheEntry, KeyPage, is_int64_text
 from ...errors import InvalidValueError
-from ...keys import cache_index_pk, cache_key
+from ...keys import cache_index_pk, cache_key, cache_pk
 from ._conn import (
     LUA_LIVE,
     LUA_TOKENS,
+    SHARDS,
     RedisConn,
     as_int,
     as_str,
     index_key,
+    item_key,
     request_token,
-    tokens_key,
+    shard_tokens_key,
     translate_errors,
 )
 
@@ -143,8 +148,14 @@ def _field(encoded: str) -> tuple[str, str]:
     return "v", encoded
 
 
+class _Names(NamedTuple):
+    item: str
+    zset: str
+    tokens: str
+
+
 class RedisCacheStore:
-    partitions = 1
+    partitions = SHARDS
     max_batch_get = 100
     max_batch_write = 100
 
@@ -152,11 +163,25 @@ class RedisCacheStore:
         self._conn = conn
         self._ns = namespace
         self._clock = clock
-        self._index = index_key(cache_index_pk(namespace, 0))
-        self._item_prefix = cache_key(namespace, "x").pk[:-1]
+
+    def _names(self, key: str) -> _Names:
+        """The key names of a cache key, all under its shard's tag (the gsi1pk): one slot."""
+        k = cache_key(self._ns, key, SHARDS)
+        tag = str(k.gsi1pk)
+        return _Names(item_key(k.pk, tag=tag), index_key(tag), shard_tokens_key(tag, k.pk))
 
     def _item(self, key: str) -> str:
-        return cache_key(self._ns, key).pk
+        return self._names(key).item
+
+    def _by_shard(self, keys: list[str]) -> list[list[int]]:
+        """Positions of ``keys`` grouped as one MULTI/EXEC can take them: all together on a
+        single primary, one group per shard (slot) on a cluster."""
+        if not self._conn.cluster:
+            return [list(range(len(keys)))]
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(self._names(key).zset, []).append(i)
+        return list(groups.values())
 
     @staticmethod
     def _entry(n: Any, v: Any, expires: Any, now: int) -> CacheEntry | None:
@@ -182,14 +207,14 @@ class RedisCacheStore:
     def _queue_set(
         self, pipe: Any, key: str, encoded: str, expires_at_ms: int | None, now: int
     ) -> None:
-        item = self._item(key)
+        item, index, _ = self._names(key)
         field, value = _field(encoded)
         pipe.delete(item)
         pipe.hset(item, field, value)
         if expires_at_ms is not None:
             pipe.hset(item, "expires_at_ms", str(expires_at_ms))
             pipe.pexpire(item, self._conn.gc_ms(expires_at_ms, now))
-        pipe.zadd(self._index, {key: 0})
+        pipe.zadd(index, {key: 0})
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         now = now_ms(self._clock)
@@ -200,9 +225,10 @@ class RedisCacheStore:
 
     def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
         field, value = _field(encoded)
+        names = self._names(key)
         ok = self._conn.run(
             _ADD,
-            [self._item(key), self._index],
+            [names.item, names.zset],
             [
                 now_ms,
                 key,
@@ -220,7 +246,8 @@ class RedisCacheStore:
         return self.add(key, str(value), expires_at_ms, now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
-        ok = self._conn.run(_DELETE, [self._item(key), self._index], [now_ms, key], "cache delete")
+        names = self._names(key)
+        ok = self._conn.run(_DELETE, [names.item, names.zset], [now_ms, key], "cache delete")
         return as_int(ok) == 1
 
     def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
@@ -240,9 +267,10 @@ class RedisCacheStore:
         # One script: add to a live counter or create the key. A `by` outside int64 cannot be a
         # Redis counter; create_counter then stores it as text, as `set` would.
         create = is_int64_text(str(by))
+        names = self._names(key)
         reply = self._conn.run(
             _INCR,
-            [self._item(key), self._index, tokens_key(self._item(key))],
+            [names.item, names.zset, names.tokens],
             [
                 now_ms,
                 by,
@@ -278,10 +306,12 @@ class RedisCacheStore:
             low = b"(" + str(cursor).encode("utf-8", "surrogatepass")
         else:
             low = b"[" + raw_prefix if prefix else b"-"
+        tag = cache_index_pk(self._ns, partition)  # this shard's tag: its index and items
+        item_prefix = item_key(cache_pk(self._ns, "x"), tag=tag)[:-1]
         reply = self._conn.run(
             _KEYS_PAGE,
-            [self._index],
-            [now_ms, low, high, _PAGE + 1, self._item_prefix],
+            [index_key(tag)],
+            [now_ms, low, high, _PAGE + 1, item_prefix],
             "cache keys",
         )
         pairs = [(as_str(reply[i]) or "", as_str(reply[i + 1])) for i in range(0, len(reply), 2)]
@@ -309,18 +339,26 @@ class RedisCacheStore:
     ) -> list[tuple[str, str, int | None]]:
         now = now_ms(self._clock)
         with translate_errors("cache set_many"):
-            pipe = self._conn.client.pipeline(transaction=True)
-            for key, encoded, expires in entries:
-                self._queue_set(pipe, key, encoded, expires, now)
-            pipe.execute()
+            for group in self._by_shard([key for key, _, _ in entries]):
+                pipe = self._conn.client.pipeline(transaction=True)
+                for i in group:
+                    key, encoded, expires = entries[i]
+                    self._queue_set(pipe, key, encoded, expires, now)
+                pipe.execute()
         return []
 
     def delete_batch(self, keys: list[str]) -> list[str]:
         if not keys:
             return []
         with translate_errors("cache delete_many"):
-            pipe = self._conn.client.pipeline(transaction=True)
-            pipe.delete(*[self._item(k) for k in keys])
-            pipe.zrem(self._index, *keys)
-            pipe.execute()
+            for group in self._by_shard(keys):
+                names = [self._names(keys[i]) for i in group]
+                pipe = self._conn.client.pipeline(transaction=True)
+                pipe.delete(*[n.item for n in names])
+                by_index: dict[str, list[str]] = {}
+                for i, n in zip(group, names, strict=True):
+                    by_index.setdefault(n.zset, []).append(keys[i])
+                for index, members in by_index.items():
+                    pipe.zrem(index, *members)
+                pipe.execute()
         return []

@@ -1,8 +1,9 @@
 """The checkpoint store on Redis.
 
-Item: hash ``CHECKPOINT#{ns}#{task_id}|SEQ#{sequence:020d}`` with ``data`` (codec text),
+Item: hash ``{CHECKPOINT#{ns}#{task_id}}|SEQ#{sequence:020d}`` (a task's checkpoints and its
+index share the hash tag, so one slot) with ``data`` (codec text),
 ``progress`` (optional), ``created_ms`` and, with a TTL, ``expires_at_ms``.
-Index: sorted set ``idx|CHECKPOINT#{ns}#{task_id}`` of the ``SEQ#...`` sort keys, all with score
+Index: sorted set ``{CHECKPOINT#{ns}#{task_id}}|idx`` of the ``SEQ#...`` sort keys, all with score
 0, so lexicographic order (``ZRANGEBYLEX``) is numeric order: sequences go up to 20 digits, more
 than a float score can hold exactly. The index never expires before its longest-lived member
 (it has no expiry while it holds a checkpoint without TTL). If Redis removed an item but its index
@@ -143,7 +144,7 @@ class RedisCheckpointStore:
         cursor: Any | None,
         keys_only: bool = False,
     ) -> CheckpointPage:
-        prefix = checkpoint_prefix(self._ns, task_id) + "|"
+        prefix = item_key(checkpoint_prefix(self._ns, task_id)) + "|"  # "{pk}|", then the sk
         # One more than asked: it tells whether a next page exists without another request.
         reply = self._conn.run(
             _PAGE,

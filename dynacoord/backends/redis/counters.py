@@ -1,6 +1,7 @@
 """The counter / flag / join store on Redis.
 
-Item: hash ``COUNTER#{ns}#{key}`` with ``kind`` (counter | flag | join) and
+Item: hash ``{COUNTER#{ns}#{key}}`` (the pk in a hash tag; its recent request tokens in
+``{COUNTER#{ns}#{key}}|rq``, same slot) with ``kind`` (counter | flag | join) and
 
 * counter: ``n``
 * flag: ``value`` (codec text)
@@ -24,6 +25,7 @@ from ._conn import (
     RedisConn,
     as_int,
     hash_fields,
+    item_key,
     pairs,
     request_token,
     tokens_key,
@@ -148,7 +150,7 @@ class RedisCounterStore:
         self._ns = namespace
 
     def _key(self, key: str) -> str:
-        return counter_key(self._ns, key).pk
+        return item_key(counter_key(self._ns, key).pk)
 
     def _expiry(self, ttl_ms: int | None, now_ms: int) -> list[Any]:
         if ttl_ms is None:

@@ -1,6 +1,6 @@
 """The idempotency store on Redis.
 
-Item: hash ``IDEMP#{ns}#{key}`` with ``status``, ``expires_at_ms``, ``token`` (in progress),
+Item: hash ``{IDEMP#{ns}#{key}}`` (the pk in a hash tag) with ``status``, ``expires_at_ms``, ``token`` (in progress),
 ``payload_hash`` (optional), ``result`` (completed), ``created_ms``, ``completed_ms``.
 
 Claim, complete and release are Lua scripts: the check (free? our token?) and the write are one
@@ -14,7 +14,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord
 from ...keys import idempotency_key
-from ._conn import RedisConn, as_int, as_str, translate_errors
+from ._conn import RedisConn, as_int, as_str, item_key, translate_errors
 
 __all__ = ["RedisIdempotencyStore"]
 
@@ -70,7 +70,7 @@ class RedisIdempotencyStore:
         self._ns = namespace
 
     def _key(self, key: str) -> str:
-        return idempotency_key(self._ns, key).pk
+        return item_key(idempotency_key(self._ns, key).pk)
 
     def claim(
         self, key: str, token: str, payload_hash: str | None, lease_ms: int, now_ms: int

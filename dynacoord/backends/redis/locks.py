@@ -1,6 +1,6 @@
 """The lock store on Redis.
 
-Item: hash ``LOCK#{ns}#{key}`` with ``owner``, ``fence``, ``expires_at_ms``.
+Item: hash ``{LOCK#{ns}#{key}}`` (the pk in a hash tag, docs/redis.md) with ``owner``, ``fence``, ``expires_at_ms``.
 
 As on DynamoDB, a released lock is kept (``owner`` removed, ``expires_at_ms`` set to now) rather
 than deleted, so that the next acquire continues from ``fence + 1``. Once the hash is gone (its
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
-from ._conn import RedisConn, as_int, as_str, translate_errors
+from ._conn import RedisConn, as_int, as_str, item_key, translate_errors
 
 __all__ = ["RedisLockStore"]
 
@@ -81,7 +81,7 @@ class RedisLockStore:
         self._grace_ms = fence_grace_s * 1000
 
     def _key(self, key: str) -> str:
-        return lock_key(self._ns, key).pk
+        return item_key(lock_key(self._ns, key).pk)
 
     def try_acquire(self, key: str, owner: str, ttl_ms: int, now_ms: int) -> AcquireResult:
         expires = now_ms + ttl_ms

@@ -1,13 +1,19 @@
 """The outbox store on Redis.
 
-Item: hash ``OUTBOX#{ns}#{event_id}`` with the DynamoDB item's attributes (``event_id``,
-``event_type``, ``payload``/``metadata`` codec text, ``event_group``, ``occurred_at_ms``,
-``status``, ``attempts``, ``due_ms``, ``lease_token`` while claimed, ``last_error``,
-``updated_ms``, ``gsi1sk``; completed events get ``completed_ms`` and ``expires_at_ms``).
-Index: one sorted set per status, ``idx|OUTBOX#{ns}#{status}#0``, holding the DynamoDB ``gsi1sk``
-strings (``{due_ms:015d}#{event_id}``) with score 0, so "due pending events" and "in-flight events
+Item: hash ``{OUTBOX#{ns}#0}|OUTBOX#{ns}#{event_id}`` with the DynamoDB item's attributes
+(``event_id``, ``event_type``, ``payload``/``metadata`` codec text, ``event_group``,
+``occurred_at_ms``, ``status``, ``attempts``, ``due_ms``, ``lease_token`` while claimed,
+``last_error``, ``updated_ms``, ``gsi1sk``; completed events get ``completed_ms`` and
+``expires_at_ms``).
+Index: one sorted set per status, ``{OUTBOX#{ns}#0}|idx|OUTBOX#{ns}#{status}#0``, holding the
+DynamoDB ``gsi1sk`` strings (``{due_ms:015d}#{event_id}``) with score 0, so "due pending events" and "in-flight events
 whose lease ran out" are one ``ZRANGEBYLEX`` below ``now + 1``, exactly the gsi1 range query.
-One index partition per status is enough on Redis (no hot partitions), so ``shards`` is 1.
+One index partition per status is enough on Redis (no hot partitions), so ``shards`` is 1, and
+every key of a namespace's outbox carries the one hash tag ``{OUTBOX#{ns}#0}``: on a cluster the
+outbox of a namespace lives in one slot. That is deliberate: a multi-event publish is one atomic
+script (all events or none), which Redis can only run on keys of one slot, and every state change
+moves an event between status indexes that must be in the event's slot. Outboxes of different
+namespaces spread over the cluster.
 
 Every script moves the event's index entry together with its status in the same atomic step;
 every state change after the claim first checks ``status == in_flight`` and the caller's lease
@@ -26,7 +32,7 @@ from typing import Any
 
 from ... import codec
 from ...errors import NotSupportedError
-from ...keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
+from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ...outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._conn import (
     LUA_LIVE,
@@ -36,7 +42,9 @@ from ._conn import (
     as_str,
     hash_fields,
     index_key,
+    item_key,
     pairs,
+    shard_tag,
     translate_errors,
 )
 
@@ -191,7 +199,9 @@ class RedisOutboxStore:
     def __init__(self, conn: RedisConn, namespace: str) -> None:
         self._conn = conn
         self._ns = namespace
-        self._prefix = index_key(outbox_index_pk(namespace, "", 0))[: -len("#0")]
+        self._tag = shard_tag(Kind.OUTBOX, namespace, 0)  # the one slot of this outbox
+        # "{OUTBOX#ns#0}|idx|OUTBOX#ns#" + status + "#0" is the index of that status
+        self._prefix = index_key(outbox_index_pk(namespace, "", 0), tag=self._tag)[: -len("#0")]
         self._item_prefix = self._item("x")[:-1]
 
     @property
@@ -199,7 +209,7 @@ class RedisOutboxStore:
         return 1
 
     def _item(self, event_id: str) -> str:
-        return outbox_key(self._ns, event_id, status="", due_ms=0).pk
+        return item_key(outbox_key(self._ns, event_id, status="", due_ms=0).pk, tag=self._tag)
 
     def _head(self, now_ms: int) -> list[Any]:
         return [now_ms, self._prefix, "#0"]

@@ -1,14 +1,18 @@
 """The workflow-run store on Redis.
 
-Item: hash ``RUN#{ns}#{run_id}`` with ``run_id``, ``status``, ``created_ms``, ``updated_ms``,
+Item: hash ``{RUN#{ns}#{shard}}|RUN#{ns}#{run_id}`` (``shard`` = a stable hash of the run id
+modulo ``SHARDS``) with ``run_id``, ``status``, ``created_ms``, ``updated_ms``,
 ``end_ttl_ms``, ``reconciles``, ``gsi1sk``, one field ``c:{name}`` per context field (codec text),
 and once ended ``ended_ms``, ``result`` or ``error`` and ``expires_at_ms`` (``PEXPIRE`` removes it
 a grace period later). A running run has no expiry.
-Index: one sorted set per status, ``idx|RUN#{ns}#{status}``, holding the DynamoDB ``gsi1sk``
-strings (``{updated_ms:015d}#{run_id}``) with score 0, so "updated before T, oldest first" is one
+Index: one sorted set per status and shard, ``{RUN#{ns}#{shard}}|idx|RUN#{ns}#{status}`` (the
+gsi1pk under the run's shard tag: a run and every status index it moves between share a slot,
+while the runs of a namespace spread over the cluster), holding the DynamoDB ``gsi1sk`` strings (``{updated_ms:015d}#{run_id}``) with score 0, so "updated before T, oldest first" is one
 ``ZRANGEBYLEX`` exactly like the Query on gsi1. Every write moves the run's index entry in the same
 script as the item change, so the index always lists a run under its current status and update
-time; a page drops entries whose item Redis has already removed.
+time; a page drops entries whose item Redis has already removed. Runs by status read every
+shard (one script per shard, pipelined) and merge them: ``gsi1sk`` strings are unique and
+ordered across shards, so the merged page and its cursor are those of one index.
 """
 
 from __future__ import annotations
@@ -19,17 +23,20 @@ from typing import Any
 from ... import codec
 from ..._items import is_live
 from ...errors import RunExistsError
-from ...keys import run_index_pk, run_index_sk, run_key, time_sk_bound
+from ...keys import Kind, run_index_pk, run_index_sk, run_key, shard_of, time_sk_bound
 from ...runs import Run, RunPage, RunStatus, new_run_fields, write_refused
 from ._conn import (
     LUA_LIVE,
     LUA_REPLY,
+    SHARDS,
     RedisConn,
     as_str,
     hash_fields,
     index_key,
+    item_key,
     pairs,
     request_token,
+    shard_tag,
     translate_errors,
 )
 
@@ -135,11 +142,18 @@ class RedisRunStore:
         self._conn = conn
         self._ns = namespace
         # "idx|RUN#{ns}#" + status is the index of that status
-        self._index_prefix = index_key(run_index_pk(namespace, ""))
-        self._item_prefix = run_key(namespace, "x", status="running", updated_ms=0).pk[:-1]
+        self._tags = [shard_tag(Kind.RUN, namespace, shard) for shard in range(SHARDS)]
+
+    def _tag(self, run_id: str) -> str:
+        return self._tags[shard_of(run_id, SHARDS)]
+
+    def _index_prefix(self, tag: str) -> str:
+        """``{tag}|idx|RUN#{ns}#``: + status is that status's index in the shard ``tag``."""
+        return index_key(run_index_pk(self._ns, ""), tag=tag)
 
     def _key(self, run_id: str) -> str:
-        return run_key(self._ns, run_id, status="running", updated_ms=0).pk
+        pk = run_key(self._ns, run_id, status="running", updated_ms=0).pk
+        return item_key(pk, tag=self._tag(run_id))
 
     def create(
         self, run_id: str, context: Mapping[str, Any], ttl_after_end_ms: int, now_ms: int
@@ -150,10 +164,11 @@ class RedisRunStore:
         codec.check_item_size({**key.as_dict(), "run_id": run_id, "ctx": ctx}, key=run_id)
         fields = {**new_run_fields(run_id, ttl_after_end_ms, now_ms), "gsi1sk": key.gsi1sk}
         fields.update({f"c:{name}": text for name, text in ctx.items()})
-        args: list[Any] = [now_ms, self._index_prefix, key.gsi1sk, "req", request_token()]
+        index_prefix = self._index_prefix(self._tag(run_id))
+        args: list[Any] = [now_ms, index_prefix, key.gsi1sk, "req", request_token()]
         for name, value in fields.items():
             args.extend([name, value])
-        reply = self._conn.run(_CREATE, [key.pk], args, "run start")
+        reply = self._conn.run(_CREATE, [self._key(run_id)], args, "run start")
         if int(reply[0]) != 1:
             raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id)
         return _run({k: str(v) for k, v in fields.items()})
@@ -176,7 +191,7 @@ class RedisRunStore:
         sets = set_fields or {}
         args: list[Any] = [
             now_ms,
-            self._index_prefix,
+            self._index_prefix(self._tag(run_id)),
             run_index_sk(now_ms, run_id),
             int(reconciled),
             len(sets) + 1,
@@ -209,7 +224,7 @@ class RedisRunStore:
             [self._key(run_id)],
             [
                 now_ms,
-                self._index_prefix,
+                self._index_prefix(self._tag(run_id)),
                 run_index_sk(now_ms, run_id),
                 status.value,
                 *outcome,
@@ -229,13 +244,26 @@ class RedisRunStore:
         low = "-" if cursor is None else f"({cursor}"
         # Every run updated at before_ms or later sorts at or above the bare padded number.
         high = "+" if before_ms is None else "(" + time_sk_bound(max(before_ms, 0))
-        reply = self._conn.run(
+        item_pk_prefix = run_key(self._ns, "x", status="running", updated_ms=0).pk[:-1]
+        replies = self._conn.run_each(
             _QUERY,
-            [self._index_prefix + status.value],
-            [low, high, page_size + 1, self._item_prefix],
+            [
+                (
+                    [self._index_prefix(tag) + status.value],
+                    [low, high, page_size + 1, item_key(item_pk_prefix, tag=tag)],
+                )
+                for tag in self._tags
+            ],
             "run query",
         )
-        rows = [(as_str(reply[i]) or "", reply[i + 1]) for i in range(0, len(reply), 2)]
+        # Each shard gave its first page_size + 1 entries past the cursor; the first
+        # page_size + 1 of all shards are among them (entries are unique, in one byte order).
+        rows = [
+            (as_str(reply[i]) or "", reply[i + 1])
+            for reply in replies
+            for i in range(0, len(reply), 2)
+        ]
+        rows.sort(key=lambda row: row[0].encode("utf-8", "surrogatepass"))
         more = len(rows) > page_size
         rows = rows[:page_size]
         runs = []
