@@ -26,6 +26,11 @@ import pytest
 from dynacoord._backend import Backend
 from dynacoord._clock import Clock
 from dynacoord.testing import free_port
+from tests.redis_cluster_fixtures import (  # re-exported (issue 20)
+    redis_cluster,
+    redis_cluster_backend_factory,
+    redis_cluster_client,
+)
 
 __all__ = [
     "EXTRA_CONTRACT_BACKENDS",
@@ -38,12 +43,17 @@ __all__ = [
     "mongodb_database",
     "redis_backend_factory",
     "redis_client",
+    "redis_cluster",
+    "redis_cluster_backend_factory",
+    "redis_cluster_client",
     "redis_server",
 ]
 
-#: Kinds appended to the contract parametrization: mongo = mongomock, mongodb = MONGODB_URI.
+#: Kinds appended to the contract parametrization: redis_cluster = a 3-primary Redis Cluster
+#: (tests/redis_cluster_fixtures.py), mongo = mongomock, mongodb = MONGODB_URI.
 EXTRA_CONTRACT_BACKENDS = [
     "redis",
+    "redis_cluster",
     "mongo",
     *(["mongodb"] if os.environ.get("MONGODB_URI") else []),
 ]

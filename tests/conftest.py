@@ -32,6 +32,9 @@ from tests.backends_fixtures import (  # noqa: F401  (Redis/MongoDB fixtures, is
     mongodb_database,
     redis_backend_factory,
     redis_client,
+    redis_cluster,
+    redis_cluster_backend_factory,
+    redis_cluster_client,
     redis_server,
 )
 from tests.lossy import lossy  # noqa: F401  (lost-response fault injection, issue 13)

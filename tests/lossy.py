@@ -79,6 +79,8 @@ REDIS_NOT_WRITES = frozenset(
         "SCRIPT", "PING", "ECHO", "HELLO", "AUTH", "SELECT", "CLIENT", "INFO", "COMMAND",
         "CONFIG", "QUIT", "RESET", "WATCH", "UNWATCH", "MULTI", "DISCARD", "READONLY",
         "READWRITE", "FLUSHALL", "FLUSHDB",
+        # cluster topology (a RedisCluster client asks again after a lost reply)
+        "CLUSTER", "ASKING",
     }
 )  # fmt: skip
 
@@ -336,6 +338,21 @@ def _redis_lossy_client(port: int, faults: _Faults) -> Any:
     return redis.Redis(connection_pool=pool)
 
 
+def _redis_cluster_lossy_client(cluster: Any, faults: _Faults) -> Any:
+    """A ``RedisCluster`` whose node connections lose replies; its own retry (3 attempts, no
+    backoff) re-sends the command, as the single-node client's does. Built ``from_url``: only then
+    does redis-py give each node a connection pool of the ``connection_class`` passed."""
+    from redis.backoff import NoBackoff
+    from redis.cluster import RedisCluster
+    from redis.retry import Retry
+
+    return RedisCluster.from_url(
+        f"redis://127.0.0.1:{cluster.ports[0]}",
+        connection_class=_redis_connection_class(faults),
+        retry=Retry(NoBackoff(), 3),
+    )
+
+
 # -- Mongo ----------------------------------------------------------------------------------------
 
 
@@ -387,9 +404,11 @@ class LossyDatabase:
 # -- the fixture ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["dynamodb", "redis", "mongo"])
+@pytest.fixture(params=["dynamodb", "redis", "redis_cluster", "mongo"])
 def lossy(request: pytest.FixtureRequest) -> Iterator[Lossy]:
-    """A :class:`Lossy` of one backend kind (parametrized over dynamodb, redis, mongo)."""
+    """A :class:`Lossy` of one backend kind (parametrized over dynamodb, redis, redis_cluster,
+    mongo; ``redis_cluster`` is the 3-primary cluster of tests/redis_cluster_fixtures.py and its
+    ``kind`` is ``"redis"``: the same command names)."""
     kind: str = request.param
     faults = _Faults()
     if kind == "dynamodb":
@@ -415,6 +434,18 @@ def lossy(request: pytest.FixtureRequest) -> Iterator[Lossy]:
 
         yield Lossy(kind, faults, make_redis)
         redis_client.close()
+    elif kind == "redis_cluster":
+        from dynacoord.backends.redis import RedisBackend
+
+        cluster_client = _redis_cluster_lossy_client(
+            request.getfixturevalue("redis_cluster"), faults
+        )
+
+        def make_cluster(**kwargs: Any) -> Backend:
+            return RedisBackend(cluster_client, **kwargs)
+
+        yield Lossy("redis", faults, make_cluster)
+        cluster_client.close()
     elif kind == "mongo":
         from dynacoord.backends.mongo import MongoBackend
 
