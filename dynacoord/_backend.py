@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from . import keys
 from ._clock import Clock, SystemClock
 from .errors import NotSupportedError
+from .metrics import Metrics, MetricsScope, check_metrics
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .cache import Cache, CacheStore
     from .checkpoints import Checkpoints, CheckpointStore
     from .counters import Counters, CounterStore
-    from .idempotency import Idempotency, IdempotencyStore
+    from .idempotency import Idempotency, IdempotencyRecord, IdempotencyStore
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
     from .runs import Runs, RunStore
@@ -43,11 +44,25 @@ class Backend(abc.ABC):
     #: short backend name used in reprs, logs and test ids
     kind: str = "abstract"
 
-    def __init__(self, *, namespace: str = "default", clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: str = "default",
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.namespace = keys.validate_namespace(namespace)
         self.clock: Clock = clock if clock is not None else SystemClock()
+        #: the metrics listener every primitive of this backend reports to (dynacoord.metrics)
+        self.metrics: Metrics = check_metrics(metrics)
         self._facade_lock = threading.Lock()
         self._facades: dict[str, Any] = {}
+
+    def _scope(self, primitive: str, namespace: str | None = None) -> MetricsScope:
+        """The metrics reporter of one primitive in one namespace (the no-op one by default)."""
+        return self.metrics.scope(
+            Primitive=primitive, DynacoordNamespace=namespace or self.namespace
+        )
 
     def _memo(self, name: str, build: Callable[[], _T]) -> _T:
         """Build a primitive object once per backend (thread-safe)."""
@@ -165,7 +180,11 @@ class Backend(abc.ABC):
 
         return self._memo(
             "_idempotency",
-            lambda: Idempotency(self._idempotency_store(self.namespace), clock=self.clock),
+            lambda: Idempotency(
+                self._idempotency_store(self.namespace),
+                clock=self.clock,
+                metrics=self._scope("idempotency"),
+            ),
         )
 
     def idempotent(
@@ -178,6 +197,10 @@ class Backend(abc.ABC):
         wait: bool = False,
         wait_timeout: float = 30.0,
         raise_on_no_key: bool = True,
+        output_type: Any = None,
+        use_local_cache: bool = False,
+        local_cache_max_items: int = 256,
+        response_hook: Callable[[Any, IdempotencyRecord], Any] | None = None,
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         """Decorator: run a function or Lambda handler once per key (see
         :meth:`dynacoord.idempotency.Idempotency.idempotent`)."""
@@ -189,6 +212,10 @@ class Backend(abc.ABC):
             wait=wait,
             wait_timeout=wait_timeout,
             raise_on_no_key=raise_on_no_key,
+            output_type=output_type,
+            use_local_cache=use_local_cache,
+            local_cache_max_items=local_cache_max_items,
+            response_hook=response_hook,
         )
 
     @property

@@ -27,13 +27,16 @@ a failing call 2 (claim, release).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import importlib
 import json
 import logging
 import random
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -43,7 +46,9 @@ from typing_extensions import ParamSpec
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
-from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
+from ._typed import OutputType
+from ._typed import output_type as output_type_of
+from ._validate import check_bool, check_int, check_str, non_negative_seconds, ttl_to_ms
 from .errors import (
     ConfigurationError,
     IdempotencyInProgressError,
@@ -51,7 +56,9 @@ from .errors import (
     IdempotencyValueError,
     InvalidKeyError,
     InvalidValueError,
+    ValueTooLargeError,
 )
+from .metrics import NO_SCOPE, MetricsScope
 
 __all__ = [
     "DEFAULT_IN_PROGRESS_TTL",
@@ -61,13 +68,20 @@ __all__ = [
     "IdempotencyRecord",
     "IdempotencyStatus",
     "IdempotencyStore",
+    "OutputType",
     "hash_payload",
+    "lambda_context",
+    "register_lambda_context",
 ]
 
 logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: ``result_text`` of a call whose result could not be stored, followed by the result's type
+#: name. The codec only ever writes JSON text, which never starts with ``!``.
+UNSTORABLE_PREFIX = "!unstorable:"
 
 #: The in-progress lease of a plain function call when ``in_progress_ttl`` is not given (seconds).
 #: In a Lambda handler the default is the invocation's remaining time instead.
@@ -101,9 +115,28 @@ class IdempotencyRecord:
         return self.status is IdempotencyStatus.COMPLETED
 
     @property
+    def unstorable(self) -> str | None:
+        """The type name of a result that could not be stored (the call ran, its result was not
+        kept: see ``@idempotent``), else None."""
+        text = self.result_text
+        if text is not None and text.startswith(UNSTORABLE_PREFIX):
+            return text[len(UNSTORABLE_PREFIX) :]
+        return None
+
+    @property
     def result(self) -> Any:
-        """The stored result, decoded (None while in progress)."""
-        return None if self.result_text is None else codec.decode(self.result_text)
+        """The stored result, decoded (None while in progress). Raises
+        :class:`IdempotencyValueError` for a record whose result could not be stored."""
+        if self.result_text is None:
+            return None
+        kind = self.unstorable
+        if kind is not None:
+            raise IdempotencyValueError(
+                f"the call with idempotency key {self.key!r} ran, but its result (a {kind}) "
+                "could not be stored, so it cannot be replayed",
+                key=self.key,
+            )
+        return codec.decode(self.result_text)
 
     def live(self, now_ms: int) -> bool:
         return now_ms < self.expires_at_ms
@@ -195,14 +228,110 @@ def hash_payload(value: Any) -> str:
     return hashlib.sha256(_canonical(value).encode("utf-8")).hexdigest()
 
 
+def _is_lambda_context(value: Any) -> bool:
+    return callable(getattr(value, "get_remaining_time_in_millis", None))
+
+
 def _lambda_context(args: tuple[Any, ...]) -> Any | None:
     """The context of a Lambda-style call ``handler(event, context)``, else None."""
-    if len(args) >= 2 and callable(getattr(args[1], "get_remaining_time_in_millis", None)):
+    if len(args) >= 2 and _is_lambda_context(args[1]):
         return args[1]
     return None
 
 
+#: The Lambda context of the invocation running in this thread (see register_lambda_context).
+_CURRENT_CONTEXT: contextvars.ContextVar[Any | None] = contextvars.ContextVar(
+    "dynacoord_lambda_context", default=None
+)
+
+
+def register_lambda_context(context: Any) -> None:
+    """Tell idempotent functions that are not handlers themselves which Lambda invocation they
+    run in, so their in-progress lease ends with the invocation (as for a decorated handler).
+
+    Call it at the start of the handler (``register_lambda_context(context)``); a decorated
+    handler ``(event, context)`` and the :mod:`dynacoord.aws_lambda` batch helpers do it for
+    the functions they call. A context whose remaining time is 0 or less (a previous
+    invocation's, left registered in a warm container) is ignored.
+    """
+    if not _is_lambda_context(context):
+        raise TypeError(
+            "context must be the Lambda context object (it has get_remaining_time_in_millis), "
+            f"got {type(context).__name__}"
+        )
+    _CURRENT_CONTEXT.set(context)
+
+
+def lambda_context() -> Any | None:
+    """The registered Lambda context of this invocation, or None (none, or it has run out)."""
+    context = _CURRENT_CONTEXT.get()
+    if context is None or context.get_remaining_time_in_millis() <= 0:
+        return None
+    return context
+
+
 Selector = Callable[..., Any]
+
+_jmespath_options: Any = None
+
+
+def jmespath_options() -> Any:
+    """``jmespath.Options`` with dynacoord's functions for Lambda events:
+
+    * ``json(text)``: parse a JSON string (an API Gateway or SQS ``body``):
+      ``json(body).order_id``;
+    * ``base64(text)``: decode base64 to UTF-8 text (a Kinesis record's ``data``):
+      ``json(base64(kinesis.data)).id``.
+    """
+    global _jmespath_options
+    if _jmespath_options is None:
+        # jmespath ships with botocore; imported by name because it has no type stubs.
+        jmespath = importlib.import_module("jmespath")
+        functions = importlib.import_module("jmespath.functions")
+
+        class _Functions(functions.Functions):  # type: ignore[misc, name-defined]
+            @functions.signature({"types": ["string"]})  # type: ignore[untyped-decorator]
+            def _func_json(self, text: str) -> Any:
+                return json.loads(text)
+
+            @functions.signature({"types": ["string"]})  # type: ignore[untyped-decorator]
+            def _func_base64(self, text: str) -> str:
+                import base64
+
+                return base64.b64decode(text).decode("utf-8")
+
+        _jmespath_options = jmespath.Options(custom_functions=_Functions())
+    return _jmespath_options
+
+
+def compile_jmespath(spec: str, what: str) -> Callable[[Any], Any]:
+    """A compiled JMESPath expression (with :func:`jmespath_options`) as a one-argument callable;
+    ConfigurationError if it does not parse."""
+    jmespath = importlib.import_module("jmespath")
+    try:
+        compiled = jmespath.compile(spec)
+    except Exception as exc:  # jmespath's ParseError / LexerError
+        raise ConfigurationError(
+            f"{what} is not a valid JMESPath expression {spec!r}: {exc}"
+        ) from exc
+    options = jmespath_options()
+
+    def search(value: Any) -> Any:
+        try:
+            return compiled.search(value, options=options)
+        except ValueError as exc:  # json() of text that is not JSON, base64() of bad text
+            raise InvalidKeyError(
+                f"{what} {spec!r} could not be evaluated on this event: {exc}", key=spec
+            ) from exc
+        except Exception as exc:  # jmespath's JMESPathTypeError: json() of a non-string
+            if type(exc).__module__.startswith("jmespath"):
+                raise InvalidKeyError(
+                    f"{what} {spec!r} could not be evaluated on this event: {exc}", key=spec
+                ) from exc
+            raise
+
+    search.__name__ = f"jmespath({spec!r})"
+    return search
 
 
 def _selector(spec: Any, what: str) -> Selector:
@@ -210,14 +339,7 @@ def _selector(spec: Any, what: str) -> Selector:
     if callable(spec):
         return spec  # type: ignore[no-any-return]
     if isinstance(spec, str):
-        # jmespath ships with botocore; imported by name because it has no type stubs.
-        jmespath = importlib.import_module("jmespath")
-        try:
-            compiled = jmespath.compile(spec)
-        except Exception as exc:  # jmespath's ParseError / LexerError
-            raise ConfigurationError(
-                f"{what} is not a valid JMESPath expression {spec!r}: {exc}"
-            ) from exc
+        compiled = compile_jmespath(spec, what)
 
         def search(*args: Any, **kwargs: Any) -> Any:
             if not args:
@@ -225,7 +347,7 @@ def _selector(spec: Any, what: str) -> Selector:
                     f"idempotency {what} {spec!r} is a JMESPath expression on the event, but the "
                     "function was called without a positional argument"
                 )
-            return compiled.search(args[0])
+            return compiled(args[0])
 
         search.__name__ = f"jmespath({spec!r})"
         return search
@@ -255,6 +377,45 @@ class _Options:
     wait: bool
     wait_timeout: float
     raise_on_no_key: bool
+    output: OutputType | None = None
+    local: _LocalCache | None = None
+    response_hook: Callable[[Any, IdempotencyRecord], Any] | None = None
+
+
+class _LocalCache:
+    """A bounded in-process LRU of completed records (``use_local_cache=True``): a replay in
+    the same process (a warm Lambda container) costs no request. Entries expire with the
+    record; a record deleted or changed in the store is not seen until the entry expires."""
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[str, IdempotencyRecord] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, now_ms: int) -> IdempotencyRecord | None:
+        with self._lock:
+            record = self._items.get(key)
+            if record is None:
+                return None
+            if not record.live(now_ms):
+                del self._items[key]
+                return None
+            self._items.move_to_end(key)
+            return record
+
+    def put(self, record: IdempotencyRecord) -> None:
+        with self._lock:
+            self._items[record.key] = record
+            self._items.move_to_end(record.key)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class Idempotency:
@@ -268,9 +429,18 @@ class Idempotency:
     backoff_initial = 0.05
     backoff_max = 1.0
 
-    def __init__(self, store: IdempotencyStore, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        store: IdempotencyStore,
+        *,
+        clock: Clock | None = None,
+        metrics: MetricsScope | None = None,
+    ) -> None:
         self._store = store
         self.clock: Clock = clock or SystemClock()
+        self._metrics = metrics if metrics is not None else NO_SCOPE
+
+    register_lambda_context = staticmethod(register_lambda_context)
 
     # -- store-level API ----------------------------------------------------------------------
 
@@ -319,23 +489,27 @@ class Idempotency:
         _check_claim(claim)
         return self._complete(claim, result, ttl_to_ms(ttl))
 
+    @staticmethod
+    def _check_size(claim: Claim, text: str) -> None:
+        codec.check_item_size(
+            {
+                "pk": f"IDEMP#{'x' * keys.MAX_NAMESPACE_CHARS}#{claim.key}",
+                "sk": "IDEMP",
+                "status": "COMPLETED",
+                "result": text,
+                "payload_hash": claim.payload_hash or "",
+                "expires_at_ms": 10**15,
+                "ttl": 10**12,
+                "created_ms": 10**15,
+                "completed_ms": 10**15,
+            },
+            key=claim.key,
+        )
+
     def _complete(self, claim: Claim, result: Any, ttl_ms: int) -> bool:
         try:
             text = codec.encode(result)
-            codec.check_item_size(
-                {
-                    "pk": f"IDEMP#{'x' * keys.MAX_NAMESPACE_CHARS}#{claim.key}",
-                    "sk": "IDEMP",
-                    "status": "COMPLETED",
-                    "result": text,
-                    "payload_hash": claim.payload_hash or "",
-                    "expires_at_ms": 10**15,
-                    "ttl": 10**12,
-                    "created_ms": 10**15,
-                    "completed_ms": 10**15,
-                },
-                key=claim.key,
-            )
+            self._check_size(claim, text)
         except InvalidValueError as exc:
             raise IdempotencyValueError(
                 f"the result for idempotency key {claim.key!r} cannot be stored: {exc}",
@@ -383,12 +557,18 @@ class Idempotency:
         wait: bool = False,
         wait_timeout: float = 30.0,
         raise_on_no_key: bool = True,
+        output_type: Any = None,
+        use_local_cache: bool = False,
+        local_cache_max_items: int = 256,
+        response_hook: Callable[[Any, IdempotencyRecord], Any] | None = None,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Make a function (or a Lambda handler ``(event, context)``) run once per key.
 
         ``key``: a callable taking the function's arguments, or a JMESPath expression applied to
-        the first positional argument (the Lambda event), e.g. ``"body.order_id"``. Non-string
-        values are turned into canonical JSON text. A key that comes out None or empty raises
+        the first positional argument (the Lambda event), e.g. ``"body.order_id"``, or
+        ``"json(body).order_id"`` when the body is a JSON string (``json()`` and ``base64()``
+        are added to JMESPath: see :func:`jmespath_options`). Non-string values are turned into
+        canonical JSON text. A key that comes out None or empty raises
         :class:`~dynacoord.errors.InvalidKeyError` (the function does not run unprotected);
         ``raise_on_no_key=False`` runs it without idempotency instead (logged as a warning).
         Keys are shared by every function of the namespace: put the operation into the key
@@ -396,8 +576,10 @@ class Idempotency:
 
         ``ttl``: how long (seconds) a completed result is replayed. ``in_progress_ttl``: the lease
         of a running call, after which a crashed call's claim can be taken over (default
-        :data:`DEFAULT_IN_PROGRESS_TTL`; in a Lambda handler it is bounded by
-        ``context.get_remaining_time_in_millis()`` and defaults to it).
+        :data:`DEFAULT_IN_PROGRESS_TTL`). In a Lambda invocation the lease is bounded by
+        ``context.get_remaining_time_in_millis()`` and defaults to it: the context is the
+        handler's second argument, or the one given to :func:`register_lambda_context` (a
+        decorated handler registers its own for the idempotent functions it calls).
 
         ``payload``: a callable or JMESPath selecting what must be the same on a replay; a
         different payload under the same key raises :class:`IdempotencyKeyMismatchError`.
@@ -408,9 +590,25 @@ class Idempotency:
         releases the claim (errors are not cached) and propagates.
 
         The result is stored with the codec (JSON-compatible values, bytes, Decimal; tuples come
-        back as lists). A result that cannot be stored is still returned to this caller, but the
-        claim is released and the problem logged as an error: that call was not idempotent.
+        back as lists). ``output_type`` stores other results: a dataclass, a pydantic model,
+        ``datetime``, ``UUID``, an ``Enum``, ``list[...]`` of them, or a ``(to_store,
+        from_store)`` pair (see :mod:`dynacoord._typed`); a replay returns a value of that type
+        equal to the first call's. A result that cannot be stored raises
+        :class:`IdempotencyValueError` naming its type and the fix, after the function ran: the
+        record is completed as *unstorable*, so duplicates raise the same error instead of
+        running the side effects again (``backend.idempotency.delete(key)`` frees the key).
+
+        ``use_local_cache=True`` keeps up to ``local_cache_max_items`` completed records of this
+        function in process memory (LRU, each until its ``ttl``): a replay in the same process
+        costs no request. ``response_hook(result, record)`` is called on every replay (not on a
+        first call) and its return value is returned instead, e.g. to mark replayed responses.
         """
+        if use_local_cache:
+            check_int(local_cache_max_items, "local_cache_max_items", minimum=1)
+        if response_hook is not None and not callable(response_hook):
+            raise ConfigurationError(
+                f"response_hook must be callable, got {type(response_hook).__name__}"
+            )
         options = _Options(
             key=_selector(key, "key"),
             key_spec=key if isinstance(key, str) else getattr(key, "__name__", repr(key)),
@@ -422,6 +620,11 @@ class Idempotency:
             wait=check_bool(wait, "wait"),
             wait_timeout=non_negative_seconds(wait_timeout, "wait_timeout"),
             raise_on_no_key=check_bool(raise_on_no_key, "raise_on_no_key"),
+            output=None if output_type is None else output_type_of(output_type),
+            local=_LocalCache(local_cache_max_items)
+            if check_bool(use_local_cache, "use_local_cache")
+            else None,
+            response_hook=response_hook,
         )
 
         def decorator(func: Callable[P, R]) -> Callable[P, R]:
@@ -429,6 +632,8 @@ class Idempotency:
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
                 return self._call(func, options, args, kwargs)
 
+            if options.local is not None:
+                wrapper.local_cache = options.local  # type: ignore[attr-defined]
             return wrapper
 
         return decorator
@@ -466,9 +671,35 @@ class Idempotency:
         payload_hash = (
             None if options.payload is None else hash_payload(options.payload(*args, **kwargs))
         )
+        if options.local is not None:
+            cached = options.local.get(key, now_ms(self.clock))
+            if cached is not None:
+                self._check_payload(cached, payload_hash)
+                self._metrics.count("IdempotencyLocalHit")
+                return self._replay(options, cached)  # type: ignore[no-any-return]
+        own_context = _lambda_context(args)
+        context = own_context if own_context is not None else lambda_context()
+        if own_context is None:
+            return self._claim_and_run(func, options, args, kwargs, key, payload_hash, context)
+        # A decorated handler: the idempotent functions it calls share its invocation's deadline.
+        registered = _CURRENT_CONTEXT.set(own_context)
+        try:
+            return self._claim_and_run(func, options, args, kwargs, key, payload_hash, context)
+        finally:
+            _CURRENT_CONTEXT.reset(registered)
+
+    def _claim_and_run(
+        self,
+        func: Callable[..., R],
+        options: _Options,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str,
+        payload_hash: str | None,
+        context: Any | None,
+    ) -> R:
         lease_ms = options.in_progress_ms
         wait_timeout = options.wait_timeout
-        context = _lambda_context(args)
         if context is not None:
             # Lambda ends the invocation at this point, so the claim cannot be live after it.
             remaining_ms = max(1, int(context.get_remaining_time_in_millis()))
@@ -482,6 +713,7 @@ class Idempotency:
         while True:
             outcome = self._claim(key, lease_ms, payload_hash)
             if outcome.claim is not None:
+                self._metrics.count("IdempotencyFirstCall")
                 return self._run(func, options, args, kwargs, outcome.claim)
             record = outcome.existing
             if record is None:
@@ -495,9 +727,12 @@ class Idempotency:
                     self._check_payload(record, payload_hash)
                     if record.completed:
                         logger.debug("idempotency key %r replayed", key)
-                        return record.result  # type: ignore[no-any-return]
+                        if options.local is not None and record.unstorable is None:
+                            options.local.put(record)
+                        return self._replay(options, record)  # type: ignore[no-any-return]
                 remaining = deadline - self.clock.monotonic()
                 if not options.wait or remaining <= 0:
+                    self._metrics.count("IdempotencyInProgress")
                     raise IdempotencyInProgressError(
                         f"a call with idempotency key {key!r} is already in progress"
                         + (
@@ -515,6 +750,32 @@ class Idempotency:
                 if record is None:
                     break  # released (the call failed) or its lease expired: try to claim it
 
+    def _replay(self, options: _Options, record: IdempotencyRecord) -> Any:
+        """The result a duplicate gets from a completed record."""
+        self._metrics.count("IdempotencyReplay")
+        kind = record.unstorable
+        if kind is not None:
+            raise IdempotencyValueError(
+                f"the first call with idempotency key {record.key!r} ran, but its result (a "
+                f"{kind}) could not be stored, so this duplicate cannot be replayed; it is not run "
+                "again either (its side effects happened once). Fix the function's output_type, "
+                f"then free the key: backend.idempotency.delete({record.key!r})",
+                key=record.key,
+            )
+        data = record.result
+        if options.output is not None:
+            try:
+                data = options.output.from_store(data)
+            except Exception as exc:
+                raise IdempotencyValueError(
+                    f"the stored result of idempotency key {record.key!r} cannot be read back "
+                    f"as {options.output.name}: {exc}",
+                    key=record.key,
+                ) from exc
+        if options.response_hook is not None:
+            return options.response_hook(data, record)
+        return data
+
     def _check_payload(self, record: IdempotencyRecord, payload_hash: str | None) -> None:
         if (
             payload_hash is not None
@@ -525,6 +786,40 @@ class Idempotency:
                 f"idempotency key {record.key!r} was already used with a different payload",
                 key=record.key,
             )
+
+    def _encode(
+        self, func: Callable[..., Any], options: _Options, claim: Claim, result: Any
+    ) -> str:
+        """The codec text of ``result`` for ``claim``; IdempotencyValueError (naming the type
+        and the fix) if it cannot be stored."""
+        try:
+            data = result if options.output is None else options.output.to_store(result)
+            text = codec.encode(data)
+            self._check_size(claim, text)
+        except Exception as exc:
+            name = getattr(func, "__qualname__", repr(func))
+            kind = _type_name(result)
+            if isinstance(exc, ValueTooLargeError):
+                fix = "return less (for example a reference to where the data is)"
+            elif options.output is not None:
+                fix = (
+                    f"return a {options.output.name} (the output_type), or fix the output_type's "
+                    "conversion"
+                )
+            else:
+                fix = (
+                    f"pass output_type={type(result).__qualname__} to @idempotent (a dataclass, "
+                    "a pydantic model, datetime, UUID, Enum, list[...] of them), or "
+                    "output_type=(to_store, from_store), or return a JSON-compatible value"
+                )
+            raise IdempotencyValueError(
+                f"{name} returned a {kind} for idempotency key {claim.key!r}, which cannot be "
+                f"stored ({exc}). Fix: {fix}. This call's side effects ran; its duplicates raise "
+                "this error instead of running again, until the record expires or "
+                f"backend.idempotency.delete({claim.key!r})",
+                key=claim.key,
+            ) from exc
+        return text
 
     def _run(
         self,
@@ -549,19 +844,23 @@ class Idempotency:
                 )
             raise
         try:
-            self._complete(claim, result, options.ttl_ms)
+            text = self._encode(func, options, claim, result)
         except IdempotencyValueError:
-            logger.error(
-                "result of %r for idempotency key %r cannot be stored, so this call was not "
-                "idempotent: the claim is released and the result returned uncached",
-                getattr(func, "__qualname__", func),
-                claim.key,
-                exc_info=True,
-            )
+            # The side effects happened: never let a duplicate run them again. The record is
+            # completed with a marker that makes every duplicate raise this same error.
+            self._metrics.count("IdempotencyUnstorable")
+            marker = UNSTORABLE_PREFIX + _type_name(result)
             try:
-                self._store.release(claim.key, claim.token)
+                self._store.complete(
+                    claim.key, claim.token, marker, options.ttl_ms, now_ms(self.clock)
+                )
             except Exception:
-                logger.exception("could not release idempotency claim %r", claim.key)
+                logger.exception("could not mark idempotency key %r as unstorable", claim.key)
+            raise
+        try:
+            stored = self._store.complete(
+                claim.key, claim.token, text, options.ttl_ms, now_ms(self.clock)
+            )
         except Exception:
             # The function ran (its side effects happened): its result must reach the caller.
             # The claim stays IN_PROGRESS until its lease ends, then the key is free again.
@@ -571,4 +870,29 @@ class Idempotency:
                 claim.key,
                 claim.expires_at,
             )
+            return result
+        if not stored:
+            logger.warning(
+                "idempotency claim on %r was lost before completion (lease expired and taken "
+                "over); the result was not stored",
+                claim.key,
+            )
+        elif options.local is not None:
+            completed_at = now_ms(self.clock)
+            options.local.put(
+                IdempotencyRecord(
+                    key=claim.key,
+                    status=IdempotencyStatus.COMPLETED,
+                    expires_at_ms=completed_at + options.ttl_ms,
+                    payload_hash=claim.payload_hash,
+                    result_text=text,
+                )
+            )
         return result
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )

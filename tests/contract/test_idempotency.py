@@ -3,9 +3,14 @@ request count, which is checked on the DynamoDB backends only)."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import enum
 import logging
 import threading
 import time
+import uuid
+from decimal import Decimal
 
 import pytest
 
@@ -18,6 +23,7 @@ from dynacoord import (
     InvalidKeyError,
     ManualClock,
 )
+from dynacoord.idempotency import register_lambda_context
 from tests.conftest import needs_atomic_store
 
 
@@ -32,6 +38,11 @@ class FakeLambdaContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return self.remaining_ms
+
+
+class Kind(enum.Enum):
+    GOODS = "goods"
+    SERVICE = "service"
 
 
 def _backend(make_backend, **kwargs):
@@ -344,21 +355,313 @@ def test_non_string_keys_are_canonical(make_backend):
     assert job({"key": 7}) == 2
 
 
-def test_unstorable_result_is_returned_and_the_claim_released(make_backend, caplog):
+def test_unstorable_result_fails_loudly_and_never_runs_twice(make_backend):
     backend = _backend(make_backend)
     calls = []
 
     @backend.idempotent(key=lambda: "unstorable")
     def job():
         calls.append(1)
-        return {1, 2, 3}  # a set is not a codec value
+        return datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
 
-    with caplog.at_level(logging.ERROR, logger="dynacoord.idempotency"):
-        assert job() == {1, 2, 3}
-    assert "cannot be stored" in caplog.text
-    assert backend.idempotency.get("unstorable") is None
-    assert job() == {1, 2, 3}
-    assert len(calls) == 2
+    with pytest.raises(IdempotencyValueError) as err:
+        job()
+    message = str(err.value)
+    assert "datetime.datetime" in message  # names the type
+    assert "output_type=datetime" in message  # and the fix
+    assert err.value.key == "unstorable"
+    # The side effects ran once: a duplicate raises the same kind of error without running.
+    with pytest.raises(IdempotencyValueError) as again:
+        job()
+    assert "could not be stored" in str(again.value)
+    assert calls == [1]
+    record = backend.idempotency.get("unstorable")
+    assert record.completed and record.unstorable == "datetime.datetime"
+    with pytest.raises(IdempotencyValueError):
+        _ = record.result
+    # The operator frees the key once the function is fixed.
+    assert backend.idempotency.delete("unstorable") is True
+
+
+def test_unstorable_dataclass_names_the_dataclass(make_backend):
+    backend = _backend(make_backend)
+
+    @backend.idempotent(key=lambda: "dc")
+    def job():
+        return Receipt(order_id="o-1", amount=Decimal("9.99"), at=AT, lines=[])
+
+    with pytest.raises(IdempotencyValueError) as err:
+        job()
+    assert "Receipt" in str(err.value) and "output_type=Receipt" in str(err.value)
+
+
+def test_too_large_result_is_refused_with_its_own_fix(make_backend):
+    backend = _backend(make_backend)
+
+    @backend.idempotent(key=lambda: "big")
+    def job():
+        return "x" * (500 * 1024)
+
+    with pytest.raises(IdempotencyValueError) as err:
+        job()
+    assert "return less" in str(err.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    sku: str
+    qty: int
+    kind: Kind = dataclasses.field(default=None)  # type: ignore[assignment]
+
+
+@dataclasses.dataclass
+class Receipt:
+    order_id: str
+    amount: Decimal
+    at: datetime.datetime
+    lines: list[Line]
+    ref: uuid.UUID | None = None
+    tags: tuple[str, ...] = ()
+    note: str = "none"
+
+
+AT = datetime.datetime(2026, 11, 23, 5, 45, 1, 123456, tzinfo=datetime.timezone.utc)
+
+
+def test_typed_dataclass_result_is_replayed_equal(make_backend):
+    backend = _backend(make_backend)
+    calls = []
+
+    @backend.idempotent(key="order_id", output_type=Receipt)
+    def charge(event):
+        calls.append(1)
+        return Receipt(
+            order_id=event["order_id"],
+            amount=Decimal("12.30"),
+            at=AT,
+            lines=[Line("a", 1, Kind.GOODS), Line("b", 2, Kind.SERVICE)],
+            ref=uuid.UUID(int=7),
+            tags=("x", "y"),
+        )
+
+    first = charge({"order_id": "T-1"})
+    replay = charge({"order_id": "T-1"})
+    assert calls == [1]
+    assert isinstance(replay, Receipt) and replay == first
+    assert isinstance(replay.lines[0], Line) and replay.lines[1].kind is Kind.SERVICE
+    assert replay.at.tzinfo is not None and replay.tags == ("x", "y")
+    # The stored form is plain codec data.
+    stored = backend.idempotency.get("T-1").result
+    assert stored["at"] == AT.isoformat() and stored["ref"] == str(uuid.UUID(int=7))
+
+
+def test_typed_results_of_other_forms(make_backend):
+    backend = _backend(make_backend)
+    calls = []
+
+    @backend.idempotent(key=lambda n: f"when:{n}", output_type=datetime.datetime)
+    def when(n):
+        calls.append(n)
+        return AT
+
+    @backend.idempotent(key=lambda n: f"many:{n}", output_type=list[Line])
+    def many(n):
+        calls.append(n)
+        return [Line("a", n)]
+
+    @backend.idempotent(
+        key=lambda n: f"pair:{n}", output_type=(lambda s: sorted(s), lambda d: set(d))
+    )
+    def pair(n):
+        calls.append(n)
+        return {3, 1, 2}
+
+    @backend.idempotent(key=lambda n: f"none:{n}", output_type=Receipt)
+    def nothing(n):
+        calls.append(n)
+        return None
+
+    for _ in range(2):
+        assert when(1) == AT
+        assert many(2) == [Line("a", 2)]
+        assert pair(3) == {1, 2, 3}
+        assert nothing(4) is None
+    assert calls == [1, 2, 3, 4]
+
+
+def test_typed_pydantic_result(make_backend):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Order(pydantic.BaseModel):
+        id: str
+        total: Decimal
+        at: datetime.datetime
+        items: list[str]
+
+    backend = _backend(make_backend)
+    calls = []
+
+    @backend.idempotent(key="id", output_type=Order)
+    def create(event):
+        calls.append(1)
+        return Order(id=event["id"], total=Decimal("1.50"), at=AT, items=["a"])
+
+    first = create({"id": "P-1"})
+    replay = create({"id": "P-1"})
+    assert calls == [1] and isinstance(replay, Order) and replay == first
+
+
+def test_output_type_mismatch_is_refused(make_backend):
+    backend = _backend(make_backend)
+    calls = []
+
+    @backend.idempotent(key=lambda: "mismatch", output_type=Receipt)
+    def job():
+        calls.append(1)
+        return {"not": "a receipt"}
+
+    with pytest.raises(IdempotencyValueError) as err:
+        job()
+    assert "Receipt" in str(err.value)
+    with pytest.raises(IdempotencyValueError):
+        job()
+    assert calls == [1]
+
+
+def test_unsupported_output_type_fails_at_decoration(make_backend):
+    backend = _backend(make_backend)
+
+    @dataclasses.dataclass
+    class Odd:
+        handle: threading.Lock
+
+    with pytest.raises(ConfigurationError, match="to_store, from_store"):
+        backend.idempotent(key="id", output_type=Odd)
+    with pytest.raises(ConfigurationError):
+        backend.idempotent(key="id", output_type=(len,))
+
+
+class CountingStore:
+    """Wraps a backend's idempotency store and counts its requests."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = []
+
+    def __getattr__(self, name):
+        method = getattr(self.inner, name)
+
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def test_local_cache_replays_without_a_request(make_backend):
+    clock = ManualClock()
+    backend = _backend(make_backend, clock=clock)
+    idem = backend.idempotency
+    counting = CountingStore(idem._store)
+    idem._store = counting
+    calls = []
+
+    @backend.idempotent(
+        key="id", payload="amount", ttl=60, use_local_cache=True, local_cache_max_items=2
+    )
+    def handler(event):
+        calls.append(event["id"])
+        return {"id": event["id"]}
+
+    assert handler({"id": "L-1", "amount": 1}) == {"id": "L-1"}
+    assert counting.calls == ["claim", "complete"]
+    counting.calls.clear()
+    assert handler({"id": "L-1", "amount": 1}) == {"id": "L-1"}
+    assert counting.calls == []  # a replay in the same process costs no request
+    with pytest.raises(IdempotencyKeyMismatchError):
+        handler({"id": "L-1", "amount": 2})
+    # bounded: the least recently used entry is evicted
+    handler({"id": "L-2", "amount": 1})
+    handler({"id": "L-3", "amount": 1})
+    assert len(handler.local_cache) == 2
+    counting.calls.clear()
+    assert handler({"id": "L-1", "amount": 1}) == {"id": "L-1"}
+    assert counting.calls == ["claim"]  # evicted: one refused claim, then cached again
+    clock.advance(61)
+    assert handler({"id": "L-1", "amount": 1}) == {"id": "L-1"}
+    assert calls == ["L-1", "L-2", "L-3", "L-1"]  # expired everywhere: ran again
+
+
+def test_response_hook_marks_replays(make_backend):
+    backend = _backend(make_backend)
+    seen = []
+
+    def hook(result, record):
+        seen.append(record.key)
+        return {**result, "replayed": True}
+
+    @backend.idempotent(key="id", response_hook=hook, use_local_cache=True)
+    def handler(event):
+        return {"id": event["id"]}
+
+    assert handler({"id": "H-1"}) == {"id": "H-1"}
+    assert handler({"id": "H-1"}) == {"id": "H-1", "replayed": True}
+    assert handler({"id": "H-1"}) == {"id": "H-1", "replayed": True}  # local hit too
+    assert seen == ["H-1", "H-1"]
+
+
+def test_nested_function_lease_is_bounded_by_the_invocation(make_backend):
+    clock = ManualClock()
+    backend = _backend(make_backend, clock=clock)
+    leases = {}
+    now_ms = int(clock.time() * 1000)
+
+    @backend.idempotent(key=lambda order_id: f"nested:{order_id}", in_progress_ttl=600)
+    def process(order_id):
+        leases[order_id] = backend.idempotency.get(f"nested:{order_id}").expires_at_ms
+        return order_id
+
+    # A handler that is not idempotent itself registers the context.
+    def handler(event, context):
+        register_lambda_context(context)
+        return process(event["id"])
+
+    handler({"id": "a"}, FakeLambdaContext(5_000))
+    assert leases["a"] == now_ms + 5_000
+
+    # An idempotent handler registers its own context for what it calls.
+    @backend.idempotent(key="id")
+    def outer(event, context):
+        return process(event["id"] + "-inner")
+
+    outer({"id": "b"}, FakeLambdaContext(7_000))
+    assert leases["b-inner"] == now_ms + 7_000
+
+    # A context left registered by a finished invocation (no time left) is ignored.
+    register_lambda_context(FakeLambdaContext(0))
+    process("c")
+    assert leases["c"] == now_ms + 600_000
+
+
+def test_jmespath_json_function_parses_string_bodies(make_backend):
+    backend = _backend(make_backend)
+    calls = []
+
+    @backend.idempotent(key="json(body).order_id", payload="json(body)")
+    def handler(event, context):
+        calls.append(1)
+        return {"statusCode": 200}
+
+    ctx = FakeLambdaContext(10_000)
+    handler({"body": '{"order_id": "J-1", "n": 1}'}, ctx)
+    handler({"body": '{"n": 1, "order_id": "J-1"}'}, ctx)  # same JSON, other text
+    assert calls == [1]
+    assert backend.idempotency.get("J-1").completed
+    with pytest.raises(IdempotencyKeyMismatchError):
+        handler({"body": '{"order_id": "J-1", "n": 2}'}, ctx)
+    with pytest.raises(InvalidKeyError):
+        handler({"body": "not json"}, ctx)
+    assert calls == [1]
 
 
 def test_store_level_api(make_backend):

@@ -1,0 +1,324 @@
+"""Metrics: what every primitive did, for CloudWatch, for logs, or for a sink of your own.
+
+A backend takes ``metrics=`` (``DynamoDBBackend(client, metrics=EMFMetrics(namespace="Orders"))``,
+``RedisBackend(..., metrics=...)``, ``MongoBackend(..., metrics=...)``) and hands it to every
+primitive it builds. The listener interface is one method::
+
+    class Metrics:
+        def emit(self, name, value, unit, dimensions): ...   # one data point
+        def flush(self): ...                                  # write out what is buffered
+
+Subclass :class:`Metrics` and override :meth:`~Metrics.emit` to feed anything else
+(OpenTelemetry, StatsD, Prometheus: docs/metrics.md has an OpenTelemetry example).
+
+The default is :data:`NO_METRICS`: its ``enabled`` is False, so a backend or primitive built
+with it skips even the timing of requests (``make bench`` shows the cost: none measurable).
+
+Names, units and dimensions are listed in docs/metrics.md. Two families:
+
+* per store request (dimensions ``Backend``, ``Operation``): ``StoreRequestLatency``
+  (Milliseconds), ``StoreRequestErrors`` (Count), and on DynamoDB ``ConsumedCapacity`` (Count,
+  capacity units);
+* per primitive (dimensions ``Primitive``, ``DynacoordNamespace``): ``LockAcquired``,
+  ``LockWait``, ``LockContended``, ``CacheHit``, ``IdempotencyReplay``, ``OutboxDelivered``, ...
+
+A listener that raises never breaks the primitive that reported: the error is logged once per
+listener and the data point dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO, TypeVar
+
+from typing_extensions import ParamSpec
+
+from .errors import ConfigurationError
+
+__all__ = [
+    "NO_METRICS",
+    "EMFMetrics",
+    "LoggingMetrics",
+    "Metrics",
+    "MetricsScope",
+    "NoMetrics",
+    "check_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: CloudWatch's unit names that dynacoord emits
+COUNT = "Count"
+MILLISECONDS = "Milliseconds"
+
+
+class Metrics:
+    """The listener interface: every method of the base class does nothing.
+
+    ``emit`` receives one data point: a metric ``name`` (``"LockAcquired"``), its ``value``, a
+    CloudWatch ``unit`` (``"Count"`` or ``"Milliseconds"``) and the ``dimensions`` it belongs
+    to (str to str; do not keep or mutate the mapping, it is shared). ``flush`` writes out what
+    is buffered; call it at the end of an invocation (:meth:`flush_after` does).
+    """
+
+    #: False only on the no-op: primitives skip measuring altogether when it is False
+    enabled: bool = True
+
+    def emit(self, name: str, value: float, unit: str, dimensions: Mapping[str, str]) -> None:
+        """One data point (override this)."""
+
+    def flush(self) -> None:
+        """Write out buffered data points (override this if you buffer)."""
+
+    def scope(self, **dimensions: str) -> MetricsScope:
+        """A reporter whose data points all carry ``dimensions`` (what primitives hold)."""
+        if not self.enabled:
+            return NO_SCOPE
+        return MetricsScope(self, dimensions)
+
+    def flush_after(self, func: Callable[P, R]) -> Callable[P, R]:
+        """Decorator for a Lambda handler: :meth:`flush` when each invocation ends (also when it
+        raises), so each invocation's data points are written by that invocation."""
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.flush()
+
+        return wrapper
+
+
+class NoMetrics(Metrics):
+    """The default listener: records nothing, and tells primitives not to measure."""
+
+    enabled = False
+
+    def __repr__(self) -> str:
+        return "NO_METRICS"
+
+
+#: the shared no-op listener (the default of every backend)
+NO_METRICS: Metrics = NoMetrics()
+
+
+class MetricsScope:
+    """A listener plus fixed dimensions: ``scope.count("CacheHit")``. Never raises."""
+
+    __slots__ = ("_broken", "_dimensions", "_metrics", "enabled")
+
+    def __init__(self, metrics: Metrics, dimensions: Mapping[str, str]) -> None:
+        self._metrics = metrics
+        self._dimensions = dict(dimensions)
+        self._broken = False
+        self.enabled = metrics.enabled
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._metrics
+
+    def emit(self, name: str, value: float, unit: str) -> None:
+        try:
+            self._metrics.emit(name, value, unit, self._dimensions)
+        except Exception:
+            if not self._broken:  # once per scope: a broken sink must not flood the logs
+                self._broken = True
+                logger.exception("metrics listener %r failed; data point %r dropped", self, name)
+
+    def count(self, name: str, value: float = 1) -> None:
+        self.emit(name, value, COUNT)
+
+    def milliseconds(self, name: str, value: float) -> None:
+        self.emit(name, value, MILLISECONDS)
+
+    def __repr__(self) -> str:
+        return f"MetricsScope({self._metrics!r}, {self._dimensions!r})"
+
+
+class _NoScope(MetricsScope):
+    """The scope of :data:`NO_METRICS`: every method returns at once."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(NO_METRICS, {})
+
+    def emit(self, name: str, value: float, unit: str) -> None:
+        return None
+
+    def count(self, name: str, value: float = 1) -> None:
+        return None
+
+    def milliseconds(self, name: str, value: float) -> None:
+        return None
+
+
+#: the scope every primitive uses when no listener was given
+NO_SCOPE: MetricsScope = _NoScope()
+
+
+def check_metrics(value: Any) -> Metrics:
+    """``metrics=`` of a backend: None means :data:`NO_METRICS`; anything else must be a
+    :class:`Metrics` (subclass it and override ``emit``)."""
+    if value is None:
+        return NO_METRICS
+    if not isinstance(value, Metrics):
+        raise ConfigurationError(
+            f"metrics must be a dynacoord.metrics.Metrics (subclass it and override emit()), "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
+class LoggingMetrics(Metrics):
+    """Each data point as one log line (for scripts and local runs)::
+
+    metric LockAcquired=1 Count Primitive=lock DynacoordNamespace=orders
+    """
+
+    def __init__(self, logger: logging.Logger | None = None, *, level: int = logging.INFO) -> None:
+        self.logger = logger if logger is not None else logging.getLogger("dynacoord.metrics")
+        self.level = level
+
+    def emit(self, name: str, value: float, unit: str, dimensions: Mapping[str, str]) -> None:
+        if self.logger.isEnabledFor(self.level):
+            dims = " ".join(f"{k}={v}" for k, v in dimensions.items())
+            self.logger.log(self.level, "metric %s=%g %s %s", name, value, unit, dims)
+
+
+#: EMF limits (CloudWatch): metrics per document, values per metric, dimensions per set
+_EMF_MAX_METRICS = 100
+_EMF_MAX_VALUES = 100
+_EMF_MAX_DIMENSIONS = 30
+
+
+class EMFMetrics(Metrics):
+    """CloudWatch Embedded Metric Format: JSON lines on stdout that Lambda (or the CloudWatch
+    agent) turns into CloudWatch metrics, with no API call and no dependency.
+
+    Data points are buffered per dimension set and written by :meth:`flush`: at the end of each
+    invocation (decorate the handler with :meth:`~Metrics.flush_after`, or call ``flush()``),
+    when a metric reaches 100 values (the format's limit), and when the process exits.
+    Counts are summed per flush; timings keep every value. ``default_dimensions`` are added to
+    every data point (for example ``{"Service": "orders"}``).
+
+    One document per dimension set::
+
+        {"_aws": {"Timestamp": 1700000000000, "CloudWatchMetrics": [{"Namespace": "Orders",
+          "Dimensions": [["Primitive", "DynacoordNamespace"]],
+          "Metrics": [{"Name": "LockAcquired", "Unit": "Count"}]}]},
+         "Primitive": "lock", "DynacoordNamespace": "default", "LockAcquired": 3}
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        default_dimensions: Mapping[str, str] | None = None,
+        stream: TextIO | None = None,
+        flush_at_exit: bool = True,
+    ) -> None:
+        if not isinstance(namespace, str) or not 1 <= len(namespace) <= 255:
+            raise ConfigurationError(
+                f"namespace must be a CloudWatch namespace of 1 to 255 characters, got "
+                f"{namespace!r}"
+            )
+        if namespace.startswith("AWS/"):
+            raise ConfigurationError(f"namespace {namespace!r}: 'AWS/' is reserved for AWS")
+        defaults = dict(default_dimensions or {})
+        for key, val in defaults.items():
+            if not isinstance(key, str) or not isinstance(val, str) or not key or not val:
+                raise ConfigurationError(
+                    f"default_dimensions must map non-empty str to non-empty str, got "
+                    f"{key!r}: {val!r}"
+                )
+        self.namespace = namespace
+        self.default_dimensions = defaults
+        self._stream = stream
+        self._lock = threading.Lock()
+        # (dimension items) -> metric name -> (unit, values)
+        self._buffer: dict[tuple[tuple[str, str], ...], dict[str, tuple[str, list[float]]]] = {}
+        if flush_at_exit:
+            import atexit
+
+            ref = weakref.ref(self)
+
+            def at_exit() -> None:
+                me = ref()
+                if me is not None:
+                    me.flush()
+
+            atexit.register(at_exit)
+
+    def emit(self, name: str, value: float, unit: str, dimensions: Mapping[str, str]) -> None:
+        dims = tuple({**self.default_dimensions, **dimensions}.items())
+        full: list[str] | None = None
+        with self._lock:
+            group = self._buffer.setdefault(dims, {})
+            entry = group.get(name)
+            if entry is None:
+                group[name] = (unit, [value])
+            elif unit == COUNT:
+                entry[1][0] += value
+            else:
+                entry[1].append(value)
+                if len(entry[1]) >= _EMF_MAX_VALUES:
+                    full = self._documents({dims: {name: group.pop(name)}})
+        if full:
+            self._write(full)
+
+    def flush(self) -> None:
+        with self._lock:
+            buffer, self._buffer = self._buffer, {}
+        lines = self._documents(buffer)
+        if lines:
+            self._write(lines)
+
+    def _documents(
+        self, buffer: Mapping[tuple[tuple[str, str], ...], Mapping[str, tuple[str, list[float]]]]
+    ) -> list[str]:
+        import json
+
+        timestamp = int(time.time() * 1000)
+        lines = []
+        for dims, group in buffer.items():
+            names = [name for name, (_unit, values) in group.items() if values]
+            dim_names = [k for k, _v in dims][:_EMF_MAX_DIMENSIONS]
+            for start in range(0, len(names), _EMF_MAX_METRICS):
+                chunk = names[start : start + _EMF_MAX_METRICS]
+                doc: dict[str, Any] = {
+                    "_aws": {
+                        "Timestamp": timestamp,
+                        "CloudWatchMetrics": [
+                            {
+                                "Namespace": self.namespace,
+                                "Dimensions": [dim_names],
+                                "Metrics": [{"Name": n, "Unit": group[n][0]} for n in chunk],
+                            }
+                        ],
+                    }
+                }
+                doc.update(dims)
+                for n in chunk:
+                    values = group[n][1]
+                    doc[n] = values[0] if len(values) == 1 else list(values)
+                lines.append(json.dumps(doc, separators=(",", ":")))
+        return lines
+
+    def _write(self, lines: list[str]) -> None:
+        stream = self._stream if self._stream is not None else sys.stdout
+        stream.write("".join(line + "\n" for line in lines))
+        stream.flush()
+
+    def __repr__(self) -> str:
+        return f"EMFMetrics(namespace={self.namespace!r})"
