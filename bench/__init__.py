@@ -80,6 +80,11 @@ def versions(env: BenchEnv | None = None) -> dict[str, str]:
     if env is not None:
         out["DynamoDB Local"] = env.ddb_version
         out["redis-server"] = env.redis.version if env.redis else f"unavailable ({env.redis_error})"
+        out["Redis Cluster"] = (
+            f"{len(env.redis_cluster.ports)} primaries, no replicas (local)"
+            if env.redis_cluster
+            else f"unavailable ({env.redis_cluster_error})"
+        )
     try:
         load = os.getloadavg()
         out["load average at start (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in load)

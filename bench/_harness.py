@@ -371,6 +371,9 @@ class BenchEnv:
     counter: RequestCounter
     redis: RedisServer | None = None
     redis_error: str | None = None
+    #: a 3-primary Redis Cluster (tests/redis_cluster_fixtures.py), for the cluster column
+    redis_cluster: Any = None
+    redis_cluster_error: str | None = None
     ddb_version: str = "unknown"
     notes: list[str] = field(default_factory=list)
 
@@ -398,6 +401,24 @@ class BenchEnv:
         import redis
 
         return redis.Redis.from_url(self.redis.url)
+
+    def redis_cluster_client(self) -> Any:
+        if self.redis_cluster is None:
+            raise RuntimeError(f"no Redis Cluster in this run: {self.redis_cluster_error}")
+        return self.redis_cluster.client()
+
+
+def _start_redis_cluster() -> Any:
+    """Three cluster-enabled redis-servers joined into a cluster (the test suite's launcher)."""
+    from tests.redis_cluster_fixtures import start_cluster
+
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        raise RuntimeError("redis-server / redis-cli not found on PATH")
+    cluster = start_cluster(server, cli)
+    if isinstance(cluster, str):
+        raise RuntimeError(cluster)
+    return cluster
 
 
 def unique(prefix: str) -> str:
@@ -451,11 +472,17 @@ def bench_env(scale: Scale, ddb: DynamoDBLocal | None = None) -> Iterator[BenchE
     server = ddb or DynamoDBLocal().start()
     redis_server: RedisServer | None = None
     redis_error: str | None = None
+    redis_cluster: Any = None
+    redis_cluster_error: str | None = None
     try:
         try:
             redis_server = RedisServer().start()
         except Exception as exc:  # reported, the Redis rows say why they are missing
             redis_error = f"{type(exc).__name__}: {exc}"
+        try:
+            redis_cluster = _start_redis_cluster()
+        except Exception as exc:  # reported, the cluster column says why it is missing
+            redis_cluster_error = f"{type(exc).__name__}: {exc}"
         counter = RequestCounter()
         client = counter.attach(server.client())
         table = unique("bench")
@@ -468,10 +495,14 @@ def bench_env(scale: Scale, ddb: DynamoDBLocal | None = None) -> Iterator[BenchE
             counter=counter,
             redis=redis_server,
             redis_error=redis_error,
+            redis_cluster=redis_cluster,
+            redis_cluster_error=redis_cluster_error,
             ddb_version=dynamodb_local_version(server),
         )
     finally:
         if redis_server is not None:
             redis_server.stop()
+        if redis_cluster is not None:
+            redis_cluster.stop()
         if own:
             server.stop()

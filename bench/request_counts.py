@@ -699,15 +699,24 @@ class _RedisEnv:
     """Stands in for :class:`BenchEnv` so the same operations run on the Redis backend, counted in
     round trips (a pipeline or a script call is one)."""
 
-    def __init__(self, env: BenchEnv) -> None:
+    def __init__(self, env: BenchEnv, *, cluster: bool = False) -> None:
         from dynacoord.backends.redis import RedisBackend
 
         self._backend_class = RedisBackend
         self.scale = env.scale
         self.table = env.table
         self._counter = RedisCommandCounter()
-        self._client = self._counter.attach(env.redis_client())
-        self._client.ping()  # the connection handshake is not an operation's
+        if cluster:
+            # One pool per node: each node's connections count (a per-node pipeline is one).
+            self._client = env.redis_cluster_client()
+            for node in self._client.get_nodes():
+                self._counter.attach(node.redis_connection)
+                # The client's start-up left connections of the uncounted class in the pool.
+                node.redis_connection.connection_pool.reset()
+                node.redis_connection.ping()  # the handshake is not an operation's
+        else:
+            self._client = self._counter.attach(env.redis_client())
+            self._client.ping()  # the connection handshake is not an operation's
         self.counter = self
 
     def backend(self, *, namespace: str | None = None, **_: Any) -> Any:
@@ -724,12 +733,17 @@ class _RedisEnv:
         self._client.close()
 
 
-def _redis_rows(env: BenchEnv, reps: int) -> tuple[list[dict[str, Any]], str | None]:
-    """Round trips per operation on the Redis backend (no minimums: they are DynamoDB's)."""
-    if env.redis is None:
+def _redis_rows(
+    env: BenchEnv, reps: int, *, cluster: bool = False
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Round trips per operation on the Redis backend (no minimums: they are DynamoDB's), on
+    the single redis-server or (``cluster``) the 3-primary Redis Cluster."""
+    if cluster and env.redis_cluster is None:
+        return [], f"no Redis Cluster: {env.redis_cluster_error}"
+    if not cluster and env.redis is None:
         return [], f"no redis-server: {env.redis_error}"
     try:
-        redis_env = _RedisEnv(env)
+        redis_env = _RedisEnv(env, cluster=cluster)
     except ImportError as exc:
         return [], f"Redis backend not available: {exc}"
     rows: list[dict[str, Any]] = []
@@ -783,11 +797,14 @@ def run(env: BenchEnv) -> dict[str, Any]:
                     }
                 )
     redis_rows, redis_error = _redis_rows(env, reps)
+    cluster_rows, cluster_error = _redis_rows(env, reps, cluster=True)
     return {
         "status": "ok" if rows else "error",
         "rows": rows,
         "redis_rows": redis_rows,
         "redis_error": redis_error,
+        "redis_cluster_rows": cluster_rows,
+        "redis_cluster_error": cluster_error,
         "missing": missing,
         "flagged": [r["operation"] for r in rows if r.get("above_minimum")],
     }

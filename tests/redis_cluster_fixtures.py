@@ -9,14 +9,16 @@
 * ``redis_cluster_backend_factory``: ``make(*, clock=None, namespace=None, **kw)`` ->
   ``RedisBackend`` on the cluster in a fresh namespace per call (contract kind ``redis_cluster``).
 
-Each node gets a client port and a cluster bus port (``--cluster-port``, Redis >= 7) that were
-free a moment ago, so several sessions can run side by side.
+Each node gets a client port and a cluster bus port (``--cluster-port``, Redis >= 7), six
+distinct ports that were free a moment ago, so several sessions can run side by side; a start that
+loses a port to another process is tried once more on new ports.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -28,16 +30,29 @@ import pytest
 
 from dynacoord._backend import Backend
 from dynacoord._clock import Clock
-from dynacoord.testing import free_port
 
 __all__ = [
     "RedisClusterProcesses",
     "redis_cluster",
     "redis_cluster_backend_factory",
     "redis_cluster_client",
+    "start_cluster",
 ]
 
 PRIMARIES = 3
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago (held together while
+    chosen, so no two are the same)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _unavailable(reason: str) -> None:
@@ -52,9 +67,11 @@ class RedisClusterProcesses:
     def __init__(self, server: str, cli: str, primaries: int = PRIMARIES) -> None:
         self.server = server
         self.cli = cli
-        self.ports = [free_port() for _ in range(primaries)]
+        ports = _free_ports(2 * primaries)
+        self.ports, self._bus_ports = ports[:primaries], ports[primaries:]
         self._dir = tempfile.TemporaryDirectory(prefix="dynacoord-redis-cluster-")
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._logs: list[str] = []
 
     @property
     def nodes(self) -> list[str]:
@@ -63,8 +80,8 @@ class RedisClusterProcesses:
     def start(self, timeout: float = 30.0) -> RedisClusterProcesses:
         deadline = time.monotonic() + timeout
         try:
-            for port in self.ports:
-                self._start_node(port)
+            for port, bus_port in zip(self.ports, self._bus_ports, strict=True):
+                self._start_node(port, bus_port)
             for port in self.ports:
                 self._wait(lambda p=port: self._cli(p, "PING") == "PONG", deadline, "node start")
             options = ["--cluster-replicas", "0", "--cluster-yes"]
@@ -83,16 +100,18 @@ class RedisClusterProcesses:
             self.stop()
             raise
 
-    def _start_node(self, port: int) -> None:
+    def _start_node(self, port: int, bus_port: int) -> None:
         node_dir = os.path.join(self._dir.name, str(port))
         os.makedirs(node_dir)
+        log = os.path.join(node_dir, "redis.log")
+        self._logs.append(log)
         process = subprocess.Popen(
             [
                 self.server,
                 "--port",
                 str(port),
                 "--cluster-port",
-                str(free_port()),
+                str(bus_port),
                 "--bind",
                 "127.0.0.1",
                 "--cluster-enabled",
@@ -107,17 +126,23 @@ class RedisClusterProcesses:
                 "no",
                 "--dir",
                 node_dir,
+                "--logfile",
+                log,
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
         self._processes.append(process)
 
     def _cli(self, port: int, *command: str) -> str:
-        for process in self._processes:
+        for process, log in zip(self._processes, self._logs, strict=True):
             if process.poll() is not None:
-                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                raise RuntimeError(f"a cluster redis-server exited: {err.strip()[-500:]}")
+                try:
+                    with open(log, encoding="utf-8", errors="replace") as f:
+                        tail = f.read()[-500:].strip()
+                except OSError:
+                    tail = "(no log)"
+                raise RuntimeError(f"a cluster redis-server exited: {tail}")
         result = subprocess.run(
             [self.cli, "-h", "127.0.0.1", "-p", str(port), *command],
             capture_output=True,
@@ -157,10 +182,19 @@ class RedisClusterProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5)
-            if process.stderr is not None:
-                process.stderr.close()
         self._processes = []
         self._dir.cleanup()
+
+
+def start_cluster(server: str, cli: str, attempts: int = 2) -> RedisClusterProcesses | str:
+    """A started cluster, or why it could not start (each attempt on new ports)."""
+    error = ""
+    for _ in range(attempts):
+        try:
+            return RedisClusterProcesses(server, cli).start()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            error = str(exc)
+    return error
 
 
 @pytest.fixture(scope="session")
@@ -174,11 +208,10 @@ def redis_cluster() -> Iterator[RedisClusterProcesses]:
     if server is None or cli is None:
         _unavailable("redis-server / redis-cli not found on PATH: run `make redis-server`")
         raise AssertionError("unreachable")
-    cluster = RedisClusterProcesses(server, cli)
-    try:
-        cluster.start()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        _unavailable(f"could not start a 3-primary Redis Cluster: {exc}")
+    cluster = start_cluster(server, cli)
+    if isinstance(cluster, str):
+        _unavailable(f"could not start a 3-primary Redis Cluster: {cluster}")
+        raise AssertionError("unreachable")
     try:
         yield cluster
     finally:

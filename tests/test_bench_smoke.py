@@ -251,8 +251,13 @@ def test_tiny_run_writes_every_section(dynamodb_local: DynamoDBLocal, tmp_path: 
     if requests["redis_error"] is None:  # the same operations, counted in Redis round trips
         redis_rows = {r["operation"]: r for r in requests["redis_rows"]}
         assert redis_rows["acquire (free key)"]["requests"] == 1
+    if requests["redis_cluster_error"] is None:  # and on a 3-primary Redis Cluster
+        cluster_rows = {r["operation"]: r for r in requests["redis_cluster_rows"]}
+        assert cluster_rows["acquire (free key)"]["requests"] == 1
+        assert "Redis Cluster round trips" in report
     if _in_ci():
         assert requests["redis_error"] is None, requests["redis_error"]
+        assert requests["redis_cluster_error"] is None, requests["redis_cluster_error"]
     overhead = results["sections"]["overhead"]
     # every single-request operation of section 1 has an overhead pair of the same name (or an
     # explicit exclusion), and the target is judged on the ratio of medians (issue 8 section 2)
