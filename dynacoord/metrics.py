@@ -49,6 +49,7 @@ __all__ = [
     "MetricsScope",
     "NoMetrics",
     "check_metrics",
+    "measure_request",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,33 @@ def check_metrics(value: Any) -> Metrics:
             f"got {type(value).__name__}"
         )
     return value
+
+
+_request_sink_broken: set[int] = set()
+
+
+def measure_request(
+    metrics: Metrics,
+    dimensions: Mapping[str, str],
+    start: float,
+    *,
+    failed: bool = False,
+    capacity: float | None = None,
+) -> None:
+    """Report one store request that began at ``time.perf_counter()`` == ``start``: its latency,
+    whether it failed (an error, not a refused condition) and its consumed capacity. Used by
+    the request helper of each backend; never raises."""
+    elapsed_ms = (time.perf_counter() - start) * 1000
+    try:
+        metrics.emit("StoreRequestLatency", elapsed_ms, MILLISECONDS, dimensions)
+        if failed:
+            metrics.emit("StoreRequestErrors", 1, COUNT, dimensions)
+        if capacity is not None:
+            metrics.emit("ConsumedCapacity", capacity, COUNT, dimensions)
+    except Exception:
+        if id(metrics) not in _request_sink_broken:
+            _request_sink_broken.add(id(metrics))
+            logger.exception("metrics listener %r failed; request data point dropped", metrics)
 
 
 class LoggingMetrics(Metrics):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ..._backend import Backend
 from ..._clock import Clock
 from ...errors import ConfigurationError
+from ...metrics import Metrics
 from ._table import DynamoTable
 
 if TYPE_CHECKING:
@@ -38,8 +39,9 @@ class DynamoDBBackend(Backend):
         clock: Clock | None = None,
         shards: int = 4,
         lock_fence_grace: int = 3600,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(namespace=namespace, clock=clock)
+        super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if client is None:
             raise ConfigurationError("client is required: pass boto3.client('dynamodb')")
         if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
@@ -62,7 +64,7 @@ class DynamoDBBackend(Backend):
         self.table_name = table_name
         self.shards = shards
         self.lock_fence_grace = lock_fence_grace
-        self.table = DynamoTable(client, table_name)
+        self.table = DynamoTable(client, table_name, metrics=self.metrics)
 
     @classmethod
     def from_env(

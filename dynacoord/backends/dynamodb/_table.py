@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any, cast
@@ -29,6 +30,7 @@ from ...errors import (
     TransactionTooLargeError,
     ValueTooLargeError,
 )
+from ...metrics import NO_METRICS, Metrics, measure_request
 
 __all__ = [
     "COUNT_WINDOW_MS",
@@ -42,6 +44,25 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb")
+
+#: operations that can report their consumed capacity, and the metric name of each operation
+_CAPACITY_OPERATIONS = frozenset(
+    {
+        "get_item",
+        "put_item",
+        "update_item",
+        "delete_item",
+        "query",
+        "scan",
+        "batch_get_item",
+        "batch_write_item",
+        "transact_write_items",
+        "transact_get_items",
+    }
+)
+_OPERATION_NAMES = {
+    name: "".join(p.title() for p in name.split("_")) for name in _CAPACITY_OPERATIONS
+}
 
 #: The condition of a write that creates an item: no item, or an expired one (DynamoDB's TTL
 #: sweeper may lag by days, so an expired item counts as absent). Needs ``:now``.
@@ -177,12 +198,13 @@ def values(**kwargs: Any) -> dict[str, Any]:
 class DynamoTable:
     """The table all stores share, with request helpers that each make exactly one request."""
 
-    def __init__(self, client: Any, table_name: str) -> None:
+    def __init__(self, client: Any, table_name: str, *, metrics: Metrics = NO_METRICS) -> None:
         from botocore.exceptions import ClientError  # boto3 is loaded: the client exists
 
         self.client = client
         self.name = table_name
         self._client_error: type[Exception] = ClientError
+        self.metrics = metrics
 
     # -- the translation point --------------------------------------------------------------
 
@@ -194,10 +216,42 @@ class DynamoTable:
         """
         if operation not in ("transact_write_items", "batch_get_item", "batch_write_item"):
             kwargs.setdefault("TableName", self.name)
+        if self.metrics.enabled:
+            return self._measured(operation, kwargs)
         try:
             response: dict[str, Any] = getattr(self.client, operation)(**kwargs)
         except self._client_error as exc:
             raise self.translate(exc) from exc
+        return response
+
+    def _measured(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`call` reporting latency, errors and consumed capacity (dynacoord.metrics)."""
+        if operation in _CAPACITY_OPERATIONS:
+            kwargs.setdefault("ReturnConsumedCapacity", "TOTAL")
+        dimensions = {
+            "Backend": "dynamodb",
+            "Operation": _OPERATION_NAMES.get(operation, operation),
+        }
+        start = time.perf_counter()
+        try:
+            response: dict[str, Any] = getattr(self.client, operation)(**kwargs)
+        except self._client_error as exc:
+            translated = self.translate(exc)
+            measure_request(
+                self.metrics,
+                dimensions,
+                start,
+                failed=not isinstance(translated, ConditionFailedError),
+            )
+            raise translated from exc
+        except Exception:
+            measure_request(self.metrics, dimensions, start, failed=True)
+            raise
+        capacity = response.get("ConsumedCapacity")
+        if isinstance(capacity, dict):
+            capacity = [capacity]
+        units = sum(float(c.get("CapacityUnits", 0)) for c in capacity or ())
+        measure_request(self.metrics, dimensions, start, capacity=units if capacity else None)
         return response
 
     def translate(self, exc: Any) -> Exception:
