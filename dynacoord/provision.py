@@ -16,6 +16,7 @@ Functions that wait take a ``progress`` callback that gets one human-readable li
 from __future__ import annotations
 
 import importlib.resources
+import json
 import logging
 import re
 import time
@@ -35,6 +36,7 @@ __all__ = [
     "STACK_PARAMETERS",
     "TTL_ATTRIBUTE",
     "StackDeployment",
+    "StackParameterValue",
     "create_table",
     "delete_stack",
     "delete_table",
@@ -443,8 +445,29 @@ STACK_PARAMETERS = (
     "ReadCapacity",
     "WriteCapacity",
     "DeletionProtection",
+    "Namespaces",
+    "EncryptionKey",
+    "Stream",
+    "Relay",
+    "RelayNamespace",
+    "RelayHandlers",
+    "CodeS3Bucket",
+    "CodeS3Key",
+    "PythonRuntime",
+    "RelayBatchSize",
+    "RelayMaximumRetryAttempts",
+    "RelayTimeout",
+    "RelayMemorySize",
+    "RelayPolicyArns",
+    "OutboxOptions",
+    "SweepSchedule",
+    "ReconcileHandler",
+    "ReconcileAfter",
+    "LogRetentionDays",
+    "Alarms",
+    "AlarmTopic",
 )
-#: The template creates an IAM managed policy without a fixed name.
+#: The template creates an IAM managed policy and (with the relay) a role, without fixed names.
 _CAPABILITIES = ["CAPABILITY_IAM"]
 _STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
 _MAX_EVENT_PAGES = 20
@@ -480,8 +503,63 @@ class StackDeployment:
     outputs: dict[str, str] = field(default_factory=dict)
 
 
+#: A stack parameter value: bools become "true"/"false"; the list parameters (Namespaces,
+#: RelayPolicyArns) also take a list of str; OutboxOptions also takes a dict (sent as JSON).
+StackParameterValue = str | int | bool | Sequence[str] | Mapping[str, Any]
+_LIST_PARAMETERS = ("Namespaces", "RelayPolicyArns")
+_HANDLER_PARAMETERS = ("RelayHandlers", "ReconcileHandler")
+_HANDLER_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def _parameter_text(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int)):
+        return str(value)
+    if (
+        key in _LIST_PARAMETERS
+        and isinstance(value, (list, tuple))
+        and all(isinstance(v, str) for v in value)
+    ):
+        return ",".join(value)
+    if key == "OutboxOptions" and isinstance(value, Mapping):
+        return json.dumps(dict(value), sort_keys=True)
+    kinds = "a str, int or bool"
+    if key in _LIST_PARAMETERS:
+        kinds += " or a list of str"
+    elif key == "OutboxOptions":
+        kinds += " or a dict"
+    raise TypeError(f"stack parameter {key} must be {kinds}, got {type(value).__name__}")
+
+
+def _check_parameter(key: str, text: str) -> None:
+    """Refuse values of the bundled template's parameters that would fail (or widen the policy)
+    in CloudFormation, before any request."""
+    if key == "Namespaces" and text:
+        _namespace_list(text.split(","))
+    elif key == "RelayNamespace":
+        _namespace_list([text])
+    elif key in _HANDLER_PARAMETERS and text and not _HANDLER_SPEC.match(text):
+        raise ValueError(f"stack parameter {key} must be MODULE:ATTRIBUTE, got {text!r}")
+    elif key == "OutboxOptions":
+        from .outbox.stream import OUTBOX_OPTIONS
+
+        try:
+            options = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"stack parameter OutboxOptions is not JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise ValueError(f"stack parameter OutboxOptions must be a JSON object, got {text!r}")
+        unknown = sorted(set(options) - set(OUTBOX_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown outbox option(s) {unknown} in OutboxOptions; the options are "
+                f"{', '.join(OUTBOX_OPTIONS)}"
+            )
+
+
 def _stack_parameters(
-    parameters: Mapping[str, str | int | bool] | None, *, check_names: bool
+    parameters: Mapping[str, StackParameterValue] | None, *, check_names: bool
 ) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in (parameters or {}).items():
@@ -491,14 +569,16 @@ def _stack_parameters(
             raise ValueError(
                 f"unknown stack parameter {key!r}; the template takes {', '.join(STACK_PARAMETERS)}"
             )
-        if isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        elif isinstance(value, (str, int)):
-            out[key] = str(value)
-        else:
-            raise TypeError(
-                f"stack parameter {key} must be a str, int or bool, got {type(value).__name__}"
-            )
+        out[key] = _parameter_text(key, value)
+        if check_names:
+            _check_parameter(key, out[key])
+    namespaces = out.get("Namespaces")
+    relay_namespace = out.get("RelayNamespace")
+    if namespaces and relay_namespace and relay_namespace not in namespaces.split(","):
+        raise ValueError(
+            f"RelayNamespace {relay_namespace!r} is not one of Namespaces {namespaces!r}: the "
+            "relay could not read its own events"
+        )
     return out
 
 
@@ -612,7 +692,7 @@ def deploy_stack(
     cfn_client: Any,
     stack_name: str,
     *,
-    parameters: Mapping[str, str | int | bool] | None = None,
+    parameters: Mapping[str, StackParameterValue] | None = None,
     template: str | None = None,
     wait: bool = True,
     progress: Progress = _noop,
@@ -621,9 +701,12 @@ def deploy_stack(
 ) -> StackDeployment:
     """Create the stack, or update it when it exists, from the bundled template.
 
-    ``parameters`` maps template parameters to values (bools become ``"true"``/``"false"``); on
-    an update, parameters not given keep their previous values (like ``aws cloudformation
-    deploy``). An update with nothing to change ("No updates are to be performed") is a success
+    ``parameters`` maps template parameters to values (bools become ``"true"``/``"false"``,
+    ``Namespaces`` and ``RelayPolicyArns`` also take a list, ``OutboxOptions`` a dict); values
+    that would fail in CloudFormation or widen the policy (a namespace with ``#`` or ``*``, a
+    handler that is not ``MODULE:ATTRIBUTE``, an unknown outbox option, a ``RelayNamespace``
+    outside ``Namespaces``) raise ``ValueError`` before any request. On an update, parameters
+    not given keep their previous values (like ``aws cloudformation deploy``). An update with nothing to change ("No updates are to be performed") is a success
     with ``changed=False``. With ``wait`` (default), polls until the stack settles and raises
     :class:`~dynacoord.errors.StackDeploymentError` unless it ends ``CREATE_COMPLETE`` /
     ``UPDATE_COMPLETE``; the error's message and ``events`` list the resource events that failed,

@@ -9,11 +9,23 @@ TTL is applied by CloudFormation itself and ``ensure_table`` is then a no-op.
 moto also cannot make a stack fail (a failing resource raises inside moto instead of producing
 ``CREATE_FAILED`` events), so the failure paths of ``deploy_stack`` / ``delete_stack`` use
 botocore's ``Stubber`` with the responses CloudFormation returns in that case.
+
+What else moto (5.2) cannot do, and so what these tests do not claim: it has no CloudFormation
+model of ``AWS::CloudWatch::Alarm`` (the alarms are skipped with a warning, checked statically
+here and by cfn-lint), it evaluates no ``Rules``, its update ignores resource ``Condition``s (so
+switching the relay on or off by an update is not something it can run: each configuration is
+created, updated and deleted on its own), it cannot update an ``AWS::IAM::ManagedPolicy`` (the
+``Namespaces`` scoping is checked at creation), it evaluates ``Export``s of outputs whose
+condition is false (the template exports only its unconditional outputs), and its
+``AWS::KMS::Key`` expects KMS-API tags (the key has none), and a role made by CloudFormation
+gets none of its ``ManagedPolicyArns`` (checked statically).
 """
 
 from __future__ import annotations
 
 import datetime
+import io
+import json
 import shutil
 import subprocess
 import sys
@@ -40,6 +52,9 @@ from dynacoord.provision import (
     verify_table,
 )
 from dynacoord.testing import DUMMY_CREDENTIALS
+
+#: moto has no CloudFormation model of CloudWatch alarms: it skips them with this warning.
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS.+CloudWatch.+Alarm:UserWarning")
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_TEMPLATE = ROOT / "cloudformation" / "dynacoord.yaml"
@@ -71,6 +86,21 @@ def _template() -> dict[str, Any]:
     assert not matches, matches
     assert template is not None
     return dict(template)
+
+
+def _every_parameter(**overrides: Any) -> dict[str, Any]:
+    """Every template parameter, at its default unless overridden. moto keeps only the values
+    passed explicitly and fails (KeyError) on UsePreviousValue for a defaulted one; AWS does not."""
+    values: dict[str, Any] = {
+        name: spec.get("Default", "") for name, spec in _template()["Parameters"].items()
+    }
+    for name in values:
+        if isinstance(values[name], list):  # cfn-lint decodes a list default
+            values[name] = ",".join(values[name])
+    unknown = set(overrides) - set(values)
+    assert not unknown, unknown
+    values.update(overrides)
+    return values
 
 
 # --- static checks ----------------------------------------------------------------------------
@@ -122,7 +152,34 @@ def test_template_table_matches_the_design() -> None:
     assert gsi["Projection"] == {"ProjectionType": "ALL"}
     assert props["TimeToLiveSpecification"] == {"AttributeName": "ttl", "Enabled": True}
     assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
-    assert props["SSESpecification"] == {"SSEEnabled": True}
+    # Encryption: an AWS owned key by default, a customer-managed one on request.
+    assert props["SSESpecification"] == {
+        "Fn::If": [
+            "UsesCustomerKey",
+            {
+                "SSEEnabled": True,
+                "SSEType": "KMS",
+                "KMSMasterKeyId": {
+                    "Fn::If": [
+                        "CreatesKey",
+                        {"Fn::GetAtt": ["TableKey", "Arn"]},
+                        {"Ref": "EncryptionKey"},
+                    ]
+                },
+            },
+            {"SSEEnabled": True},
+        ]
+    }
+    assert props["StreamSpecification"] == {
+        "Fn::If": ["HasStream", {"StreamViewType": "NEW_IMAGE"}, {"Ref": "AWS::NoValue"}]
+    }
+
+
+def test_a_stack_deletion_keeps_the_table_and_its_key() -> None:
+    resources = _template()["Resources"]
+    for name in ("Table", "TableKey"):
+        assert resources[name]["DeletionPolicy"] == "Retain", name
+        assert resources[name]["UpdateReplacePolicy"] == "Retain", name
 
 
 def test_template_policy_is_the_iam_policy_function() -> None:
@@ -148,9 +205,21 @@ def test_template_policy_is_the_iam_policy_function() -> None:
 
 def test_outputs_are_exported_with_the_stack_name() -> None:
     outputs = _template()["Outputs"]
-    assert set(outputs) == {"TableName", "TableArn", "AccessPolicyArn"}
+    conditional = {k: o["Condition"] for k, o in outputs.items() if "Condition" in o}
+    assert conditional == {
+        "StreamArn": "HasStream",
+        "EncryptionKeyArn": "CreatesKey",
+        "RelayFunctionName": "HasRelay",
+        "SweeperFunctionName": "HasRelay",
+        "DeadLetterQueueUrl": "HasRelay",
+        "AlarmTopicArn": "CreatesAlarmTopic",
+    }
     for key, output in outputs.items():
-        assert output["Export"]["Name"] == {"Fn::Sub": f"${{AWS::StackName}}-{key}"}
+        if key in conditional:
+            assert "Export" not in output, key  # see the module docstring (moto)
+        else:
+            assert output["Export"]["Name"] == {"Fn::Sub": f"${{AWS::StackName}}-{key}"}
+    assert set(outputs) - set(conditional) == {"TableName", "TableArn", "AccessPolicyArn"}
 
 
 # --- moto deployment --------------------------------------------------------------------------
@@ -227,13 +296,13 @@ def test_redeploy_without_changes_succeeds(aws: tuple[Any, Any]) -> None:
     lines: list[str] = []
     # Every parameter is given at creation: moto keeps only explicitly passed values and fails
     # (KeyError) on UsePreviousValue for a parameter that took its default; AWS does not.
-    everything = {
-        "TableName": "dc-again-table",
-        "BillingMode": "PROVISIONED",
-        "ReadCapacity": 5,
-        "WriteCapacity": 5,
-        "DeletionProtection": "false",
-    }
+    everything = _every_parameter(
+        TableName="dc-again-table",
+        BillingMode="PROVISIONED",
+        ReadCapacity=5,
+        WriteCapacity=5,
+        DeletionProtection="false",
+    )
     first = deploy_stack(cfn, "dc-again", parameters=everything, poll_interval=0)
     # Same template; the parameter not given keeps its previous value (UsePreviousValue), so
     # CloudFormation (and moto) answer "No updates are to be performed": a success.
@@ -256,12 +325,16 @@ def test_redeploy_without_changes_succeeds(aws: tuple[Any, Any]) -> None:
     assert table["TableStatus"] == "ACTIVE"
 
 
-def test_delete_stack_removes_the_table(aws: tuple[Any, Any]) -> None:
+def test_delete_stack_keeps_the_table_and_its_items(aws: tuple[Any, Any]) -> None:
     cfn, ddb = aws
     result = deploy_stack(cfn, "dc-del", parameters={"DeletionProtection": False}, poll_interval=0)
     table_name = result.outputs["TableName"]
+    ddb.put_item(TableName=table_name, Item={"pk": {"S": "LOCK#ns#k"}, "sk": {"S": "LOCK"}})
     assert delete_stack(cfn, "dc-del", poll_interval=0) is True
-    assert table_name not in ddb.list_tables()["TableNames"]
+    assert cfn.describe_stacks()["Stacks"] == []
+    # DeletionPolicy Retain: the stack is gone, the table and its data stay.
+    item = ddb.get_item(TableName=table_name, Key={"pk": {"S": "LOCK#ns#k"}, "sk": {"S": "LOCK"}})
+    assert item["Item"]["pk"] == {"S": "LOCK#ns#k"}
     assert delete_stack(cfn, "dc-del", poll_interval=0) is False
     with pytest.raises(StackDeploymentError, match="does not exist"):
         stack_outputs(cfn, "dc-del")
@@ -483,3 +556,371 @@ def test_failed_stack_deletion_raises_with_events(stubbed: tuple[Any, Stubber]) 
     )
     with pytest.raises(StackDeploymentError, match="DeletionProtectionEnabled"):
         delete_stack(client, "dc-fail", poll_interval=0)
+
+
+# --- the serverless outbox delivery (issue 15) --------------------------------------------------
+
+
+def _filter_matches(pattern: Any, record: Any) -> bool:
+    """The part of Lambda's event filtering the template uses: a list of allowed values, or
+    ``{"prefix": ...}``, at the leaves of nested keys."""
+    if isinstance(pattern, dict):
+        return isinstance(record, dict) and all(
+            key in record and _filter_matches(sub, record[key]) for key, sub in pattern.items()
+        )
+    assert isinstance(pattern, list), pattern
+    return any(
+        (isinstance(allowed, dict) and str(record).startswith(allowed["prefix"]))
+        or allowed == record
+        for allowed in pattern
+    )
+
+
+def _relay_filter(namespace: str) -> dict[str, Any]:
+    mapping = _template()["Resources"]["RelayEventSourceMapping"]["Properties"]
+    (only,) = mapping["FilterCriteria"]["Filters"]
+    text = only["Pattern"]["Fn::Sub"].replace("${RelayNamespace}", namespace)
+    assert "${" not in text
+    return dict(json.loads(text))
+
+
+def _stream_record(event_name: str, **image: str) -> dict[str, Any]:
+    return {
+        "eventName": event_name,
+        "eventSource": "aws:dynamodb",
+        "dynamodb": {
+            "NewImage": {k: {"N": v} if k == "attempts" else {"S": v} for k, v in image.items()},
+            "SequenceNumber": "1",
+        },
+    }
+
+
+def test_only_new_outbox_events_of_the_relay_namespace_reach_the_relay() -> None:
+    pattern = _relay_filter("orders")
+    new_event = _stream_record(
+        "INSERT", pk="OUTBOX#orders#e1", sk="EVENT", status="pending", attempts="0"
+    )
+    assert _filter_matches(pattern, new_event)
+    for other in (
+        _stream_record("MODIFY", pk="OUTBOX#orders#e1", sk="EVENT", status="in_flight"),
+        _stream_record("MODIFY", pk="OUTBOX#orders#e1", sk="EVENT", status="pending"),
+        _stream_record("INSERT", pk="OUTBOX#ordersx#e1", sk="EVENT", status="pending"),
+        _stream_record("INSERT", pk="OUTBOX#other#e1", sk="EVENT", status="pending"),
+        _stream_record("INSERT", pk="LOCK#orders#k", sk="LOCK"),
+        {"eventName": "REMOVE", "dynamodb": {"Keys": {"pk": {"S": "OUTBOX#orders#e1"}}}},
+    ):
+        assert not _filter_matches(pattern, other), other
+
+
+def test_the_relay_is_wired_for_partial_batch_failures_bisecting_and_dead_letters() -> None:
+    resources = _template()["Resources"]
+    mapping = resources["RelayEventSourceMapping"]["Properties"]
+    assert mapping["EventSourceArn"] == {"Fn::GetAtt": ["Table", "StreamArn"]}
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["BisectBatchOnFunctionError"] is True
+    assert mapping["StartingPosition"] == "TRIM_HORIZON"
+    assert mapping["DestinationConfig"] == {
+        "OnFailure": {"Destination": {"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}}
+    }
+    assert resources["RelayFunction"]["Properties"]["Handler"] == "dynacoord.serverless.relay"
+    assert resources["SweeperFunction"]["Properties"]["Handler"] == "dynacoord.serverless.sweep"
+    assert resources["SweepRule"]["Properties"]["ScheduleExpression"] == {"Ref": "SweepSchedule"}
+    assert resources["SweepPermission"]["Properties"]["SourceArn"] == {
+        "Fn::GetAtt": ["SweepRule", "Arn"]
+    }
+    # The functions' role: the table policy, logging, and what the handlers need (moto ignores a
+    # role's ManagedPolicyArns, so this is checked here).
+    role = resources["FunctionRole"]["Properties"]
+    with_extra, without = role["ManagedPolicyArns"]["Fn::If"][1:]
+    basic = {
+        "Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+    }
+    assert without == [{"Ref": "AccessPolicy"}, basic]
+    assert with_extra["Fn::Split"][1]["Fn::Join"][1] == [
+        {"Ref": "AccessPolicy"},
+        basic,
+        {"Fn::Join": [",", {"Ref": "RelayPolicyArns"}]},
+    ]
+    (inline,) = role["Policies"]
+    statements = {st["Sid"]: st for st in inline["PolicyDocument"]["Statement"]}
+    assert statements["ReadTheTableStream"]["Resource"] == {"Fn::Sub": "${Table.Arn}/stream/*"}
+    assert statements["SendDeadLetters"]["Action"] == "sqs:SendMessage"
+    # every piece of the relay exists only with Relay=true
+    relay_parts = {name for name, r in resources.items() if r.get("Condition") == "HasRelay"}
+    assert relay_parts == {
+        "DeadLetterQueue",
+        "FunctionRole",
+        "RelayFunction",
+        "RelayLogGroup",
+        "RelayEventSourceMapping",
+        "SweeperFunction",
+        "SweeperLogGroup",
+        "SweepRule",
+        "SweepPermission",
+    }
+
+
+def test_alarms_cover_relay_errors_dead_letters_and_throttles() -> None:
+    resources = _template()["Resources"]
+    alarms = {
+        name: r["Properties"]
+        for name, r in resources.items()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+    }
+    metrics = {name: (p["Namespace"], p["MetricName"]) for name, p in alarms.items()}
+    assert metrics == {
+        "TableThrottleAlarm": ("AWS/DynamoDB", "WriteThrottleEvents"),
+        "RelayErrorAlarm": ("AWS/Lambda", "Errors"),
+        "SweeperErrorAlarm": ("AWS/Lambda", "Errors"),
+        "RelayThrottleAlarm": ("AWS/Lambda", "Throttles"),
+        "RelayLagAlarm": ("AWS/Lambda", "IteratorAge"),
+        "DeadLetterAlarm": ("AWS/SQS", "ApproximateNumberOfMessagesVisible"),
+    }
+    for name, props in alarms.items():
+        assert props["AlarmActions"]["Fn::If"][0] == "NotifiesAlarms", name
+        assert props["TreatMissingData"] == "notBreaching", name
+    assert resources["AlarmTopicCreated"]["Condition"] == "CreatesAlarmTopic"
+
+
+@pytest.fixture()
+def code_bucket(aws: tuple[Any, Any]) -> Any:
+    """A bucket with two code bundles (k1.zip, k2.zip) in moto's S3; returns the S3 client."""
+    import zipfile
+
+    import boto3
+
+    s3 = boto3.client("s3", **DUMMY_CREDENTIALS)
+    s3.create_bucket(Bucket="dc-code")
+    for key, text in (("k1.zip", "v = 1\n"), ("k2.zip", "v = 2\n")):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as bundle:
+            bundle.writestr("app_handlers.py", text)
+        s3.put_object(Bucket="dc-code", Key=key, Body=buffer.getvalue())
+    return s3
+
+
+ALL_ON = {
+    "TableName": "dc-on-table",
+    "DeletionProtection": "false",
+    "Namespaces": "orders,billing",
+    "EncryptionKey": "create",
+    "Relay": "true",
+    "RelayNamespace": "orders",
+    "RelayHandlers": "app_handlers:HANDLERS",
+    "CodeS3Bucket": "dc-code",
+    "CodeS3Key": "k1.zip",
+    "RelayPolicyArns": "arn:aws:iam::aws:policy/AmazonSQSFullAccess",
+    "OutboxOptions": '{"max_attempts": 8}',
+    "ReconcileHandler": "app_handlers:on_stalled",
+    "AlarmTopic": "create",
+}
+
+
+def _policy_document(iam: Any, policy_arn: str) -> dict[str, Any]:
+    version = iam.get_policy(PolicyArn=policy_arn)["Policy"]["DefaultVersionId"]
+    document = iam.get_policy_version(PolicyArn=policy_arn, VersionId=version)["PolicyVersion"][
+        "Document"
+    ]
+    return dict(json.loads(document) if isinstance(document, str) else document)
+
+
+def _by_sid(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["Sid"]: s for s in document["Statement"]}
+
+
+def test_every_optional_part_on_deploys_updates_and_deletes(
+    aws: tuple[Any, Any], code_bucket: Any
+) -> None:
+    import boto3
+
+    cfn, ddb = aws
+    lam = boto3.client("lambda", **DUMMY_CREDENTIALS)
+    iam = boto3.client("iam", **DUMMY_CREDENTIALS)
+    events = boto3.client("events", **DUMMY_CREDENTIALS)
+    kms = boto3.client("kms", **DUMMY_CREDENTIALS)
+    sqs = boto3.client("sqs", **DUMMY_CREDENTIALS)
+
+    created = deploy_stack(cfn, "dc-on", parameters=_every_parameter(**ALL_ON), poll_interval=0)
+    assert created.status == "CREATE_COMPLETE"
+    outputs = created.outputs
+    assert set(outputs) == {
+        "TableName",
+        "TableArn",
+        "AccessPolicyArn",
+        "StreamArn",
+        "EncryptionKeyArn",
+        "RelayFunctionName",
+        "SweeperFunctionName",
+        "DeadLetterQueueUrl",
+        "AlarmTopicArn",
+    }
+    table = ddb.describe_table(TableName="dc-on-table")["Table"]
+    assert table["StreamSpecification"] == {"StreamEnabled": True, "StreamViewType": "NEW_IMAGE"}
+    assert outputs["StreamArn"] == table["LatestStreamArn"]
+    # (moto's DescribeKey fails on a key CloudFormation made: its policy is kept as a dict)
+    assert outputs["EncryptionKeyArn"] in {k["KeyArn"] for k in kms.list_keys()["Keys"]}
+
+    relay = lam.get_function(FunctionName=outputs["RelayFunctionName"])["Configuration"]
+    sweeper = lam.get_function(FunctionName=outputs["SweeperFunctionName"])["Configuration"]
+    assert relay["Handler"] == "dynacoord.serverless.relay"
+    assert sweeper["Handler"] == "dynacoord.serverless.sweep"
+    assert relay["Environment"]["Variables"] == {
+        "DYNACOORD_TABLE": "dc-on-table",
+        "DYNACOORD_NAMESPACE": "orders",
+        "DYNACOORD_OUTBOX_HANDLERS": "app_handlers:HANDLERS",
+        "DYNACOORD_OUTBOX_OPTIONS": '{"max_attempts": 8}',
+    }
+    assert sweeper["Environment"]["Variables"]["DYNACOORD_RECONCILE_HANDLER"] == (
+        "app_handlers:on_stalled"
+    )
+    (mapping,) = lam.list_event_source_mappings(FunctionName=outputs["RelayFunctionName"])[
+        "EventSourceMappings"
+    ]
+    assert mapping["EventSourceArn"] == table["LatestStreamArn"]
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["BisectBatchOnFunctionError"] is True
+    dlq_arn = sqs.get_queue_attributes(
+        QueueUrl=outputs["DeadLetterQueueUrl"], AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == dlq_arn
+    (only,) = mapping["FilterCriteria"]["Filters"]
+    assert json.loads(only["Pattern"]) == _relay_filter("orders")
+    (rule,) = events.list_rules()["Rules"]
+    assert rule["ScheduleExpression"] == "rate(1 minute)"
+    (target,) = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
+    assert target["Arn"] == sweeper["FunctionArn"]
+
+    # The managed policy is scoped to the namespaces, as iam_policy() scopes it.
+    document = _policy_document(iam, outputs["AccessPolicyArn"])
+    expected = _by_sid(iam_policy(outputs["TableArn"], ["orders", "billing"]))
+    for sid, statement in _by_sid(document).items():
+        keys = statement.get("Condition", {}).get("ForAllValues:StringLike", {})
+        wanted = expected[sid].get("Condition", {}).get("ForAllValues:StringLike", {})
+        assert sorted(keys.get("dynamodb:LeadingKeys", [])) == sorted(
+            wanted.get("dynamodb:LeadingKeys", [])
+        ), sid
+    assert "Condition" in _by_sid(document)["DynacoordItems"]
+
+    # An update with the relay on: new code, a bigger batch, a slower sweep.
+    # (no item is written here: moto would invoke the relay through Docker for its stream record)
+    updated = deploy_stack(
+        cfn,
+        "dc-on",
+        parameters={
+            "CodeS3Key": "k2.zip",
+            "RelayBatchSize": 25,
+            "SweepSchedule": "rate(5 minutes)",
+        },
+        poll_interval=0,
+    )
+    assert updated.status == "UPDATE_COMPLETE" and updated.changed
+    (mapping,) = lam.list_event_source_mappings(FunctionName=outputs["RelayFunctionName"])[
+        "EventSourceMappings"
+    ]
+    assert mapping["BatchSize"] == 25
+    assert events.list_rules()["Rules"][0]["ScheduleExpression"] == "rate(5 minutes)"
+    new_code = lam.get_function(FunctionName=outputs["RelayFunctionName"])["Configuration"]
+    assert new_code["CodeSha256"] != relay["CodeSha256"]
+    assert updated.outputs["TableName"] == "dc-on-table"
+
+    # Deleting the stack removes the delivery and keeps the table, its data and its key.
+    assert delete_stack(cfn, "dc-on", poll_interval=0) is True
+    assert lam.list_functions()["Functions"] == []
+    assert lam.list_event_source_mappings()["EventSourceMappings"] == []
+    assert events.list_rules()["Rules"] == []
+    assert ddb.describe_table(TableName="dc-on-table")["Table"]["TableStatus"] == "ACTIVE"
+    assert outputs["EncryptionKeyArn"] in {k["KeyArn"] for k in kms.list_keys()["Keys"]}
+
+
+def test_every_optional_part_off_deploys_updates_and_deletes(aws: tuple[Any, Any]) -> None:
+    import boto3
+
+    cfn, ddb = aws
+    off = _every_parameter(TableName="dc-off-table", DeletionProtection="false", Alarms="false")
+    created = deploy_stack(cfn, "dc-off", parameters=off, poll_interval=0)
+    resources = {
+        r["LogicalResourceId"]
+        for r in cfn.list_stack_resources(StackName="dc-off")["StackResourceSummaries"]
+    }
+    assert resources - {""} == {"Table", "AccessPolicy"}  # moto lists a skipped one as ""
+    assert set(created.outputs) == {"TableName", "TableArn", "AccessPolicyArn"}
+    table = ddb.describe_table(TableName="dc-off-table")["Table"]
+    assert table.get("StreamSpecification", {"StreamEnabled": False})["StreamEnabled"] is False
+    iam = boto3.client("iam", **DUMMY_CREDENTIALS)
+    document = _policy_document(iam, created.outputs["AccessPolicyArn"])
+    assert document == iam_policy(created.outputs["TableArn"])  # no namespace condition
+
+    updated = deploy_stack(cfn, "dc-off", parameters={"DeletionProtection": True}, poll_interval=0)
+    assert updated.status == "UPDATE_COMPLETE"
+    assert updated.outputs == created.outputs  # the same table
+    stack = cfn.describe_stacks(StackName="dc-off")["Stacks"][0]
+    assert {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}[
+        "DeletionProtection"
+    ] == "true"  # (moto does not apply it to the table; CloudFormation does)
+
+    assert delete_stack(cfn, "dc-off", poll_interval=0) is True
+    assert "dc-off-table" in ddb.list_tables()["TableNames"]
+
+
+def test_a_stream_without_the_relay_and_alarms_to_an_existing_topic(aws: tuple[Any, Any]) -> None:
+    import boto3
+
+    cfn, ddb = aws
+    topic = boto3.client("sns", **DUMMY_CREDENTIALS).create_topic(Name="ops")["TopicArn"]
+    result = deploy_stack(
+        cfn,
+        "dc-stream",
+        parameters=_every_parameter(
+            TableName="dc-stream-table", Stream="true", AlarmTopic=topic, DeletionProtection="false"
+        ),
+        poll_interval=0,
+    )
+    assert set(result.outputs) == {"TableName", "TableArn", "AccessPolicyArn", "StreamArn"}
+    table = ddb.describe_table(TableName="dc-stream-table")["Table"]
+    assert table["StreamSpecification"]["StreamViewType"] == "NEW_IMAGE"
+    assert boto3.client("lambda", **DUMMY_CREDENTIALS).list_functions()["Functions"] == []
+    assert delete_stack(cfn, "dc-stream", poll_interval=0) is True
+
+
+def test_stack_parameters_are_checked_before_any_request(aws: tuple[Any, Any]) -> None:
+    cfn, _ = aws
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"Namespaces": "a,b#c"}, ValueError, "'#'"),
+        ({"Namespaces": ["a", "team-*"]}, ValueError, "wildcard"),
+        ({"RelayNamespace": "x*"}, ValueError, "wildcard"),
+        ({"Namespaces": "a,b", "RelayNamespace": "c"}, ValueError, "not one of Namespaces"),
+        ({"RelayHandlers": "app.handlers"}, ValueError, "MODULE:ATTRIBUTE"),
+        ({"ReconcileHandler": "app:"}, ValueError, "MODULE:ATTRIBUTE"),
+        ({"OutboxOptions": {"lesae": 5}}, ValueError, "unknown outbox option"),
+        ({"OutboxOptions": "[1]"}, ValueError, "JSON object"),
+        ({"OutboxOptions": "{"}, ValueError, "not JSON"),
+        ({"Namespaces": {"a": 1}}, TypeError, "list of str"),
+    ]
+    for parameters, error, message in bad:
+        with pytest.raises(error, match=message):
+            deploy_stack(cfn, "dc-bad", parameters=parameters)
+    assert cfn.describe_stacks()["Stacks"] == []
+
+
+def test_list_and_dict_parameters_are_sent_as_cloudformation_text(
+    aws: tuple[Any, Any], code_bucket: Any
+) -> None:
+    cfn, _ = aws
+    parameters = _every_parameter(
+        **{
+            **ALL_ON,
+            "TableName": "dc-text-table",
+            "Namespaces": ["orders", "billing"],
+            "OutboxOptions": {"max_attempts": 8, "lease": 45},
+            "EncryptionKey": "",
+        }
+    )
+    sent: list[dict[str, Any]] = []
+    cfn.meta.events.register(
+        "provide-client-params.cloudformation.CreateStack",
+        lambda params, **_: sent.append(params),
+    )
+    deploy_stack(cfn, "dc-text", parameters=parameters, poll_interval=0)
+    given = {p["ParameterKey"]: p["ParameterValue"] for p in sent[0]["Parameters"]}
+    assert given["Namespaces"] == "orders,billing"
+    assert json.loads(given["OutboxOptions"]) == {"max_attempts": 8, "lease": 45}

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .. import keys
 from .._clock import Clock, SystemClock, now_ms
@@ -21,6 +21,9 @@ from ..errors import (
 from .event import Event, EventRecord, EventStatus
 from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
 from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
+
+if TYPE_CHECKING:
+    from .stream import StreamHandler, SweepHandler
 
 __all__ = ["MAX_EVENTS_PER_PUBLISH", "Outbox"]
 
@@ -147,6 +150,39 @@ class Outbox:
             retention=retention,
             heartbeat=heartbeat,
             name=name,
+        )
+
+    def stream_handler(
+        self, handlers: Handler | Mapping[str, Handler], **worker_options: Any
+    ) -> StreamHandler:
+        """A Lambda handler for the table's DynamoDB stream that delivers each new event of this
+        namespace as it is published, with the worker's claim (so it and polling workers never
+        both deliver an event), and returns ``{"batchItemFailures": [...]}`` listing only
+        records whose outcome could not be stored. ``worker_options`` are :meth:`worker`'s.
+        DynamoDB backend only. See :mod:`dynacoord.outbox.stream`."""
+        from .stream import StreamHandler
+
+        return StreamHandler(self.worker(handlers, **worker_options), self._store)
+
+    def sweep_handler(
+        self,
+        handlers: Handler | Mapping[str, Handler],
+        *,
+        runs: Any = None,
+        stalled_after: float = 300.0,
+        on_stalled: Callable[[Any], Any] | None = None,
+        **worker_options: Any,
+    ) -> SweepHandler:
+        """A Lambda handler for a schedule: polling passes for due retries, expired leases and
+        events the stream relay missed, then (with ``runs=backend.runs`` and ``on_stalled``)
+        ``runs.reconcile(stalled_after, on_stalled)``. See :mod:`dynacoord.outbox.stream`."""
+        from .stream import SweepHandler
+
+        return SweepHandler(
+            self.worker(handlers, **worker_options),
+            runs=runs,
+            stalled_after=stalled_after,
+            on_stalled=on_stalled,
         )
 
     # -- management ---------------------------------------------------------------------------

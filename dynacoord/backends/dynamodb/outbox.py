@@ -17,11 +17,11 @@ a worker whose lease ran out and was taken over cannot change the event any more
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import codec
-from ...errors import TransactionCancelledError
+from ...errors import InvalidKeyError, TransactionCancelledError
 from ...keys import outbox_index_pk, outbox_key, time_sk_bound
 from ...outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
@@ -360,3 +360,21 @@ class DynamoDBOutboxStore:
                 "not_found" if EventRecord.from_item(failed.item, now_ms) is None else "not_failed"
             )
         return "retried"
+
+    # -- stream images (issue 15: the stream relay) -----------------------------------------------
+
+    def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:
+        """The event a DynamoDB stream image (DynamoDB JSON, as Lambda delivers it) holds if it
+        is an outbox event of this namespace, else None. No request: it reads what the stream
+        carried, and the relay's claim re-checks the item itself."""
+        raw_id = image.get("event_id")
+        event_id = raw_id.get("S") if isinstance(raw_id, Mapping) else None
+        if not isinstance(event_id, str):
+            return None
+        try:
+            key = self._key(event_id)
+        except InvalidKeyError:
+            return None
+        if image.get("pk") != key["pk"] or image.get("sk") != key["sk"]:
+            return None  # another namespace, or not an outbox item
+        return EventRecord.from_item(unmarshal(image), now_ms)

@@ -1,0 +1,285 @@
+"""Serverless delivery: a Lambda handler for the table's DynamoDB stream, and a scheduled sweeper.
+
+``backend.outbox.stream_handler(handlers)`` returns a Lambda handler for DynamoDB Streams events.
+A publish inserts the event item; the stream hands its new image to the relay within about a
+second, with no polling cost. The relay then delivers it exactly as a polling worker would: it
+**claims** the event (the worker's conditional write with a fresh lease token), runs the handler
+and stores the outcome, all conditional on that token.
+
+The races the claim closes:
+
+* The relay and a polling worker (or the sweeper) see the same new event: both claim it with a
+  conditional write on its status, due time and lease token; exactly one wins and delivers it, the
+  other skips it. Nothing else coordinates them.
+* Lambda retries a stream batch (the invocation timed out, a record was reported as failed, or a
+  batch was bisected): every event of the retried batch that was already delivered is
+  ``completed`` (or in flight under its claim), so its claim is refused and it is not delivered
+  again. An event whose handler failed was rescheduled with backoff; the retry sees it not due
+  and leaves it to the sweeper.
+* A handler fails: the outcome is the outbox's own retry (backoff, then ``failed`` after
+  ``max_attempts``), stored in the table, so the stream batch is not blocked and nothing is lost;
+  a polling pass (the sweeper) picks the event up when it is due again.
+
+``{"batchItemFailures": [...]}`` lists only records whose outcome could not be stored (the store
+failed even after botocore's retries): Lambda retries exactly those (and the records after them in
+the shard). Records the relay skips (other namespaces, other item kinds, state changes of events
+that are not new pending events) are never reported.
+
+The relay stops claiming when the invocation's remaining time no longer holds a whole lease (plus
+a second to store the outcome); the events it leaves are pending and due, and the sweeper delivers
+them. ``sweep_handler`` is that sweeper: polling passes of the worker (due retries, expired leases,
+anything the stream missed or the relay left), for an EventBridge schedule, optionally followed by
+``runs.reconcile``.
+
+Only the DynamoDB backend has a stream; other backends raise
+:class:`~dynacoord.errors.NotSupportedError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from .._clock import now_ms
+from ..errors import InvalidValueError, NotSupportedError
+from .event import EventRecord
+from .store import OutboxStore
+from .worker import OutboxWorker
+
+__all__ = ["OUTBOX_OPTIONS", "StreamHandler", "SweepHandler"]
+
+logger = logging.getLogger(__name__)
+
+#: The worker options the bundled stack's functions take (``OutboxOptions`` / the environment
+#: variable ``DYNACOORD_OUTBOX_OPTIONS``, a JSON object).
+OUTBOX_OPTIONS = (
+    "batch_size",
+    "lease",
+    "max_attempts",
+    "backoff",
+    "max_backoff",
+    "on_missing_handler",
+    "retention",
+    "heartbeat",
+)
+
+#: Time kept beyond one lease before claiming: storing the outcome needs a request or two.
+OUTCOME_MARGIN_MS = 1000
+
+BatchResponse = dict[str, list[dict[str, str]]]
+
+
+class _StreamImages(Protocol):
+    """What the relay needs of a store besides the outbox protocol: reading a stream image."""
+
+    def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None: ...
+
+
+class _Reconciler(Protocol):
+    """``backend.runs`` as far as the sweeper uses it."""
+
+    def reconcile(self, older_than: float, handler: Callable[[Any], Any]) -> Any: ...
+
+
+def _keep_going(context: Any, needed_ms: int) -> Callable[[], bool]:
+    """Whether another claim fits in the invocation: its remaining time holds ``needed_ms``."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if remaining is None:
+        return lambda: True  # called outside Lambda (tests, scripts): no deadline
+    return lambda: int(remaining()) > needed_ms
+
+
+def _stream_records(event: Any) -> Sequence[Mapping[str, Any]]:
+    if not isinstance(event, Mapping) or not isinstance(event.get("Records"), list):
+        raise InvalidValueError(
+            "not a DynamoDB Streams event: expected a mapping with a 'Records' list, got "
+            f"{type(event).__name__}"
+        )
+    records: list[Mapping[str, Any]] = event["Records"]
+    for record in records:
+        source = record.get("eventSource") if isinstance(record, Mapping) else None
+        if source != "aws:dynamodb":
+            # Wired to another source (SQS, Kinesis) by mistake: skipping its records would drop
+            # them for good, so refuse the whole batch loudly instead.
+            raise InvalidValueError(
+                f"not a DynamoDB Streams record (eventSource {source!r}): the stream relay "
+                "takes the events of the dynacoord table's stream only"
+            )
+    return records
+
+
+class StreamHandler:
+    """The Lambda handler made by :meth:`Outbox.stream_handler`: ``handler(event, context)``
+    returns ``{"batchItemFailures": [{"itemIdentifier": sequence_number}, ...]}``.
+
+    ``worker`` delivers (its handlers, lease, retries, backoff and max attempts apply); ``store``
+    is the outbox store, which must read stream images (the DynamoDB store does). Counters since
+    the handler was made: ``delivered``/``retried``/``failed``/``lost`` on :attr:`worker`, and
+    ``skipped`` (records that were not new pending events of this namespace), ``not_claimed``
+    (claims refused: delivered already, or by someone else), ``left`` (not claimed for lack of
+    time) and ``store_errors`` here.
+    """
+
+    def __init__(self, worker: OutboxWorker, store: OutboxStore) -> None:
+        reader = getattr(store, "stream_record", None)
+        if not callable(reader):
+            raise NotSupportedError(
+                f"stream_handler needs a store with a DynamoDB stream (the DynamoDB backend); "
+                f"{type(store).__name__} has none: deliver with a polling worker instead"
+            )
+        images: _StreamImages = store  # type: ignore[assignment]
+        self.worker = worker
+        self._store = store
+        self._images = images
+        self.skipped = 0
+        self.not_claimed = 0
+        self.left = 0
+        self.store_errors = 0
+
+    # -- the records -------------------------------------------------------------------------------
+
+    def candidate(self, record: Mapping[str, Any], now: int) -> EventRecord | None:
+        """The event a stream record announces if it is a new pending event of this namespace:
+        an INSERT, or a MODIFY that made an event pending with no attempt counted (a failed
+        event put back by ``outbox.retry``, or a re-publish over an expired one). None for
+        everything else: other item kinds and namespaces, removals, and state changes of events
+        under delivery (a rescheduled retry waits for its backoff; the sweeper delivers it)."""
+        name = record.get("eventName")
+        stream = record.get("dynamodb")
+        image = stream.get("NewImage") if isinstance(stream, Mapping) else None
+        if name not in ("INSERT", "MODIFY") or not isinstance(image, Mapping):
+            return None
+        try:
+            seen = self._images.stream_record(image, now)
+        except Exception:
+            # An outbox item this code cannot read (written by a newer version?): the polling
+            # worker meets the same item; reporting it would only stall the shard.
+            logger.exception("stream record %r: unreadable outbox item, skipped", _sequence(record))
+            return None
+        if seen is None or seen.status.value != "pending" or seen.lease_token is not None:
+            return None
+        if name == "MODIFY" and seen.attempts != 0:
+            return None
+        return seen
+
+    # -- the handler ---------------------------------------------------------------------------------
+
+    def __call__(self, event: Any, context: Any = None) -> BatchResponse:
+        records = _stream_records(event)
+        now = now_ms(self.worker.clock)
+        candidates: list[tuple[str, EventRecord]] = []
+        for record in records:
+            seen = self.candidate(record, now)
+            if seen is None:
+                self.skipped += 1
+                continue
+            candidates.append((_sequence(record), seen))
+        keep_going = _keep_going(context, self.worker.lease_ms + OUTCOME_MARGIN_MS)
+        failures: list[str] = []
+        for index, (sequence, seen) in enumerate(candidates):
+            if self.worker.stopping or not keep_going():
+                left = len(candidates) - index
+                self.left += left
+                logger.info(
+                    "%s: %d new event(s) left pending for the sweeper (no time for a lease)",
+                    self.worker.name,
+                    left,
+                )
+                break
+            try:
+                self._deliver(seen)
+            except Exception:
+                # The store failed (after botocore's retries): the claim or the outcome is not
+                # stored. Lambda retries this record; a retry whose claim is refused is harmless.
+                self.store_errors += 1
+                logger.exception(
+                    "%s: event %r (stream record %s): outcome not stored, reported for a retry",
+                    self.worker.name,
+                    seen.id,
+                    sequence,
+                )
+                failures.append(sequence)
+        return {"batchItemFailures": [{"itemIdentifier": s} for s in failures]}
+
+    def _deliver(self, seen: EventRecord) -> None:
+        # The worker's own claim (conditional on the status, due time and lease token seen) and
+        # its own processing of a claimed event (handler, heartbeat, outcome under the token).
+        worker = self.worker
+        token = uuid.uuid4().hex
+        now = now_ms(worker.clock)
+        record = self._store.claim(seen, token, now + worker.lease_ms, now)
+        if record is None:
+            self.not_claimed += 1
+            return
+        worker._process(record, token)
+
+    def __repr__(self) -> str:
+        return f"StreamHandler(worker={self.worker!r})"
+
+
+def _sequence(record: Mapping[str, Any]) -> str:
+    stream = record.get("dynamodb")
+    sequence = stream.get("SequenceNumber") if isinstance(stream, Mapping) else None
+    if not isinstance(sequence, str) or not sequence:
+        raise InvalidValueError("a DynamoDB Streams record without dynamodb.SequenceNumber")
+    return sequence
+
+
+class SweepHandler:
+    """The Lambda handler made by :meth:`Outbox.sweep_handler`, for an EventBridge schedule.
+
+    Each invocation runs polling passes of :attr:`worker` (due retries, expired leases, events
+    the stream relay missed or left) while a pass finds a full batch and a lease still fits in the
+    remaining time, then, with ``reconcile``, one reconcile pass of stalled workflow runs. Returns
+    what it did (a JSON-able dict, for the function's log).
+    """
+
+    def __init__(
+        self,
+        worker: OutboxWorker,
+        *,
+        runs: _Reconciler | None = None,
+        stalled_after: float = 300.0,
+        on_stalled: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if (runs is None) != (on_stalled is None):
+            raise TypeError("reconciling needs both runs= (backend.runs) and on_stalled=")
+        if on_stalled is not None and not callable(on_stalled):
+            raise TypeError("on_stalled must be callable")
+        self.worker = worker
+        self._runs = runs
+        self._stalled_after = stalled_after
+        self._on_stalled = on_stalled
+
+    def __call__(self, event: Any = None, context: Any = None) -> dict[str, Any]:
+        worker = self.worker
+        before = (worker.delivered, worker.retried, worker.failed, worker.lost)
+        keep_going = _keep_going(context, worker.lease_ms + OUTCOME_MARGIN_MS)
+        handled = 0
+        passes = 0
+        while keep_going() and not worker.stopping:
+            found = worker.run_once(keep_going=keep_going)
+            handled += found
+            passes += 1
+            if found < worker.batch_size:
+                break  # the queue is drained (or the rest belongs to other workers now)
+        result: dict[str, Any] = {
+            "passes": passes,
+            "handled": handled,
+            "delivered": worker.delivered - before[0],
+            "retried": worker.retried - before[1],
+            "failed": worker.failed - before[2],
+            "lost_leases": worker.lost - before[3],
+        }
+        if self._runs is not None and self._on_stalled is not None:
+            stats = self._runs.reconcile(self._stalled_after, self._on_stalled)
+            is_record = dataclasses.is_dataclass(stats) and not isinstance(stats, type)
+            result["reconcile"] = dataclasses.asdict(stats) if is_record else stats
+        logger.info("%s: sweep %r", worker.name, result)
+        return result
+
+    def __repr__(self) -> str:
+        return f"SweepHandler(worker={self.worker!r})"
