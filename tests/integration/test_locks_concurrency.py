@@ -1,5 +1,5 @@
 """Mutual exclusion under real contention on real servers: Amazon DynamoDB Local, redis-server,
-and MongoDB when ``MONGODB_URI`` is set."""
+a 3-primary Redis Cluster, and MongoDB when ``MONGODB_URI`` is set."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from tests.backends_fixtures import EXTRA_CONTRACT_BACKENDS
 
 THREADS = 8
 ROUNDS = 50
-REAL_SERVERS = ["dynamodb", "redis", *(k for k in EXTRA_CONTRACT_BACKENDS if k == "mongodb")]
+REAL_SERVERS = [
+    "dynamodb",
+    "redis",
+    "redis_cluster",
+    *(k for k in EXTRA_CONTRACT_BACKENDS if k == "mongodb"),
+]
 
 
 @pytest.fixture(params=REAL_SERVERS)
