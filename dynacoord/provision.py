@@ -35,6 +35,7 @@ __all__ = [
     "METADATA_ACTIONS",
     "STACK_PARAMETERS",
     "TTL_ATTRIBUTE",
+    "RelayBundle",
     "StackDeployment",
     "StackParameterValue",
     "create_table",
@@ -44,10 +45,12 @@ __all__ = [
     "ensure_table",
     "iam_policy",
     "is_warning",
+    "package_relay",
     "stack_outputs",
     "table_definition",
     "template_body",
     "template_path",
+    "upload_bundle",
     "verify_table",
 ]
 
@@ -460,6 +463,7 @@ STACK_PARAMETERS = (
     "RelayMemorySize",
     "RelayPolicyArns",
     "OutboxOptions",
+    "HandlerSettings",
     "SweepSchedule",
     "ReconcileHandler",
     "ReconcileAfter",
@@ -504,7 +508,8 @@ class StackDeployment:
 
 
 #: A stack parameter value: bools become "true"/"false"; the list parameters (Namespaces,
-#: RelayPolicyArns) also take a list of str; OutboxOptions also takes a dict (sent as JSON).
+#: RelayPolicyArns) also take a list of str; OutboxOptions and HandlerSettings also take a dict
+#: (sent as JSON).
 StackParameterValue = str | int | bool | Sequence[str] | Mapping[str, Any]
 _LIST_PARAMETERS = ("Namespaces", "RelayPolicyArns")
 _HANDLER_PARAMETERS = ("RelayHandlers", "ReconcileHandler")
@@ -522,12 +527,12 @@ def _parameter_text(key: str, value: Any) -> str:
         and all(isinstance(v, str) for v in value)
     ):
         return ",".join(value)
-    if key == "OutboxOptions" and isinstance(value, Mapping):
+    if key in ("OutboxOptions", "HandlerSettings") and isinstance(value, Mapping):
         return json.dumps(dict(value), sort_keys=True)
     kinds = "a str, int or bool"
     if key in _LIST_PARAMETERS:
         kinds += " or a list of str"
-    elif key == "OutboxOptions":
+    elif key in ("OutboxOptions", "HandlerSettings"):
         kinds += " or a dict"
     raise TypeError(f"stack parameter {key} must be {kinds}, got {type(value).__name__}")
 
@@ -541,16 +546,16 @@ def _check_parameter(key: str, text: str) -> None:
         _namespace_list([text])
     elif key in _HANDLER_PARAMETERS and text and not _HANDLER_SPEC.match(text):
         raise ValueError(f"stack parameter {key} must be MODULE:ATTRIBUTE, got {text!r}")
-    elif key == "OutboxOptions":
+    elif key in ("OutboxOptions", "HandlerSettings"):
         from .outbox.stream import OUTBOX_OPTIONS
 
         try:
             options = json.loads(text)
         except ValueError as exc:
-            raise ValueError(f"stack parameter OutboxOptions is not JSON: {exc}") from None
+            raise ValueError(f"stack parameter {key} is not JSON: {exc}") from None
         if not isinstance(options, dict):
-            raise ValueError(f"stack parameter OutboxOptions must be a JSON object, got {text!r}")
-        unknown = sorted(set(options) - set(OUTBOX_OPTIONS))
+            raise ValueError(f"stack parameter {key} must be a JSON object, got {text!r}")
+        unknown = sorted(set(options) - set(OUTBOX_OPTIONS)) if key == "OutboxOptions" else []
         if unknown:
             raise ValueError(
                 f"unknown outbox option(s) {unknown} in OutboxOptions; the options are "
@@ -702,7 +707,8 @@ def deploy_stack(
     """Create the stack, or update it when it exists, from the bundled template.
 
     ``parameters`` maps template parameters to values (bools become ``"true"``/``"false"``,
-    ``Namespaces`` and ``RelayPolicyArns`` also take a list, ``OutboxOptions`` a dict); values
+    ``Namespaces`` and ``RelayPolicyArns`` also take a list, ``OutboxOptions`` and
+    ``HandlerSettings`` a dict); values
     that would fail in CloudFormation or widen the policy (a namespace with ``#`` or ``*``, a
     handler that is not ``MODULE:ATTRIBUTE``, an unknown outbox option, a ``RelayNamespace``
     outside ``Namespaces``) raise ``ValueError`` before any request. On an update, parameters
@@ -845,6 +851,151 @@ def stack_outputs(cfn_client: Any, stack_name: str) -> dict[str, str]:
             f"stack {stack_name} does not exist", stack_name=stack_name, events=[]
         )
     return _outputs(stack)
+
+
+# --- the code bundle of the relay and the sweeper ------------------------------------------------
+
+#: Every entry of a bundle gets this time stamp, so the same files make the same bytes (and the
+#: same S3 key): a redeploy of unchanged code changes nothing.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayBundle:
+    """The code bundle of the stack's relay and sweeper (:func:`package_relay`)."""
+
+    #: the zip file's bytes
+    data: bytes
+    #: hex SHA-256 of ``data``
+    sha256: str
+    #: the paths inside the zip, sorted
+    files: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """A file name that changes with the content: a new S3 key for new code is what makes
+        CloudFormation update the functions."""
+        return f"dynacoord-relay-{self.sha256[:20]}.zip"
+
+
+def _tree(root: Path, arcroot: str) -> Iterable[tuple[Path, str]]:
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if (
+            path.is_file()
+            and "__pycache__" not in rel.parts
+            and path.suffix not in (".pyc", ".pyo")
+        ):
+            yield path, f"{arcroot}/{rel.as_posix()}"
+
+
+def _module_files(module: str) -> list[tuple[Path, str]]:
+    """The files of the top-level module or package ``module`` (found as ``import`` would)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin in (None, "built-in", "frozen"):
+        raise ValueError(f"cannot find module {module!r} to package (is it importable here?)")
+    origin = Path(str(spec.origin))
+    if spec.submodule_search_locations:
+        return list(_tree(origin.parent, module))
+    return [(origin, f"{module}{origin.suffix}")]
+
+
+def package_relay(
+    handlers: str,
+    *,
+    include: Iterable[str | Path] = (),
+    reconcile: str | None = None,
+    check: bool = True,
+) -> RelayBundle:
+    """Build the code bundle of the stack's relay and sweeper: a zip of dynacoord,
+    typing-extensions (dynacoord's one dependency that Lambda's Python runtime lacks), the
+    top-level module or package of ``handlers`` (``MODULE:ATTRIBUTE``), the module of
+    ``reconcile`` if given, and every file or folder of ``include`` (at its own name). boto3 and
+    botocore come from the Lambda runtime and are not bundled.
+
+    With ``check`` (default), ``handlers`` (and ``reconcile``) are imported here first, as the
+    functions will import them, and must be a callable or a mapping of event types to callables:
+    a typo fails now, not in the deployed function. The bytes are deterministic (fixed entry
+    times, sorted entries)."""
+    import io
+    import zipfile
+
+    import typing_extensions
+
+    from .serverless import load_object
+
+    specs = [("handlers", handlers)] + ([("reconcile handler", reconcile)] if reconcile else [])
+    for what, spec in specs:
+        if not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
+            raise ValueError(f"{what} must be MODULE:ATTRIBUTE, got {spec!r}")
+    if check:
+        for what, spec in specs:
+            target = load_object(spec, what)
+            if what == "handlers" and isinstance(target, Mapping):
+                bad = [k for k, v in target.items() if not isinstance(k, str) or not callable(v)]
+                if bad:
+                    raise ValueError(
+                        f"handlers {spec!r}: entries {bad!r} do not map an event type to a callable"
+                    )
+            elif not callable(target):
+                raise ValueError(f"{what} {spec!r} is not callable (nor a mapping of handlers)")
+    package_root = Path(__file__).resolve().parent
+    entries: dict[str, Path] = {}
+    sources = list(_tree(package_root, "dynacoord"))
+    sources.append((Path(str(typing_extensions.__file__)), "typing_extensions.py"))
+    for _, spec in specs:
+        top = spec.partition(":")[0].split(".")[0]
+        if top != "dynacoord":
+            sources.extend(_module_files(top))
+    for item in include:
+        path = Path(item)
+        if path.is_dir():
+            sources.extend(_tree(path, path.resolve().name))
+        elif path.is_file():
+            sources.append((path, path.name))
+        else:
+            raise ValueError(f"cannot include {str(item)!r}: no such file or folder")
+    for path, arcname in sources:
+        previous = entries.setdefault(arcname, path)
+        if previous.resolve() != path.resolve():
+            raise ValueError(f"two files would be {arcname!r} in the bundle: {previous}, {path}")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for arcname in sorted(entries):
+            info = zipfile.ZipInfo(arcname, _ZIP_EPOCH)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            bundle.writestr(info, entries[arcname].read_bytes())
+    data = buffer.getvalue()
+    import hashlib
+
+    return RelayBundle(data, hashlib.sha256(data).hexdigest(), tuple(sorted(entries)))
+
+
+def upload_bundle(s3_client: Any, bundle: RelayBundle, bucket: str, *, prefix: str = "") -> str:
+    """Upload ``bundle`` to ``s3://bucket/{prefix}{bundle.name}`` (unless that key already holds
+    it) and return the key, for the stack parameters ``CodeS3Bucket`` / ``CodeS3Key``."""
+    from botocore.exceptions import ClientError
+
+    key = f"{prefix}{bundle.name}"
+    try:
+        s3_client.head_object(Bucket=bucket, Key=key)
+        return key  # the key names the content: it is there already
+    except ClientError as exc:
+        if _error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
+            raise BackendError(
+                f"cannot check s3://{bucket}/{key}: {_error_message(exc)}", code=_error_code(exc)
+            ) from exc
+    try:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=bundle.data)
+    except ClientError as exc:
+        raise BackendError(
+            f"cannot upload the relay bundle to s3://{bucket}/{key}: {_error_message(exc)}",
+            code=_error_code(exc),
+        ) from exc
+    return key
 
 
 # --- IAM ---------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ invocation:
   (``dynacoord stack package``);
 * ``DYNACOORD_OUTBOX_OPTIONS``: worker options as a JSON object (``{"max_attempts": 8}``; the
   names in :data:`dynacoord.outbox.stream.OUTBOX_OPTIONS`);
+* ``DYNACOORD_HANDLER_SETTINGS``: settings for your handlers as a JSON object (stack parameter
+  ``HandlerSettings``), read with :func:`handler_settings`;
 * sweeper only: ``DYNACOORD_RECONCILE_HANDLER`` (``MODULE:ATTRIBUTE`` of a callback taking a
   stalled :class:`~dynacoord.runs.Run`; empty: no reconciling) and ``DYNACOORD_RECONCILE_AFTER``
   (seconds, default 300).
@@ -32,7 +34,7 @@ from typing import Any
 from .errors import ConfigurationError
 from .outbox.stream import OUTBOX_OPTIONS, BatchResponse, StreamHandler, SweepHandler
 
-__all__ = ["load_object", "outbox_options", "relay", "sweep"]
+__all__ = ["handler_settings", "load_object", "outbox_options", "relay", "sweep"]
 
 _SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 
@@ -70,6 +72,23 @@ def outbox_options(text: str | None) -> dict[str, Any]:
             f"unknown outbox option(s) {unknown}; the options are {', '.join(OUTBOX_OPTIONS)}"
         )
     return options
+
+
+def handler_settings() -> dict[str, Any]:
+    """The settings the stack gives your handlers (``HandlerSettings``: the environment variable
+    ``DYNACOORD_HANDLER_SETTINGS``, a JSON object); ``{}`` when unset. For a handlers module::
+
+        settings = handler_settings()
+        HANDLERS = SQSRelay(boto3.client("sqs"), settings["queue_url"])
+    """
+    text = os.environ.get("DYNACOORD_HANDLER_SETTINGS") or "{}"
+    try:
+        settings = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"DYNACOORD_HANDLER_SETTINGS is not JSON: {exc}") from exc
+    if not isinstance(settings, dict):
+        raise ConfigurationError(f"DYNACOORD_HANDLER_SETTINGS must be a JSON object, got {text!r}")
+    return settings
 
 
 def _handlers() -> Any:

@@ -711,6 +711,7 @@ ALL_ON = {
     "CodeS3Key": "k1.zip",
     "RelayPolicyArns": "arn:aws:iam::aws:policy/AmazonSQSFullAccess",
     "OutboxOptions": '{"max_attempts": 8}',
+    "HandlerSettings": '{"queue_url": "https://sqs.example/q"}',
     "ReconcileHandler": "app_handlers:on_stalled",
     "AlarmTopic": "create",
 }
@@ -769,6 +770,7 @@ def test_every_optional_part_on_deploys_updates_and_deletes(
         "DYNACOORD_NAMESPACE": "orders",
         "DYNACOORD_OUTBOX_HANDLERS": "app_handlers:HANDLERS",
         "DYNACOORD_OUTBOX_OPTIONS": '{"max_attempts": 8}',
+        "DYNACOORD_HANDLER_SETTINGS": '{"queue_url": "https://sqs.example/q"}',
     }
     assert sweeper["Environment"]["Variables"]["DYNACOORD_RECONCILE_HANDLER"] == (
         "app_handlers:on_stalled"
@@ -894,6 +896,8 @@ def test_stack_parameters_are_checked_before_any_request(aws: tuple[Any, Any]) -
         ({"OutboxOptions": {"lesae": 5}}, ValueError, "unknown outbox option"),
         ({"OutboxOptions": "[1]"}, ValueError, "JSON object"),
         ({"OutboxOptions": "{"}, ValueError, "not JSON"),
+        ({"HandlerSettings": "[]"}, ValueError, "HandlerSettings must be a JSON object"),
+        ({"HandlerSettings": 5}, ValueError, "HandlerSettings must be a JSON object"),
         ({"Namespaces": {"a": 1}}, TypeError, "list of str"),
     ]
     for parameters, error, message in bad:

@@ -1,11 +1,13 @@
-"""``dynacoord table create|verify|delete``, ``dynacoord stack deploy|delete|outputs|template``
-and ``dynacoord iam-policy``."""
+"""``dynacoord table create|verify|delete``, ``dynacoord stack
+deploy|package|delete|outputs|template`` and ``dynacoord iam-policy``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, TableNotReadyError
@@ -83,15 +85,36 @@ def _register_stack(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="template parameter (repeat): TableName, BillingMode, ReadCapacity, "
-        "WriteCapacity, DeletionProtection",
+        help="template parameter (repeat), e.g. TableName=orders-coord, Namespaces=a,b, "
+        "EncryptionKey=create, AlarmTopic=create (`dynacoord stack template` lists them all)",
     )
+    deploy.add_argument(
+        "--relay",
+        metavar="MODULE:HANDLERS",
+        help="deliver the outbox serverlessly with these handlers: package them with dynacoord, "
+        "upload the bundle to --code-bucket and turn on the stream relay and the sweeper for "
+        "the --namespace",
+    )
+    _bundle_options(deploy)
     deploy.add_argument("--no-wait", action="store_true", help="return once the change started")
     deploy.add_argument(
         "--poll-interval", type=float, default=5.0, help="seconds between status checks"
     )
 
-    delete = add_command(sub, "delete", _stack_delete, "delete the stack (and its table)")
+    package = add_command(
+        sub,
+        "package",
+        _stack_package,
+        "build the code bundle of the relay and the sweeper (dynacoord + your handlers module); "
+        "write it (--output) and/or upload it (--code-bucket)",
+    )
+    package.add_argument("handlers", metavar="MODULE:HANDLERS", help="your handlers")
+    package.add_argument("--output", metavar="FILE", help="write the zip here")
+    _bundle_options(package)
+
+    delete = add_command(
+        sub, "delete", _stack_delete, "delete the stack (its table and key are kept)"
+    )
     _stack_name_option(delete)
     delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
     delete.add_argument("--no-wait", action="store_true", help="return once the deletion started")
@@ -107,6 +130,30 @@ def _register_stack(subparsers: Any) -> None:
 
 def _stack_name_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack-name", default="dynacoord", help="default: dynacoord")
+
+
+def _bundle_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--code-bucket", metavar="BUCKET", help="S3 bucket for the code bundle")
+    parser.add_argument(
+        "--code-prefix", default="dynacoord/", metavar="PREFIX", help="S3 key prefix (dynacoord/)"
+    )
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also bundle this file or folder (repeat), e.g. modules your handlers import",
+    )
+    parser.add_argument(
+        "--reconcile",
+        metavar="MODULE:FUNCTION",
+        help="a callback for stalled workflow runs; the sweeper then also reconciles runs",
+    )
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not import the handlers here before bundling them",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -201,12 +248,101 @@ def _parse_parameters(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _aws_client(ctx: Context, service: str) -> Any:
+    """A client for the stack commands: ``--endpoint-url`` (or ``DYNACOORD_ENDPOINT_URL``) is
+    used for every service they call (an emulator such as LocalStack serves them all on one
+    endpoint); without it boto3 reads ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``."""
+    import boto3
+    from botocore.config import Config
+
+    factory: Any = boto3.client  # the service name is a variable: no typed overload applies
+    return factory(
+        service,
+        region_name=ctx.args.region or None,
+        endpoint_url=ctx.args.endpoint_url or None,
+        config=Config(retries={"max_attempts": 8, "mode": "adaptive"}),
+    )
+
+
+def _bundle(ctx: Context, handlers: str, settings: str | None = None) -> Any:
+    from ..provision import package_relay
+
+    # Like `python -m` (and `outbox work --handler`): modules in the current directory import.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    # The check imports the handlers as the functions will: with the HandlerSettings they get.
+    previous = os.environ.get("DYNACOORD_HANDLER_SETTINGS")
+    if settings is not None:
+        os.environ["DYNACOORD_HANDLER_SETTINGS"] = settings
+    try:
+        bundle = package_relay(
+            handlers,
+            include=ctx.args.include,
+            reconcile=ctx.args.reconcile,
+            check=not ctx.args.no_check,
+        )
+    finally:
+        if settings is not None:
+            if previous is None:
+                os.environ.pop("DYNACOORD_HANDLER_SETTINGS", None)
+            else:
+                os.environ["DYNACOORD_HANDLER_SETTINGS"] = previous
+    ctx.progress(f"bundled {len(bundle.files)} files ({len(bundle.data)} bytes) for {handlers}")
+    return bundle
+
+
+def _upload(ctx: Context, bundle: Any) -> tuple[str, str]:
+    from ..provision import upload_bundle
+
+    bucket = ctx.args.code_bucket
+    key = upload_bundle(_aws_client(ctx, "s3"), bundle, bucket, prefix=ctx.args.code_prefix)
+    ctx.progress(f"code bundle at s3://{bucket}/{key}")
+    return bucket, key
+
+
+def _stack_package(ctx: Context) -> Any:
+    if not ctx.args.output and not ctx.args.code_bucket:
+        raise UsageError("stack package needs --output FILE and/or --code-bucket BUCKET")
+    bundle = _bundle(ctx, ctx.args.handlers)
+    result: dict[str, Any] = {
+        "sha256": bundle.sha256,
+        "size": len(bundle.data),
+        "files": len(bundle.files),
+    }
+    if ctx.args.output:
+        Path(ctx.args.output).write_bytes(bundle.data)
+        result["output"] = ctx.args.output
+    if ctx.args.code_bucket:
+        bucket, key = _upload(ctx, bundle)
+        result["parameters"] = {"CodeS3Bucket": bucket, "CodeS3Key": key}
+    return result
+
+
 def _stack_deploy(ctx: Context) -> Any:
     from ..provision import deploy_stack
 
-    parameters = _parse_parameters(ctx.args.parameter)
+    parameters: dict[str, Any] = _parse_parameters(ctx.args.parameter)
+    relay = ctx.args.relay
+    if relay is None and (ctx.args.code_bucket or ctx.args.include or ctx.args.reconcile):
+        raise UsageError("--code-bucket, --include and --reconcile go with --relay")
+    if relay is not None:
+        clash = sorted(
+            {"Relay", "RelayHandlers", "CodeS3Bucket", "CodeS3Key", "ReconcileHandler"}
+            & set(parameters)
+        )
+        if clash:
+            raise UsageError(f"--relay sets {', '.join(clash)}: do not also pass them")
+        if not ctx.args.code_bucket:
+            raise UsageError(
+                "--relay needs --code-bucket BUCKET (an S3 bucket in the stack's region for "
+                "the code bundle)"
+            )
+        bucket, key = _upload(ctx, _bundle(ctx, relay, parameters.get("HandlerSettings")))
+        parameters.update(Relay="true", RelayHandlers=relay, CodeS3Bucket=bucket, CodeS3Key=key)
+        parameters["ReconcileHandler"] = ctx.args.reconcile or ""
+        parameters.setdefault("RelayNamespace", ctx.args.namespace)
     result = deploy_stack(
-        ctx.client("cloudformation"),
+        _aws_client(ctx, "cloudformation"),
         ctx.args.stack_name,
         parameters=parameters,
         wait=not ctx.args.no_wait,
@@ -228,10 +364,11 @@ def _stack_delete(ctx: Context) -> Any:
 
     if not ctx.args.yes:
         raise UsageError(
-            f"stack delete removes stack {ctx.args.stack_name!r} and its table: add --yes"
+            f"stack delete removes stack {ctx.args.stack_name!r} (its table and key are kept): "
+            "add --yes"
         )
     deleted = delete_stack(
-        ctx.client("cloudformation"),
+        _aws_client(ctx, "cloudformation"),
         ctx.args.stack_name,
         wait=not ctx.args.no_wait,
         progress=ctx.progress,
@@ -249,7 +386,7 @@ def _stack_delete(ctx: Context) -> Any:
 def _stack_outputs(ctx: Context) -> Any:
     from ..provision import stack_outputs
 
-    return stack_outputs(ctx.client("cloudformation"), ctx.args.stack_name)
+    return stack_outputs(_aws_client(ctx, "cloudformation"), ctx.args.stack_name)
 
 
 def _stack_template(ctx: Context) -> Any:
