@@ -115,7 +115,10 @@ class Backend(abc.ABC):
         from .locks import Locks
 
         return self._memo(
-            "_locks", lambda: Locks(self._lock_store(self.namespace), clock=self.clock)
+            "_locks",
+            lambda: Locks(
+                self._lock_store(self.namespace), clock=self.clock, metrics=self._scope("lock")
+            ),
         )
 
     def cache(self, default_ttl: float | None = None, namespace: str | None = None) -> Cache:
@@ -130,10 +133,11 @@ class Backend(abc.ABC):
         store = self._cache_store(ns)
         return Cache(
             store,
-            locks=Locks(self._lock_store(ns), clock=self.clock),
+            locks=Locks(self._lock_store(ns), clock=self.clock, metrics=self._scope("lock", ns)),
             default_ttl=default_ttl,
             clock=self.clock,
             namespace=ns,
+            metrics=self._scope("cache", ns),
         )
 
     def breaker(
@@ -161,6 +165,7 @@ class Backend(abc.ABC):
             on_transition=on_transition,
             clock=self.clock,
             namespace=self.namespace,
+            metrics=self._scope("breaker"),
         )
 
     @property
@@ -224,7 +229,10 @@ class Backend(abc.ABC):
         from .outbox import Outbox
 
         return self._memo(
-            "_outbox", lambda: Outbox(self._outbox_store(self.namespace), clock=self.clock)
+            "_outbox",
+            lambda: Outbox(
+                self._outbox_store(self.namespace), clock=self.clock, metrics=self._scope("outbox")
+            ),
         )
 
     @property

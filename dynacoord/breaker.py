@@ -54,6 +54,7 @@ from ._compat import StrEnum
 from ._items import optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import CircuitOpenError
+from .metrics import NO_SCOPE, MetricsScope
 
 __all__ = [
     "BreakerRecord",
@@ -77,6 +78,14 @@ class State(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+#: the metric counted when a breaker enters each state (dynacoord.metrics)
+_TRANSITION_METRICS = {
+    State.CLOSED: "BreakerClosed",
+    State.OPEN: "BreakerOpened",
+    State.HALF_OPEN: "BreakerHalfOpened",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +235,7 @@ class CircuitBreaker:
         on_transition: TransitionCallback | None = None,
         clock: Clock | None = None,
         namespace: str = "default",
+        metrics: MetricsScope | None = None,
     ) -> None:
         keys.breaker_key(namespace, name)  # empty, not a str, or too long: InvalidKeyError now
         self.name: str = name
@@ -245,6 +255,7 @@ class CircuitBreaker:
         self.clock: Clock = clock or SystemClock()
         self._store = store
         self._local = threading.local()
+        self._metrics = metrics if metrics is not None else NO_SCOPE
 
     @property
     def reset_timeout(self) -> float:
@@ -263,11 +274,17 @@ class CircuitBreaker:
         if old is new:
             return
         logger.info("circuit breaker %r: %s -> %s", self.name, old, new)
+        self._metrics.count(_TRANSITION_METRICS[new])
         if self.on_transition is not None:
             try:
                 self.on_transition(self.name, old, new)
             except Exception:
                 logger.exception("on_transition callback of breaker %r raised", self.name)
+
+    def _rejected(self, record: BreakerRecord, now: int) -> CircuitOpenError:
+        """The error refusing a call (counted as BreakerRejected, dynacoord.metrics)."""
+        self._metrics.count("BreakerRejected")
+        return self._open_error(record, now)
 
     def _open_error(self, record: BreakerRecord, now: int) -> CircuitOpenError:
         if record.state is State.HALF_OPEN and record.trial_started_ms is not None:
@@ -297,7 +314,7 @@ class CircuitBreaker:
                 return _Ticket(None, record.failures)
             if record.state is State.OPEN:
                 if record.opened_at_ms is not None and record.opened_at_ms > cutoff:
-                    raise self._open_error(record, now)
+                    raise self._rejected(record, now)
                 started = self._store.start_trial(self.name, now, cutoff)
                 if started.won is not None:
                     self._transition(State.OPEN, State.HALF_OPEN)
@@ -319,14 +336,14 @@ class CircuitBreaker:
                 record = started.current or self._store.get(self.name)
                 continue
             if record.trial_calls >= self.half_open_max_calls:
-                raise self._open_error(record, now)
+                raise self._rejected(record, now)
             joined = self._store.join_trial(
                 self.name, record.trial_round, now, cutoff, self.half_open_max_calls
             )
             if joined is not None:
                 return _Ticket(joined.trial_round)
             record = self._store.get(self.name)
-        raise self._open_error(record, now_ms(self.clock))
+        raise self._rejected(record, now_ms(self.clock))
 
     def _on_success(self, ticket: _Ticket) -> None:
         now = now_ms(self.clock)

@@ -30,6 +30,7 @@ from ._clock import Clock, SystemClock, now_ms
 from ._items import is_live, optional_int
 from ._validate import check_int, check_iterable, ttl_to_ms
 from .errors import BackendError, InvalidValueError
+from .metrics import NO_SCOPE, MetricsScope
 
 if TYPE_CHECKING:
     from .locks import Locks
@@ -186,9 +187,11 @@ class Cache:
         default_ttl: float | None = None,
         clock: Clock | None = None,
         namespace: str = "default",
+        metrics: MetricsScope | None = None,
     ) -> None:
         self._store = store
         self._locks = locks
+        self._metrics = metrics if metrics is not None else NO_SCOPE
         self.clock: Clock = clock or SystemClock()
         self.namespace = namespace
         self._default_ttl_ms = (
@@ -232,6 +235,7 @@ class Cache:
         """The value of ``key``, or ``default`` when it is absent or expired (one read)."""
         keys.validate_key(key, "cache key")
         entry = self._store.get(key, now_ms(self.clock))
+        self._metrics.count("CacheMiss" if entry is None else "CacheHit")
         return default if entry is None else codec.decode(entry.encoded)
 
     def has(self, key: str) -> bool:
@@ -471,6 +475,7 @@ class Cache:
         if ttl is not None:
             ttl_to_ms(ttl)  # validate before calling fn
         entry = self._store.get(key, now_ms(self.clock))
+        self._metrics.count("CacheMiss" if entry is None else "CacheHit")
         if entry is not None:
             return codec.decode(entry.encoded)
         if self._locks is None:  # a store without locks: no stampede protection
@@ -505,6 +510,7 @@ class Cache:
     def _fill(self, key: str, fn: Callable[[], Any], ttl: float | None) -> Any:
         value = fn()
         self.set(key, value, ttl)
+        self._metrics.count("CacheFill")
         return value
 
     def cached(

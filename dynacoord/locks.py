@@ -31,6 +31,7 @@ from . import keys
 from ._clock import Clock, SystemClock, now_ms
 from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
 from .errors import LockNotAcquiredError
+from .metrics import NO_SCOPE, MetricsScope
 
 __all__ = ["AcquireResult", "Lease", "LockInfo", "LockStore", "Locks", "default_owner"]
 
@@ -140,6 +141,7 @@ class Lease:
                 self.expires_at_ms = info.expires_at_ms
                 return True
             self.lost = True
+            self._locks._metrics.count("LockLost")
             logger.warning("lock %r lost by %r (fence %d)", self.key, self.owner, self.fence)
         self._locks._released(self)
         return False
@@ -163,6 +165,7 @@ class Lease:
             )
             if not ok:
                 self.lost = True
+                self._locks._metrics.count("LockLost")
                 logger.warning("release of lock %r by %r found it lost", self.key, self.owner)
             return ok
 
@@ -249,9 +252,12 @@ class Locks:
     #: is the previous design (every waiter polls the store), kept for comparison in the bench
     fifo_handoff = True
 
-    def __init__(self, store: LockStore, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, store: LockStore, *, clock: Clock | None = None, metrics: MetricsScope | None = None
+    ) -> None:
         self._store = store
         self.clock: Clock = clock or SystemClock()
+        self._metrics = metrics if metrics is not None else NO_SCOPE
         self._waiters_lock = threading.Lock()
         self._queues: dict[str, _Waiters] = {}
         # The lease of this process that holds each key (weak: a lease dropped without a
@@ -287,7 +293,7 @@ class Locks:
         # The hand-off waits on a real condition variable: only with the real clock (a manual
         # clock's sleep is how tests move time, and a condition wait would block in real time).
         if not self.fifo_handoff or not isinstance(self.clock, SystemClock):
-            return self._poll(key, owner, ttl_ms, deadline)
+            return self._waited(self._poll(key, owner, ttl_ms, deadline), deadline - wait)
         queue = self._waiters(key)
         ticket = object()
         with queue.cond:
@@ -295,10 +301,10 @@ class Locks:
         try:
             while True:
                 if not self._wait_turn(queue, ticket, owner, deadline):
-                    return None
+                    return self._waited(None, deadline - wait)
                 lease = self._poll(key, owner, ttl_ms, deadline, queue=queue)
                 if lease is not None or self.clock.monotonic() >= deadline:
-                    return lease
+                    return self._waited(lease, deadline - wait)
         finally:
             with queue.cond:
                 queue.tickets.remove(ticket)
@@ -387,11 +393,21 @@ class Locks:
             with queue.cond:
                 queue.cond.notify_all()
 
+    def _waited(self, lease: Lease | None, start: float) -> Lease | None:
+        """Report the end of a blocking acquire (dynacoord.metrics) and return its lease."""
+        if self._metrics.enabled:
+            if lease is None:
+                self._metrics.count("LockNotAcquired")
+            else:
+                self._metrics.milliseconds("LockWait", (self.clock.monotonic() - start) * 1000)
+        return lease
+
     def _attempt(self, key: str, owner: str, ttl_ms: int) -> tuple[Lease | None, LockInfo | None]:
         """One acquisition attempt: (the lease, None) or (None, who holds the key if known)."""
         now = now_ms(self.clock)
         result = self._store.try_acquire(key, owner, ttl_ms, now)
         if result.acquired is not None:
+            self._metrics.count("LockAcquired")
             logger.debug("lock %r acquired by %r (fence %d)", key, owner, result.acquired.fence)
             lease = Lease(self, result.acquired, ttl_ms)
             self._held[key] = lease
@@ -402,9 +418,11 @@ class Locks:
             # keep the fence, refresh the TTL.
             info = self._store.extend(key, owner, holder.fence, ttl_ms, now)
             if info is not None:
+                self._metrics.count("LockAcquired")
                 lease = Lease(self, info, ttl_ms)
                 self._held[key] = lease
                 return lease, None
+        self._metrics.count("LockContended")
         return None, holder
 
     @contextmanager

@@ -23,7 +23,7 @@ Names, units and dimensions are listed in docs/metrics.md. Two families:
   ``LockWait``, ``LockContended``, ``CacheHit``, ``IdempotencyReplay``, ``OutboxDelivered``, ...
 
 A listener that raises never breaks the primitive that reported: the error is logged once per
-listener and the data point dropped.
+listener (the first time) and its data points are dropped.
 """
 
 from __future__ import annotations
@@ -113,15 +113,28 @@ class NoMetrics(Metrics):
 NO_METRICS: Metrics = NoMetrics()
 
 
+#: listeners that raised once already (by id): a broken sink is logged once, not per data point
+_broken_listeners: set[int] = set()
+
+
+def _listener_failed(metrics: Metrics, name: str) -> None:
+    if id(metrics) not in _broken_listeners:
+        _broken_listeners.add(id(metrics))
+        logger.exception(
+            "metrics listener %r failed; data point %r dropped (logged once per listener)",
+            metrics,
+            name,
+        )
+
+
 class MetricsScope:
     """A listener plus fixed dimensions: ``scope.count("CacheHit")``. Never raises."""
 
-    __slots__ = ("_broken", "_dimensions", "_metrics", "enabled")
+    __slots__ = ("_dimensions", "_metrics", "enabled")
 
     def __init__(self, metrics: Metrics, dimensions: Mapping[str, str]) -> None:
         self._metrics = metrics
         self._dimensions = dict(dimensions)
-        self._broken = False
         self.enabled = metrics.enabled
 
     @property
@@ -132,9 +145,7 @@ class MetricsScope:
         try:
             self._metrics.emit(name, value, unit, self._dimensions)
         except Exception:
-            if not self._broken:  # once per scope: a broken sink must not flood the logs
-                self._broken = True
-                logger.exception("metrics listener %r failed; data point %r dropped", self, name)
+            _listener_failed(self._metrics, name)
 
     def count(self, name: str, value: float = 1) -> None:
         self.emit(name, value, COUNT)
@@ -181,8 +192,6 @@ def check_metrics(value: Any) -> Metrics:
     return value
 
 
-_request_sink_broken: set[int] = set()
-
 
 def measure_request(
     metrics: Metrics,
@@ -203,9 +212,7 @@ def measure_request(
         if capacity is not None:
             metrics.emit("ConsumedCapacity", capacity, COUNT, dimensions)
     except Exception:
-        if id(metrics) not in _request_sink_broken:
-            _request_sink_broken.add(id(metrics))
-            logger.exception("metrics listener %r failed; request data point dropped", metrics)
+        _listener_failed(metrics, "StoreRequestLatency")
 
 
 class LoggingMetrics(Metrics):

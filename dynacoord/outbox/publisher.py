@@ -18,6 +18,7 @@ from ..errors import (
     InvalidValueError,
     TransactionTooLargeError,
 )
+from ..metrics import NO_SCOPE, MetricsScope
 from .event import Event, EventRecord, EventStatus
 from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
 from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
@@ -53,9 +54,12 @@ def _as_events(events: Event | Iterable[Event]) -> list[Event]:
 class Outbox:
     """The outbox of one namespace. Reached as ``backend.outbox``."""
 
-    def __init__(self, store: OutboxStore, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, store: OutboxStore, *, clock: Clock | None = None, metrics: MetricsScope | None = None
+    ) -> None:
         self._store = store
         self.clock: Clock = clock or SystemClock()
+        self._metrics = metrics if metrics is not None else NO_SCOPE
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -93,6 +97,7 @@ class Outbox:
         if not items:
             return []
         self._publish(items)
+        self._metrics.count("OutboxPublished", len(items))
         return [e.id for e in items]
 
     def _publish(self, items: list[Event]) -> None:
@@ -150,6 +155,7 @@ class Outbox:
             retention=retention,
             heartbeat=heartbeat,
             name=name,
+            metrics=self._metrics,
         )
 
     def stream_handler(

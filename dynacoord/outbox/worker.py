@@ -21,6 +21,7 @@ from .._validate import (
 from ..errors import (
     ConfigurationError,
 )
+from ..metrics import NO_SCOPE, MetricsScope
 from .event import Event, EventRecord, EventStatus
 from .store import OutboxStore
 
@@ -116,6 +117,7 @@ class OutboxWorker:
         retention: float | None = DEFAULT_RETENTION_SECONDS,
         heartbeat: bool = True,
         name: str | None = None,
+        metrics: MetricsScope | None = None,
     ) -> None:
         if isinstance(handlers, Mapping):
             for event_type, handler in handlers.items():
@@ -160,6 +162,7 @@ class OutboxWorker:
         self.retried = 0
         self.failed = 0
         self.lost = 0
+        self._metrics = metrics if metrics is not None else NO_SCOPE
 
     # -- loop -----------------------------------------------------------------------------------
 
@@ -326,6 +329,8 @@ class OutboxWorker:
         now = now_ms(self.clock)
         if self._store.complete(event.id, token, now, self.retention_ms):
             self.delivered += 1
+            self._metrics.count("OutboxDelivered")
+            self._metrics.milliseconds("OutboxDeliveryLatency", now - event.occurred_at * 1000)
         else:
             self.lost += 1
             logger.warning(
@@ -347,6 +352,7 @@ class OutboxWorker:
             ok = self._store.fail(record.id, token, error, now)
             if ok:
                 self.failed += 1
+                self._metrics.count("OutboxFailed")
                 logger.error(
                     "%s: event %r (%s) failed after %d attempts: %s",
                     self.name,
@@ -361,6 +367,7 @@ class OutboxWorker:
             )
             if ok:
                 self.retried += 1
+                self._metrics.count("OutboxRetried")
         if not ok:
             self.lost += 1
             logger.warning(
@@ -382,6 +389,7 @@ class OutboxWorker:
         logger.error("%s: event %r marked failed: %s", self.name, record.id, error)
         if self._store.fail(record.id, token, error, now_ms(self.clock)):
             self.failed += 1
+            self._metrics.count("OutboxFailed")
         else:
             self.lost += 1
 

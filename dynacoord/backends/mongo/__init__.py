@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from ..._backend import Backend
 from ..._clock import Clock
 from ...errors import ConfigurationError, NotSupportedError
+from ...metrics import Metrics
 from ._collection import MongoCollection, translate_errors
 
 if TYPE_CHECKING:
@@ -75,8 +76,9 @@ class MongoBackend(Backend):
         lock_fence_grace: int = 3600,
         gc_grace: int = 60,
         auto_indexes: bool = True,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(namespace=namespace, clock=clock)
+        super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if database is None:
             raise ConfigurationError("database is required: pass pymongo.MongoClient(...)[name]")
         if not isinstance(collection, str) or not collection or "$" in collection:
@@ -89,9 +91,41 @@ class MongoBackend(Backend):
         self.lock_fence_grace = lock_fence_grace
         self.gc_grace = gc_grace
         self.auto_indexes = auto_indexes
-        self.coll = MongoCollection(database[collection], gc_grace_ms=gc_grace * 1000)
+        self.coll = MongoCollection(
+            database[collection], gc_grace_ms=gc_grace * 1000, metrics=self.metrics
+        )
         self._indexes_ready = False
         self._index_lock = threading.Lock()
+
+    @classmethod
+    def from_env(
+        cls, *, client: Any = None, clock: Clock | None = None, **kwargs: Any
+    ) -> MongoBackend:
+        """Build a backend from the environment (as ``DynamoDBBackend.from_env``).
+
+        Reads ``DYNACOORD_MONGODB_URI`` (required unless ``client``, a ``MongoClient``, is
+        given; any ``mongodb://`` or ``mongodb+srv://`` URI), ``DYNACOORD_MONGODB_DATABASE``
+        (default: the database named in the URI, else ``dynacoord``),
+        ``DYNACOORD_MONGODB_COLLECTION`` (default ``dynacoord``) and ``DYNACOORD_NAMESPACE``
+        (default ``default``). Other keyword arguments go to the constructor (``metrics=``...).
+        """
+        import os
+
+        if client is None:
+            uri = os.environ.get("DYNACOORD_MONGODB_URI")
+            if not uri:
+                raise ConfigurationError(
+                    "DYNACOORD_MONGODB_URI is not set: set it to the server's URI "
+                    "(mongodb://host:27017/app?replicaSet=rs0) or pass client="
+                )
+            client = pymongo.MongoClient(uri)
+        name = os.environ.get("DYNACOORD_MONGODB_DATABASE")
+        database = client[name] if name else client.get_default_database(default="dynacoord")
+        kwargs.setdefault(
+            "collection", os.environ.get("DYNACOORD_MONGODB_COLLECTION") or "dynacoord"
+        )
+        kwargs.setdefault("namespace", os.environ.get("DYNACOORD_NAMESPACE") or "default")
+        return cls(database, clock=clock, **kwargs)
 
     def __repr__(self) -> str:
         return (

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...errors import BackendError, TableNotReadyError
+from ...metrics import Metrics
 
 __all__ = ["MongoCollection", "literal", "live_filter", "translate_errors"]
 
@@ -97,8 +98,14 @@ def counted(doc: Mapping[str, Any] | None, token: str) -> bool:
 class MongoCollection:
     """The collection all Mongo stores share."""
 
-    def __init__(self, collection: Any, *, gc_grace_ms: int = 60_000) -> None:
+    def __init__(
+        self, collection: Any, *, gc_grace_ms: int = 60_000, metrics: Metrics | None = None
+    ) -> None:
         self.collection = collection
+        if metrics is not None and metrics.enabled:
+            from ._metrics import TimedCollection  # times every request (dynacoord.metrics)
+
+            self.collection = TimedCollection(collection, metrics)
         self.gc_grace_ms = gc_grace_ms
 
     def gc_date(

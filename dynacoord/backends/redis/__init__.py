@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from ..._backend import Backend
 from ..._clock import Clock
 from ...errors import ConfigurationError, NotSupportedError
+from ...metrics import Metrics
 from ._conn import RedisConn
 
 if TYPE_CHECKING:
@@ -65,8 +66,9 @@ class RedisBackend(Backend):
         clock: Clock | None = None,
         lock_fence_grace: int = 3600,
         gc_grace: int = 60,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(namespace=namespace, clock=clock)
+        super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if client is None:
             raise ConfigurationError("client is required: pass redis.Redis(...)")
         for name, value in (("lock_fence_grace", lock_fence_grace), ("gc_grace", gc_grace)):
@@ -75,9 +77,42 @@ class RedisBackend(Backend):
         self.client = client
         self.lock_fence_grace = lock_fence_grace
         self.gc_grace = gc_grace
-        self.conn = RedisConn(client, gc_grace_ms=gc_grace * 1000)
+        self.conn = RedisConn(client, gc_grace_ms=gc_grace * 1000, metrics=self.metrics)
         if self.conn.cluster:
             _check_cluster_support()
+
+    @classmethod
+    def from_env(
+        cls, *, client: Any = None, clock: Clock | None = None, **kwargs: Any
+    ) -> RedisBackend:
+        """Build a backend from the environment (as ``DynamoDBBackend.from_env``).
+
+        Reads ``DYNACOORD_REDIS_URL`` (required unless ``client`` is given; any URL redis-py's
+        ``from_url`` takes: ``redis://``, ``rediss://`` for TLS, ``unix://``; user and password
+        in the URL), ``DYNACOORD_REDIS_CLUSTER`` (``1``/``true``: a ``RedisCluster`` from the
+        same URL) and ``DYNACOORD_NAMESPACE`` (default ``default``). Other keyword arguments
+        go to the constructor (``metrics=``, ``gc_grace=``...).
+        """
+        import os
+
+        if client is None:
+            url = os.environ.get("DYNACOORD_REDIS_URL")
+            if not url:
+                raise ConfigurationError(
+                    "DYNACOORD_REDIS_URL is not set: set it to the server's URL "
+                    "(redis://host:6379/0, rediss:// for TLS) or pass client="
+                )
+            cluster = os.environ.get("DYNACOORD_REDIS_CLUSTER", "").strip().lower()
+            if cluster in ("1", "true", "yes"):
+                from redis.cluster import RedisCluster
+
+                client = RedisCluster.from_url(url)
+            else:
+                import redis
+
+                client = redis.Redis.from_url(url)
+        kwargs.setdefault("namespace", os.environ.get("DYNACOORD_NAMESPACE") or "default")
+        return cls(client, clock=clock, **kwargs)
 
     @property
     def cluster(self) -> bool:

@@ -46,6 +46,7 @@ from typing import Any
 
 from ...errors import BackendError
 from ...keys import Kind, validate_namespace
+from ...metrics import Metrics
 
 __all__ = [
     "LUA_LIVE",
@@ -208,8 +209,14 @@ def translate_errors(what: str) -> Iterator[None]:
 class RedisConn:
     """The client all Redis stores share, with the scripts they registered."""
 
-    def __init__(self, client: Any, *, gc_grace_ms: int = 60_000) -> None:
+    def __init__(
+        self, client: Any, *, gc_grace_ms: int = 60_000, metrics: Metrics | None = None
+    ) -> None:
         self.client = client
+        if metrics is not None and metrics.enabled:
+            from ._metrics import TimedRedis  # times every request (dynacoord.metrics)
+
+            self.client = TimedRedis(client, metrics)
         self.gc_grace_ms = gc_grace_ms
         self.cluster = is_cluster(client)
         self._scripts: dict[str, Any] = {}
