@@ -44,6 +44,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .aws_lambda import process_sqs_batch, process_stream_batch
     from .backends.dynamodb import DynamoDBBackend
     from .backends.dynamodb.transaction import Transaction
     from .breaker import BreakerStatus, CircuitBreaker
@@ -51,9 +52,17 @@ if TYPE_CHECKING:
     from .cache import Cache
     from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
     from .counters import CounterItem, Counters, JoinResult
-    from .idempotency import Claim, ClaimResult, Idempotency, IdempotencyRecord, IdempotencyStatus
+    from .idempotency import (
+        Claim,
+        ClaimResult,
+        Idempotency,
+        IdempotencyRecord,
+        IdempotencyStatus,
+        register_lambda_context,
+    )
     from .jobs import ConsumeStats, SQSJobQueue
     from .locks import Lease, LockInfo, Locks
+    from .metrics import EMFMetrics, LoggingMetrics, Metrics
     from .outbox import (
         Event,
         EventRecord,
@@ -92,6 +101,7 @@ __all__ = [
     "DuplicateEventError",
     "DynacoordError",
     "DynamoDBBackend",
+    "EMFMetrics",
     "Event",
     "EventBridgeRelay",
     "EventRecord",
@@ -114,7 +124,9 @@ __all__ = [
     "LockInfo",
     "LockNotAcquiredError",
     "Locks",
+    "LoggingMetrics",
     "ManualClock",
+    "Metrics",
     "NotSupportedError",
     "Outbox",
     "OutboxError",
@@ -141,6 +153,9 @@ __all__ = [
     "TransactionTooLargeError",
     "ValueTooLargeError",
     "__version__",
+    "process_sqs_batch",
+    "process_stream_batch",
+    "register_lambda_context",
 ]
 
 # Everything but the errors and clocks is loaded on first attribute access: `import dynacoord`
@@ -182,6 +197,12 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SQSJobQueue": ("dynacoord.jobs", "SQSJobQueue"),
     "SQSRelay": ("dynacoord.relays", "SQSRelay"),
     "Transaction": ("dynacoord.backends.dynamodb.transaction", "Transaction"),
+    "EMFMetrics": ("dynacoord.metrics", "EMFMetrics"),
+    "LoggingMetrics": ("dynacoord.metrics", "LoggingMetrics"),
+    "Metrics": ("dynacoord.metrics", "Metrics"),
+    "process_sqs_batch": ("dynacoord.aws_lambda", "process_sqs_batch"),
+    "process_stream_batch": ("dynacoord.aws_lambda", "process_stream_batch"),
+    "register_lambda_context": ("dynacoord.idempotency", "register_lambda_context"),
 }
 
 
