@@ -536,3 +536,13 @@ def test_backends_without_a_stream_refuse_to_make_a_relay() -> None:
 
     with pytest.raises(NotSupportedError, match="stream_handler needs a store with a DynamoDB"):
         Outbox(NoStreamStore()).stream_handler(Recorder())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("make_backend", ["moto", "redis", "mongo"], indirect=True)
+def test_the_sweeper_works_on_every_backend(make_backend: Any) -> None:
+    backend = make_backend()
+    handler = Recorder()
+    ids = backend.outbox.publish([Event("t", {"n": n}) for n in range(3)])
+    result = backend.outbox.sweep_handler(handler, heartbeat=False)({}, FakeContext())
+    assert result["delivered"] == 3
+    assert handler.count() == Counter({i: 1 for i in ids})
