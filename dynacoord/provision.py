@@ -47,6 +47,7 @@ __all__ = [
     "is_warning",
     "package_relay",
     "stack_outputs",
+    "stack_parameters",
     "table_definition",
     "template_body",
     "template_path",
@@ -844,13 +845,26 @@ def delete_stack(
 
 
 def stack_outputs(cfn_client: Any, stack_name: str) -> dict[str, str]:
-    """The outputs of the stack (``TableName``, ``TableArn``, ``AccessPolicyArn``)."""
+    """The outputs of the stack (``TableName``, ``TableArn``, ``AccessPolicyArn``, and those of
+    the parts it has: ``StreamArn``, ``RelayFunctionName``, ...)."""
     stack = _describe_stack(cfn_client, stack_name)
     if stack is None:
         raise StackDeploymentError(
             f"stack {stack_name} does not exist", stack_name=stack_name, events=[]
         )
     return _outputs(stack)
+
+
+def stack_parameters(cfn_client: Any, stack_name: str) -> dict[str, str] | None:
+    """The parameter values the stack was last deployed with, or None if it does not exist."""
+    _check_stack_name(stack_name)
+    stack = _describe_stack(cfn_client, stack_name)
+    if stack is None:
+        return None
+    return {
+        str(p["ParameterKey"]): str(p.get("ParameterValue", ""))
+        for p in stack.get("Parameters") or []
+    }
 
 
 # --- the code bundle of the relay and the sweeper ------------------------------------------------

@@ -337,7 +337,13 @@ def _stack_deploy(ctx: Context) -> Any:
                 "--relay needs --code-bucket BUCKET (an S3 bucket in the stack's region for "
                 "the code bundle)"
             )
-        bucket, key = _upload(ctx, _bundle(ctx, relay, parameters.get("HandlerSettings")))
+        settings = parameters.get("HandlerSettings")
+        if settings is None:  # an update keeps the stack's settings: check with those
+            from ..provision import stack_parameters
+
+            current = stack_parameters(_aws_client(ctx, "cloudformation"), ctx.args.stack_name)
+            settings = (current or {}).get("HandlerSettings")
+        bucket, key = _upload(ctx, _bundle(ctx, relay, settings))
         parameters.update(Relay="true", RelayHandlers=relay, CodeS3Bucket=bucket, CodeS3Key=key)
         parameters["ReconcileHandler"] = ctx.args.reconcile or ""
         parameters.setdefault("RelayNamespace", ctx.args.namespace)
