@@ -578,6 +578,19 @@ def _stack_parameters(
         out[key] = _parameter_text(key, value)
         if check_names:
             _check_parameter(key, out[key])
+    if check_names and "RelayTimeout" in out and "OutboxOptions" in out:
+        # Neither function claims an event once a whole lease no longer fits its remaining time:
+        # a timeout at or under the lease would deliver nothing, ever.
+        from .outbox.stream import OUTCOME_MARGIN_MS
+
+        lease = json.loads(out["OutboxOptions"]).get("lease", 30)
+        if isinstance(lease, (int, float)) and int(out["RelayTimeout"]) * 1000 <= (
+            lease * 1000 + OUTCOME_MARGIN_MS
+        ):
+            raise ValueError(
+                f"RelayTimeout {out['RelayTimeout']} s leaves no room for the lease of {lease} s "
+                "(and a second to store the outcome): nothing would ever be delivered"
+            )
     namespaces = out.get("Namespaces")
     relay_namespace = out.get("RelayNamespace")
     if namespaces and relay_namespace and relay_namespace not in namespaces.split(","):

@@ -897,6 +897,7 @@ def test_stack_parameters_are_checked_before_any_request(aws: tuple[Any, Any]) -
         ({"OutboxOptions": "[1]"}, ValueError, "JSON object"),
         ({"OutboxOptions": "{"}, ValueError, "not JSON"),
         ({"HandlerSettings": "[]"}, ValueError, "HandlerSettings must be a JSON object"),
+        ({"RelayTimeout": 60, "OutboxOptions": {"lease": 60}}, ValueError, "no room for the lease"),
         ({"HandlerSettings": 5}, ValueError, "HandlerSettings must be a JSON object"),
         ({"Namespaces": {"a": 1}}, TypeError, "list of str"),
     ]

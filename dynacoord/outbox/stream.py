@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._clock import now_ms
-from ..errors import InvalidValueError, NotSupportedError
+from ..errors import ConfigurationError, InvalidValueError, NotSupportedError
 from .event import EventRecord
 from .store import OutboxStore
 from .worker import OutboxWorker
@@ -150,8 +150,15 @@ class StreamHandler:
         name = record.get("eventName")
         stream = record.get("dynamodb")
         image = stream.get("NewImage") if isinstance(stream, Mapping) else None
-        if name not in ("INSERT", "MODIFY") or not isinstance(image, Mapping):
+        if name not in ("INSERT", "MODIFY"):
             return None
+        if not isinstance(image, Mapping):
+            # Skipping would leave every event to the sweeper without a word: say what is wrong.
+            view = stream.get("StreamViewType") if isinstance(stream, Mapping) else None
+            raise ConfigurationError(
+                f"the stream carries no new images (StreamViewType {view!r}): the relay needs "
+                "NEW_IMAGE or NEW_AND_OLD_IMAGES"
+            )
         try:
             seen = self._images.stream_record(image, now)
         except Exception:
@@ -177,16 +184,21 @@ class StreamHandler:
                 self.skipped += 1
                 continue
             candidates.append((_sequence(record), seen))
-        keep_going = _keep_going(context, self.worker.lease_ms + OUTCOME_MARGIN_MS)
+        needed = self.worker.lease_ms + OUTCOME_MARGIN_MS
+        keep_going = _keep_going(context, needed)
         failures: list[str] = []
         for index, (sequence, seen) in enumerate(candidates):
             if self.worker.stopping or not keep_going():
                 left = len(candidates) - index
                 self.left += left
-                logger.info(
-                    "%s: %d new event(s) left pending for the sweeper (no time for a lease)",
+                logger.log(
+                    logging.WARNING if index == 0 else logging.INFO,
+                    "%s: %d new event(s) left pending for the sweeper: the invocation has no "
+                    "time for a lease (%d ms needed)%s",
                     self.worker.name,
                     left,
+                    needed,
+                    "; is the function's timeout shorter than the lease?" if index == 0 else "",
                 )
                 break
             try:
@@ -257,9 +269,17 @@ class SweepHandler:
     def __call__(self, event: Any = None, context: Any = None) -> dict[str, Any]:
         worker = self.worker
         before = (worker.delivered, worker.retried, worker.failed, worker.lost)
-        keep_going = _keep_going(context, worker.lease_ms + OUTCOME_MARGIN_MS)
+        needed = worker.lease_ms + OUTCOME_MARGIN_MS
+        keep_going = _keep_going(context, needed)
         handled = 0
         passes = 0
+        if not keep_going():
+            logger.warning(
+                "%s: no polling pass: the invocation has no time for a lease (%d ms needed); is "
+                "the function's timeout shorter than the lease?",
+                worker.name,
+                needed,
+            )
         while keep_going() and not worker.stopping:
             found = worker.run_once(keep_going=keep_going)
             handled += found

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dynacoord import DynamoDBBackend, Event, ManualClock
-from dynacoord.errors import InvalidValueError, NotSupportedError
+from dynacoord.errors import ConfigurationError, InvalidValueError, NotSupportedError
 from dynacoord.outbox import EventStatus, Outbox
 from dynacoord.provision import table_definition
 from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, unique_name
@@ -390,7 +390,7 @@ def test_an_outcome_that_cannot_be_stored_is_reported_and_never_delivered_twice_
 
 
 def test_no_event_is_claimed_once_a_lease_no_longer_fits_the_sweeper_delivers_the_rest(
-    env: Env,
+    env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = env.backend()
     handler = Recorder()
@@ -405,8 +405,10 @@ def test_no_event_is_claimed_once_a_lease_no_longer_fits_the_sweeper_delivers_th
     assert relay.left == 3
     assert backend.outbox.stats().pending == 3
 
+    assert "timeout shorter than the lease" not in caplog.text  # some fitted: not a warning
     assert _failures(relay(batch, FakeContext(30_500))) == []  # under lease + margin: nothing
     assert len(handler.calls) == 2
+    assert "is the function's timeout shorter than the lease?" in caplog.text
 
     swept = backend.outbox.sweep_handler(handler, lease=30)({}, FakeContext())
     assert swept["delivered"] == 3
@@ -528,6 +530,23 @@ def test_events_that_are_not_dynamodb_stream_events_are_refused(env: Env) -> Non
     with pytest.raises(InvalidValueError, match="eventSource 'aws:sqs'"):
         relay(sqs, FakeContext())
     assert relay({"Records": []}, FakeContext()) == {"batchItemFailures": []}
+
+
+def test_a_stream_without_new_images_is_a_configuration_error(env: Env) -> None:
+    relay = env.backend().outbox.stream_handler(Recorder())
+    keys_only = {
+        "eventName": "INSERT",
+        "eventSource": "aws:dynamodb",
+        "dynamodb": {
+            "Keys": {"pk": {"S": "OUTBOX#ns#e"}, "sk": {"S": "EVENT"}},
+            "SequenceNumber": "1",
+            "StreamViewType": "KEYS_ONLY",
+        },
+    }
+    with pytest.raises(ConfigurationError, match="StreamViewType 'KEYS_ONLY'"):
+        relay({"Records": [keys_only]}, FakeContext())
+    removal = {**keys_only, "eventName": "REMOVE"}
+    assert relay({"Records": [removal]}, FakeContext()) == {"batchItemFailures": []}
 
 
 def test_backends_without_a_stream_refuse_to_make_a_relay() -> None:
