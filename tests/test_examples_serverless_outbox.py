@@ -397,3 +397,19 @@ def test_stack_commands_use_the_endpoint_url_for_every_service(
     code, _, err = _cli(capsys, "--endpoint-url", "http://localhost:4566", "stack", "outputs")
     assert code == 1 and "RefusedError" in err
     assert seen == [("cloudformation", "http://localhost:4566")]
+    monkeypatch.undo()
+
+    # Without --endpoint-url, boto3's own AWS_ENDPOINT_URL applies.
+    real_client = boto3.client
+    endpoints: list[str] = []
+
+    def record(service: str, **kwargs: Any) -> Any:
+        made = real_client(service, **kwargs)
+        endpoints.append(made.meta.endpoint_url)
+        raise RefusedError(service)
+
+    monkeypatch.setattr(boto3, "client", record)
+    monkeypatch.delenv("DYNACOORD_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
+    code, _, err = _cli(capsys, "stack", "outputs")
+    assert code == 1 and endpoints == ["http://127.0.0.1:4566"]
