@@ -28,7 +28,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
-    from . import coldstart, contention, exactness, outbox, overhead, peers, request_counts
+    from . import coldstart, contention, exactness, metrics, outbox, overhead, peers, request_counts
 
     return {
         "requests": request_counts.run,
@@ -38,10 +38,20 @@ def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
         "coldstart": coldstart.run,
         "peers": peers.run,
         "exactness": exactness.run,
+        "metrics": metrics.run,
     }
 
 
-SECTIONS = ("requests", "overhead", "outbox", "contention", "coldstart", "peers", "exactness")
+SECTIONS = (
+    "requests",
+    "overhead",
+    "outbox",
+    "contention",
+    "coldstart",
+    "peers",
+    "exactness",
+    "metrics",
+)
 
 
 def _dist(name: str) -> str:

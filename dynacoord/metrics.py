@@ -17,8 +17,8 @@ with it skips even the timing of requests (``make bench`` shows the cost: none m
 Names, units and dimensions are listed in docs/metrics.md. Two families:
 
 * per store request (dimensions ``Backend``, ``Operation``): ``StoreRequestLatency``
-  (Milliseconds), ``StoreRequestErrors`` (Count), and on DynamoDB ``ConsumedCapacity`` (Count,
-  capacity units);
+  (Milliseconds), ``StoreRequestErrors`` (Count), and on DynamoDB with
+  ``consumed_capacity=True`` ``ConsumedCapacity`` (Count, capacity units);
 * per primitive (dimensions ``Primitive``, ``DynacoordNamespace``): ``LockAcquired``,
   ``LockWait``, ``LockContended``, ``CacheHit``, ``IdempotencyReplay``, ``OutboxDelivered``, ...
 
@@ -73,6 +73,10 @@ class Metrics:
 
     #: False only on the no-op: primitives skip measuring altogether when it is False
     enabled: bool = True
+    #: True: every DynamoDB request asks for its consumed capacity (``ReturnConsumedCapacity``)
+    #: and reports it as ``ConsumedCapacity``. Off by default: DynamoDB has to compute and send
+    #: it, which made each request ~13 % slower on DynamoDB Local (``make bench``, section 8)
+    consumed_capacity: bool = False
 
     def emit(self, name: str, value: float, unit: str, dimensions: Mapping[str, str]) -> None:
         """One data point (override this)."""
@@ -221,9 +225,16 @@ class LoggingMetrics(Metrics):
     metric LockAcquired=1 Count Primitive=lock DynacoordNamespace=orders
     """
 
-    def __init__(self, logger: logging.Logger | None = None, *, level: int = logging.INFO) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger | None = None,
+        *,
+        level: int = logging.INFO,
+        consumed_capacity: bool = False,
+    ) -> None:
         self.logger = logger if logger is not None else logging.getLogger("dynacoord.metrics")
         self.level = level
+        self.consumed_capacity = consumed_capacity
 
     def emit(self, name: str, value: float, unit: str, dimensions: Mapping[str, str]) -> None:
         if self.logger.isEnabledFor(self.level):
@@ -262,6 +273,7 @@ class EMFMetrics(Metrics):
         default_dimensions: Mapping[str, str] | None = None,
         stream: TextIO | None = None,
         flush_at_exit: bool = True,
+        consumed_capacity: bool = False,
     ) -> None:
         if not isinstance(namespace, str) or not 1 <= len(namespace) <= 255:
             raise ConfigurationError(
@@ -279,6 +291,7 @@ class EMFMetrics(Metrics):
                 )
         self.namespace = namespace
         self.default_dimensions = defaults
+        self.consumed_capacity = consumed_capacity
         self._stream = stream
         self._lock = threading.Lock()
         # (dimension items) -> metric name -> (unit, values)

@@ -262,6 +262,7 @@ def test_dynamodb_reports_each_request_once_with_consumed_capacity(ddb_table):
     from tests.conftest import _dynamodb_factory
 
     recorder = Recorder()
+    recorder.consumed_capacity = True
     backend = _dynamodb_factory(*ddb_table)(metrics=recorder)
     sent = []
 
@@ -281,6 +282,27 @@ def test_dynamodb_reports_each_request_once_with_consumed_capacity(ddb_table):
     assert all(rcc == "TOTAL" for _, rcc in sent)
     capacity = [p for p in recorder.points if p[0] == "ConsumedCapacity"]
     assert len(capacity) == len(sent) and all(p[1] > 0 for p in capacity)
+
+
+def test_capacity_is_asked_for_only_when_the_listener_wants_it(ddb_table):
+    from tests.conftest import _dynamodb_factory
+
+    recorder = Recorder()
+    backend = _dynamodb_factory(*ddb_table)(metrics=recorder)
+    sent = []
+
+    def before(params, **_):
+        sent.append("ReturnConsumedCapacity" in params)
+
+    events = backend.client.meta.events
+    events.register("before-parameter-build.dynamodb.*", before)
+    try:
+        backend.locks.acquire("nocap", ttl=5).release()
+    finally:
+        events.unregister("before-parameter-build.dynamodb.*", before)
+    assert sent == [False, False]
+    assert len(recorder.requests()) == 2
+    assert not [p for p in recorder.points if p[0] == "ConsumedCapacity"]
 
 
 def test_default_is_the_no_op_and_changes_no_request(ddb_table):

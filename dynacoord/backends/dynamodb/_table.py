@@ -226,7 +226,7 @@ class DynamoTable:
 
     def _measured(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """:meth:`call` reporting latency, errors and consumed capacity (dynacoord.metrics)."""
-        if operation in _CAPACITY_OPERATIONS:
+        if self.metrics.consumed_capacity and operation in _CAPACITY_OPERATIONS:
             kwargs.setdefault("ReturnConsumedCapacity", "TOTAL")
         dimensions = {
             "Backend": "dynamodb",
