@@ -23,6 +23,7 @@ gets none of its ``ManagedPolicyArns`` (checked statically).
 
 from __future__ import annotations
 
+import ast
 import datetime
 import io
 import json
@@ -642,9 +643,12 @@ def test_the_relay_is_wired_for_partial_batch_failures_bisecting_and_dead_letter
         {"Fn::Join": [",", {"Ref": "RelayPolicyArns"}]},
     ]
     (inline,) = role["Policies"]
-    statements = {st["Sid"]: st for st in inline["PolicyDocument"]["Statement"]}
+    statements = {st["Sid"]: st for st in inline["PolicyDocument"]["Statement"] if "Sid" in st}
     assert statements["ReadTheTableStream"]["Resource"] == {"Fn::Sub": "${Table.Arn}/stream/*"}
     assert statements["SendDeadLetters"]["Action"] == "sqs:SendMessage"
+    (decrypt,) = [st["Fn::If"] for st in inline["PolicyDocument"]["Statement"] if "Fn::If" in st]
+    assert decrypt[0] == "UsesCustomerKey" and decrypt[1]["Action"] == "kms:Decrypt"
+    assert decrypt[2] == {"Ref": "AWS::NoValue"}
     # every piece of the relay exists only with Relay=true
     relay_parts = {name for name, r in resources.items() if r.get("Condition") == "HasRelay"}
     assert relay_parts == {
@@ -775,6 +779,15 @@ def test_every_optional_part_on_deploys_updates_and_deletes(
     assert sweeper["Environment"]["Variables"]["DYNACOORD_RECONCILE_HANDLER"] == (
         "app_handlers:on_stalled"
     )
+    # The role reads the stream of a table encrypted with the stack's key through that key.
+    role = relay["Role"].rsplit("/", 1)[1]
+    inline = iam.get_role_policy(RoleName=role, PolicyName="stream-and-dead-letters")
+    document = inline["PolicyDocument"]
+    if isinstance(document, str):  # moto keeps a CloudFormation-made one as Python's repr
+        document = ast.literal_eval(document)
+    statements = [st for st in document["Statement"] if st]  # moto keeps AWS::NoValue as None
+    decrypt = {st["Sid"]: st for st in statements}["DecryptTheTableStream"]
+    assert decrypt["Resource"] == outputs["EncryptionKeyArn"]
     (mapping,) = lam.list_event_source_mappings(FunctionName=outputs["RelayFunctionName"])[
         "EventSourceMappings"
     ]
