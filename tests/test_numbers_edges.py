@@ -11,7 +11,6 @@ docs/guarantees.md, "Numbers".
 from __future__ import annotations
 
 import decimal
-import logging
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -154,9 +153,9 @@ def test_cache_set_of_a_huge_int_is_refused_on_every_backend_and_writes_nothing(
     assert cache.get("k") is None and cache.has("k") is False
 
 
-def test_idempotent_result_beyond_the_codec_releases_the_claim_on_every_backend(
-    make_backend, caplog
-):
+def test_idempotent_result_beyond_the_codec_fails_loudly_and_never_runs_twice(make_backend):
+    # issue 16: an unstorable result raises IdempotencyValueError at the first call, and the
+    # record is completed as unstorable so duplicates raise instead of running again
     idem = make_backend().idempotency
     calls = []
 
@@ -165,12 +164,12 @@ def test_idempotent_result_beyond_the_codec_releases_the_claim_on_every_backend(
         calls.append(order)
         return 10**5000
 
-    with caplog.at_level(logging.ERROR, logger="dynacoord"):
-        assert handle("a") == 10**5000, "the result still reaches this caller"
-        assert handle("a") == 10**5000
-    assert calls == ["a", "a"], "the claim was released: the next call runs again"
-    assert idem.get("order:a") is None
-    assert any("cannot be stored" in r.getMessage() for r in caplog.records)
+    with pytest.raises(IdempotencyValueError, match="cannot be stored"):
+        handle("a")
+    with pytest.raises(IdempotencyValueError):
+        handle("a")
+    assert calls == ["a"], "the side effects ran once"
+    assert idem.get("order:a").unstorable == "int"
 
 
 def test_idempotency_complete_with_an_unstorable_result_raises_invalid_value(make_backend):
