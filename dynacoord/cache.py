@@ -49,13 +49,14 @@ _BATCH_ATTEMPTS = 10
 
 
 _INT64_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 def is_int64_text(encoded: str) -> bool:
     """True if the codec text ``encoded`` is a plain integer in the signed 64-bit range: what
     MongoDB and Redis store as a number (field ``n``) so that ``incr`` is one atomic increment."""
-    return bool(_INT64_TEXT.fullmatch(encoded)) and _INT64[0] <= int(encoded) <= _INT64[1]
+    return bool(_INT64_TEXT.fullmatch(encoded)) and (
+        codec.INT64_MIN <= int(encoded) <= codec.INT64_MAX
+    )
 
 
 @dataclass(frozen=True, slots=True)

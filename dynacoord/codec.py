@@ -30,6 +30,8 @@ from .errors import InvalidValueError, ValueTooLargeError
 
 __all__ = [
     "DYNAMODB_ITEM_LIMIT",
+    "INT64_MAX",
+    "INT64_MIN",
     "MAX_INT_DIGITS",
     "JSONValue",
     "check_item_size",
@@ -43,6 +45,9 @@ JSONValue: TypeAlias = Any
 
 #: DynamoDB's item size limit in bytes (attribute names plus values).
 DYNAMODB_ITEM_LIMIT = 400 * 1024
+
+#: The signed 64-bit range: what Redis and MongoDB hold as a number (counters, cache ``incr``).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 #: The most digits of an int the codec stores (Python's default ``sys.get_int_max_str_digits()``).
 MAX_INT_DIGITS = 4300

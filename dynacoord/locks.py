@@ -357,17 +357,18 @@ class Locks:
                 holder = self._held.get(queue.key)
                 if holder is not None and (holder.released or holder.lost or holder.owner == owner):
                     holder = None
-                remaining = deadline - self.clock.monotonic()
+                wait = deadline - self.clock.monotonic()
                 if queue.tickets[0] is ticket:
                     if holder is None:
                         return True
                     left = (holder.expires_at_ms - now_ms(self.clock)) / 1000
                     if left <= 0:
                         return True
-                    remaining = min(remaining, left, self.backoff_max)
-                if deadline - self.clock.monotonic() <= 0:
+                    if wait > 0:  # wake at the holder's expiry, and re-check now and then
+                        wait = min(wait, left, self.backoff_max)
+                if wait <= 0:
                     return False
-                queue.cond.wait(max(0.001, remaining))
+                queue.cond.wait(max(0.001, wait))
 
     def _waiters(self, key: str) -> _Waiters:
         with self._waiters_lock:

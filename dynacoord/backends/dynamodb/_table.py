@@ -20,7 +20,7 @@ import secrets
 import time
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from ...errors import (
     BackendError,
@@ -40,7 +40,10 @@ __all__ = [
     "ConditionFailedError",
     "CountingToken",
     "DynamoTable",
+    "exact_sum",
     "request_token",
+    "sum_limit",
+    "written_by",
 ]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb")
@@ -70,6 +73,28 @@ FREE = "attribute_not_exists(pk) OR expires_at_ms <= :now"
 #: The attribute holding the request token of the write that last created or changed an item:
 #: a retried write whose refusal shows its own token knows its first attempt applied.
 REQUEST_TOKEN = "req"
+
+
+def written_by(item: Mapping[str, Any] | None, token: str) -> TypeGuard[Mapping[str, Any]]:
+    """Whether ``item`` (a refusal's ALL_OLD) was written by the request carrying ``token``: a
+    retry of an applied write whose first response was lost."""
+    return item is not None and item.get(REQUEST_TOKEN) == token
+
+
+def sum_limit(path: str, by: int) -> tuple[str, dict[str, Any]]:
+    """The condition part (`` AND ...``) that keeps the number at ``path`` plus ``by`` within
+    DynamoDB's 38 significant digits (past them DynamoDB would store it rounded), and its
+    ``:lim`` value; nothing for ``by == 0``."""
+    if by > 0:
+        return f" AND (attribute_not_exists({path}) OR {path} <= :lim)", {"lim": _N_LIMIT - 1 - by}
+    if by < 0:
+        return f" AND (attribute_not_exists({path}) OR {path} >= :lim)", {"lim": 1 - _N_LIMIT - by}
+    return "", {}
+
+
+def exact_sum(n: int, by: int) -> bool:
+    """Whether ``n + by`` is a number DynamoDB holds exactly (at most 38 digits)."""
+    return -_N_LIMIT < n + by < _N_LIMIT
 
 
 def request_token() -> str:
@@ -324,7 +349,7 @@ class DynamoTable:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return failed.item is not None and failed.item.get(REQUEST_TOKEN) == token
+            return written_by(failed.item, token)
         return True
 
     def query_pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:

@@ -26,6 +26,7 @@ from ._table import (
     request_token,
     unmarshal,
     values,
+    written_by,
 )
 
 __all__ = ["DynamoDBBreakerStore"]
@@ -171,7 +172,7 @@ class DynamoDBBreakerStore:
                 zero=0,
             )
         except ConditionFailedError as failed:
-            if failed.item is not None and failed.item.get(REQUEST_TOKEN) == token:
+            if written_by(failed.item, token):
                 # A retry of this very write whose first response was lost: the slot is ours.
                 return StartTrialResult(BreakerRecord.from_item(failed.item))
             return StartTrialResult(None, BreakerRecord.from_item(failed.item))

@@ -25,7 +25,6 @@ from typing import Any
 
 from ... import codec
 from ...cache import CacheEntry, KeyPage
-from ...counters import MAX_COUNTER_VALUE
 from ...errors import InvalidValueError
 from ...keys import cache_index_pk, cache_key, cache_pk
 from ._table import (
@@ -33,7 +32,9 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
+    exact_sum,
     marshal,
+    sum_limit,
     unmarshal,
     values,
 )
@@ -44,18 +45,10 @@ _CACHE_SK = cache_key("x", "x").sk
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
 
 
-def _in_range(by: int, attr_values: dict[str, Any]) -> str:
-    """The condition part keeping ``n + by`` within DynamoDB's 38 digits (adds ``:lim``)."""
-    if by == 0:
-        return ""
-    attr_values["lim"] = MAX_COUNTER_VALUE - by if by > 0 else -MAX_COUNTER_VALUE - by
-    return " AND (attribute_not_exists(n) OR n " + ("<=" if by > 0 else ">=") + " :lim)"
-
-
 def _check_range(key: str, item: Any, by: int) -> None:
     """Refuse (nothing was written) an incr whose sum DynamoDB could only store rounded."""
     n = (item or {}).get("n")
-    if n is not None and abs(int(n) + by) > MAX_COUNTER_VALUE:
+    if n is not None and not exact_sum(int(n), by):
         raise InvalidValueError(
             f"incr of cache key {key!r} by {by} would leave DynamoDB's 38 significant digits; "
             "nothing was written"
@@ -146,7 +139,8 @@ class DynamoDBCacheStore:
             extra["ExpressionAttributeNames"] = {"#ttl": "ttl"}
         token = CountingToken(now_ms)
         attr_values.update(token.values)
-        in_range = _in_range(by, attr_values)
+        in_range, bounds = sum_limit("n", by)
+        attr_values.update(bounds)
         extra["ExpressionAttributeNames"] = {
             **extra.get("ExpressionAttributeNames", {}),
             **token.names,
@@ -187,7 +181,8 @@ class DynamoDBCacheStore:
     def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
         token = CountingToken(now_ms)
         attr_values: dict[str, Any] = {"now": now_ms, "by": by, **token.values}
-        in_range = _in_range(by, attr_values)
+        in_range, bounds = sum_limit("n", by)
+        attr_values.update(bounds)
         try:
             response = self._table.call(
                 "update_item",

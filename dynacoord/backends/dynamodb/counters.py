@@ -23,7 +23,9 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
+    exact_sum,
     marshal,
+    sum_limit,
     unmarshal,
     values,
 )
@@ -47,15 +49,6 @@ _LIVE_OR_ABSENT = f"attribute_not_exists(pk) OR (#kind = :kind AND {LIVE})"
 def _names(expression: str) -> dict[str, str]:
     """Only the placeholders an expression uses (DynamoDB refuses unused ones)."""
     return {k: v for k, v in _NAMES.items() if k in expression}
-
-
-def _range_condition(by: int) -> tuple[str, int]:
-    """The condition part (and its ``:lim``) keeping ``n + by`` within 38 digits."""
-    if by > 0:
-        return " AND (attribute_not_exists(#n) OR #n <= :lim)", MAX_COUNTER_VALUE - by
-    if by < 0:
-        return " AND (attribute_not_exists(#n) OR #n >= :lim)", -MAX_COUNTER_VALUE - by
-    return "", 0
 
 
 def _ttl_s(expires_at_ms: int) -> int:
@@ -136,8 +129,7 @@ class DynamoDBCounterStore:
         sets, expiry = _keep_expiry("SET #kind = :kind", ttl_ms, now_ms)
         token = CountingToken(now_ms)
         # DynamoDB would store a sum past 38 digits rounded: refuse it in the condition instead.
-        in_range, limit = _range_condition(by)
-        bounds: dict[str, Any] = {"lim": limit} if in_range else {}
+        in_range, bounds = sum_limit("#n", by)
         outcome = self._update(
             key,
             update=f"{sets} ADD #n :by, {token.add} REMOVE {token.remove}",
@@ -155,7 +147,7 @@ class DynamoDBCounterStore:
             not outcome.ok
             and current is not None
             and current.kind == COUNTER
-            and abs(int(current.value) + by) > MAX_COUNTER_VALUE
+            and not exact_sum(int(current.value), by)
         ):
             return WriteOutcome(False, current=current, out_of_range=MAX_COUNTER_VALUE)
         return outcome

@@ -30,6 +30,7 @@ from ._table import (
     request_token,
     unmarshal,
     values,
+    written_by,
 )
 
 __all__ = ["DynamoDBRunStore"]
@@ -98,7 +99,7 @@ class DynamoDBRunStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            if failed.item is not None and failed.item.get(REQUEST_TOKEN) == token:
+            if written_by(failed.item, token):
                 return _run(failed.item)
             raise write_refused(run_id, failed.item, now_ms) from None
         return _run(unmarshal(response["Attributes"]))

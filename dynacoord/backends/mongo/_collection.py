@@ -128,7 +128,7 @@ class MongoCollection:
         lost finds the document it wrote itself, and that is success (one read, only then)."""
         from pymongo.errors import DuplicateKeyError
 
-        token = secrets.token_hex(8)
+        token = request_token()
         try:
             with translate_errors(what):
                 self.collection.replace_one(

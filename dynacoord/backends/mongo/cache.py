@@ -35,8 +35,6 @@ from ._collection import (
 
 __all__ = ["MongoCacheStore"]
 
-_INT64_MAX = 2**63 - 1
-
 _PAGE = 1000
 
 
@@ -128,9 +126,9 @@ class MongoCacheStore:
         }
         # A sum outside int64 does not match (nothing written), then reads as out of range.
         if by > 0:
-            live_counter["n"] = {"$exists": True, "$not": {"$gt": _INT64_MAX - by}}
+            live_counter["n"] = {"$exists": True, "$not": {"$gt": codec.INT64_MAX - by}}
         elif by < 0:
-            live_counter["n"] = {"$exists": True, "$not": {"$lt": -_INT64_MAX - 1 - by}}
+            live_counter["n"] = {"$exists": True, "$not": {"$lt": codec.INT64_MIN - by}}
         update: dict[str, Any] = {
             "$inc": {"n": by},
             "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}},
@@ -163,7 +161,7 @@ class MongoCacheStore:
         if (
             CacheEntry.from_item(current, now_ms) is not None
             and isinstance(n, int)
-            and not -_INT64_MAX - 1 <= n + by <= _INT64_MAX
+            and not codec.INT64_MIN <= n + by <= codec.INT64_MAX
         ):
             raise InvalidValueError(
                 f"incr of cache key {key!r} by {by} would leave MongoDB's signed 64-bit range; "

@@ -25,6 +25,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
+from ... import codec
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
 from ._collection import (
@@ -38,8 +39,6 @@ from ._collection import (
 )
 
 __all__ = ["MongoCounterStore"]
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class MongoCounterStore:
@@ -117,8 +116,10 @@ class MongoCounterStore:
         return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
-        if not INT64_MIN <= by <= INT64_MAX:  # a BSON counter is a signed 64-bit integer
-            return WriteOutcome(False, out_of_range=INT64_MAX)
+        if (
+            not codec.INT64_MIN <= by <= codec.INT64_MAX
+        ):  # a BSON counter is a signed 64-bit integer
+            return WriteOutcome(False, out_of_range=codec.INT64_MAX)
         stage = {
             "kind": literal(COUNTER),
             "n": {"$add": [{"$ifNull": ["$n", 0]}, literal(by)]},
@@ -127,9 +128,9 @@ class MongoCounterStore:
         # A sum outside int64 does not match (nothing written), then reads as out of range.
         limit: dict[str, Any] = {}
         if by > 0:
-            limit = {"n": {"$not": {"$gt": INT64_MAX - by}}}
+            limit = {"n": {"$not": {"$gt": codec.INT64_MAX - by}}}
         elif by < 0:
-            limit = {"n": {"$not": {"$lt": INT64_MIN - by}}}
+            limit = {"n": {"$not": {"$lt": codec.INT64_MIN - by}}}
         outcome = self._in_place(
             key,
             {"kind": COUNTER, **live_filter(now_ms), **limit},
@@ -143,9 +144,9 @@ class MongoCounterStore:
             not outcome.ok
             and current is not None
             and current.kind == COUNTER
-            and not INT64_MIN <= int(current.value) + by <= INT64_MAX
+            and not codec.INT64_MIN <= int(current.value) + by <= codec.INT64_MAX
         ):
-            return WriteOutcome(False, current=current, out_of_range=INT64_MAX)
+            return WriteOutcome(False, current=current, out_of_range=codec.INT64_MAX)
         return outcome
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:

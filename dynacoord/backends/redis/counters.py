@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import codec
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
 from ._conn import (
@@ -33,8 +34,6 @@ from ._conn import (
 )
 
 __all__ = ["RedisCounterStore"]
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # Common head. state(): 'absent' | 'expired' | 'live'. reply(flag): {flag, field, value, ...}.
 _HEAD = (
@@ -172,8 +171,10 @@ class RedisCounterStore:
         return self._outcome(self._conn.run(_REPLACE, [self._key(key)], args, what), now_ms)
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
-        if not INT64_MIN <= by <= INT64_MAX:  # a Redis counter is a signed 64-bit integer
-            return WriteOutcome(False, out_of_range=INT64_MAX)
+        if (
+            not codec.INT64_MIN <= by <= codec.INT64_MAX
+        ):  # a Redis counter is a signed 64-bit integer
+            return WriteOutcome(False, out_of_range=codec.INT64_MAX)
         reply = self._conn.run(
             _ADD,
             [self._key(key), tokens_key(self._key(key))],
@@ -181,7 +182,7 @@ class RedisCounterStore:
             "counter add",
         )
         if as_int(reply[0]) == 3:
-            return WriteOutcome(False, out_of_range=INT64_MAX)
+            return WriteOutcome(False, out_of_range=codec.INT64_MAX)
         return self._outcome(reply, now_ms)
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
