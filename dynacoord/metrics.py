@@ -196,7 +196,6 @@ def check_metrics(value: Any) -> Metrics:
     return value
 
 
-
 def measure_request(
     metrics: Metrics,
     dimensions: Mapping[str, str],
