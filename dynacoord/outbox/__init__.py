@@ -38,14 +38,23 @@ backend implements), :mod:`.publisher` (``backend.outbox``: publish and manage) 
 
 from __future__ import annotations
 
-from .event import Event, EventRecord, EventStatus, pending_fields
+from .event import Event, EventRecord, EventStatus, order_key, pending_fields
 from .publisher import MAX_EVENTS_PER_PUBLISH, Outbox
-from .store import OutboxStats, OutboxStore, RetryOutcome, RetryReport, TransactionEntries
+from .store import (
+    ORDERED_RECHECK_MS,
+    OutboxStats,
+    OutboxStore,
+    Outcome,
+    RetryOutcome,
+    RetryReport,
+    TransactionEntries,
+)
 from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
 
 __all__ = [
     "DEFAULT_RETENTION_SECONDS",
     "MAX_EVENTS_PER_PUBLISH",
+    "ORDERED_RECHECK_MS",
     "Event",
     "EventRecord",
     "EventStatus",
@@ -55,8 +64,10 @@ __all__ = [
     "OutboxStats",
     "OutboxStore",
     "OutboxWorker",
+    "Outcome",
     "RetryOutcome",
     "RetryReport",
     "TransactionEntries",
+    "order_key",
     "pending_fields",
 ]

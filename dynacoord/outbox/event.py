@@ -20,7 +20,14 @@ from ..errors import (
     InvalidValueError,
 )
 
-__all__ = ["MAX_OCCURRED_AT", "Event", "EventRecord", "EventStatus", "pending_fields"]
+__all__ = [
+    "MAX_OCCURRED_AT",
+    "Event",
+    "EventRecord",
+    "EventStatus",
+    "order_key",
+    "pending_fields",
+]
 
 #: ``Event.occurred_at`` is epoch seconds in ``[0, MAX_OCCURRED_AT)``: 10000-01-01T00:00:00Z.
 MAX_OCCURRED_AT = 253402300800
@@ -47,8 +54,11 @@ class Event:
     deduplication id): a retried publish of the same event is recognised by it. ``occurred_at``
     (epoch seconds, from 0 to before :data:`MAX_OCCURRED_AT`, the year 10000) defaults to now. ``payload`` and ``metadata`` are any values the codec stores
     (JSON-compatible, plus bytes and Decimal); both are delivered as they went in. ``group`` is an
-    ordering/partition hint for relays (the SQS FIFO message group). ``attempt`` is set by the
-    worker on delivery: 1 on the first delivery, 2 on the first retry, ...
+    ordering/partition hint for relays (the SQS FIFO message group, e.g. an aggregate id). With
+    ``ordered=True`` (needs a ``group``) the outbox itself keeps the group's order: no event of
+    the group is delivered while an earlier ordered event of it is pending or in flight (see the
+    outbox docs for the cost). ``attempt`` is set by the worker on delivery: 1 on the first
+    delivery, 2 on the first retry, ...
     """
 
     type: str
@@ -58,6 +68,7 @@ class Event:
     metadata: Mapping[str, Any]
     group: str | None
     attempt: int = field(default=0, compare=False)
+    ordered: bool = False
 
     def __init__(
         self,
@@ -69,6 +80,7 @@ class Event:
         metadata: Mapping[str, Any] | None = None,
         group: str | None = None,
         attempt: int = 0,
+        ordered: bool = False,
     ) -> None:
         if not isinstance(type, str) or not type:
             raise InvalidValueError(f"event type must be a non-empty str, got {type!r}")
@@ -108,6 +120,12 @@ class Event:
         if group is not None:
             check_utf8(group, "event group")
         check_int(attempt, "attempt", minimum=0)
+        if not isinstance(ordered, bool):
+            raise InvalidValueError(f"ordered must be a bool, got {ordered!r}")
+        if ordered and group is None:
+            raise InvalidValueError(
+                "an ordered event needs a group: order is kept among the events of one group"
+            )
         # Refuse values that cannot be stored now, not when the worker reads them back.
         codec.encode(payload)
         codec.encode(meta)
@@ -118,6 +136,7 @@ class Event:
         object.__setattr__(self, "metadata", meta)
         object.__setattr__(self, "group", group)
         object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "ordered", ordered)
 
     @classmethod
     def _restore(
@@ -130,6 +149,7 @@ class Event:
         metadata: Mapping[str, Any],
         group: str | None,
         attempt: int,
+        ordered: bool = False,
     ) -> Event:
         """Rebuild a stored event without re-validating it (it was validated when published)."""
         event = object.__new__(cls)
@@ -141,6 +161,7 @@ class Event:
             ("metadata", dict(metadata)),
             ("group", group),
             ("attempt", attempt),
+            ("ordered", ordered),
         ):
             object.__setattr__(event, name, value)
         return event
@@ -155,6 +176,7 @@ class Event:
             metadata=self.metadata,
             group=self.group,
             attempt=attempt,
+            ordered=self.ordered,
         )
 
     @property
@@ -168,6 +190,7 @@ class Event:
             self.id == other.id
             and self.type == other.type
             and self.group == other.group
+            and self.ordered == other.ordered
             and codec.encode(self.payload) == codec.encode(other.payload)
             and codec.encode(dict(self.metadata)) == codec.encode(dict(other.metadata))
         )
@@ -199,6 +222,8 @@ class EventRecord:
     lease_token: str | None = None
     last_error: str | None = None
     updated_at_ms: int | None = None
+    #: an ordered event's place in its group (1, 2, ...); None for unordered events
+    seq: int | None = None
 
     @property
     def id(self) -> str:
@@ -228,6 +253,7 @@ class EventRecord:
             metadata=codec.decode(str(metadata)) if metadata is not None else {},
             group=optional_str(item, "event_group"),
             attempt=attempts,
+            ordered="seq" in item,
         )
         due = item.get("due_ms", item.get("completed_ms", 0))
         return cls(
@@ -238,6 +264,7 @@ class EventRecord:
             lease_token=str(item["lease_token"]) if item.get("lease_token") else None,
             last_error=str(item["last_error"]) if item.get("last_error") else None,
             updated_at_ms=optional_int(item, "updated_ms"),
+            seq=optional_int(item, "seq"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -250,15 +277,18 @@ class EventRecord:
             "due_at": self.due_at,
             "occurred_at": self.event.occurred_at,
             "group": self.event.group,
+            "ordered": self.event.ordered,
+            "seq": self.seq,
             "last_error": self.last_error,
             "payload": self.event.payload,
             "metadata": dict(self.event.metadata),
         }
 
 
-def pending_fields(event: Event, due_ms: int) -> dict[str, Any]:
+def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:
     """The stored fields (keys aside) of a newly published event, pending and due at ``due_ms``:
-    the same field names on every backend, read back by :meth:`EventRecord.from_item`."""
+    the same field names on every backend, read back by :meth:`EventRecord.from_item`. ``seq``
+    is an ordered event's place in its group, assigned by the store when publishing."""
     fields: dict[str, Any] = {
         "event_id": event.id,
         "event_type": event.type,
@@ -272,4 +302,16 @@ def pending_fields(event: Event, due_ms: int) -> dict[str, Any]:
         fields["metadata"] = codec.encode(dict(event.metadata))
     if event.group is not None:
         fields["event_group"] = event.group
+    if event.ordered:
+        assert seq is not None, "the store assigns an ordered event its place in the group"
+        fields["seq"] = seq
     return fields
+
+
+def order_key(event: Event) -> str:
+    """What an event's index shard is chosen by: the group for ordered events (a group's events
+    share one queue, so one worker sees them together), else the event id."""
+    if event.ordered:
+        assert event.group is not None
+        return event.group
+    return event.id

@@ -9,9 +9,44 @@ from typing import Any, Literal, Protocol
 
 from .event import Event, EventRecord, EventStatus
 
-__all__ = ["OutboxStats", "OutboxStore", "RetryOutcome", "RetryReport", "TransactionEntries"]
+__all__ = [
+    "ORDERED_RECHECK_MS",
+    "OutboxStats",
+    "OutboxStore",
+    "Outcome",
+    "RetryOutcome",
+    "RetryReport",
+    "TransactionEntries",
+]
 
 RetryOutcome = Literal["retried", "not_found", "not_failed"]
+
+#: An ordered event whose group's head is still undelivered is not claimable; a claim that finds
+#: it so postpones it by this much (or to the head's retry time, when later), so that it does not
+#: crowd the head of the due queue while it waits.
+ORDERED_RECHECK_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a worker decided for one event it holds, written by :meth:`OutboxStore.finish_many`.
+
+    ``kind``: ``"completed"`` (delivered), ``"pending"`` (back to pending, due at ``due_ms``;
+    ``count_attempt=False`` gives the claim's attempt back: released unhandled) or ``"failed"``.
+    ``record`` is the event as claimed; its ``lease_token`` is the claim that must still hold it.
+    """
+
+    record: EventRecord
+    kind: Literal["completed", "pending", "failed"]
+    due_ms: int = 0
+    error: str | None = None
+    count_attempt: bool = True
+
+    @property
+    def token(self) -> str:
+        token = self.record.lease_token
+        assert token is not None, "an outcome is written for a claimed event"
+        return token
 
 
 class TransactionEntries(Protocol):
@@ -61,7 +96,13 @@ class OutboxStore(Protocol):
 
     @property
     def shards(self) -> int:
-        """How many index partitions each status is spread over."""
+        """How many index partitions each status is spread over: the most any publisher of the
+        namespace has used (read from the store), never fewer than this store's own setting."""
+        ...
+
+    def refresh_shards(self) -> int:
+        """Read the namespace's shard count from the store again (a publisher with more shards
+        may have started since) and return it. One request, or none where shards are fixed."""
         ...
 
     def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
@@ -104,6 +145,35 @@ class OutboxStore(Protocol):
     ) -> EventRecord | None:
         """Make the event in_flight under ``token`` if it is still as ``seen`` (same status and
         lease token) and due; count the attempt. None if someone else got it first."""
+        ...
+
+    def claim_many(
+        self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
+    ) -> list[EventRecord]:
+        """Claim each of ``seen`` as :meth:`claim` would, ``tokens[i]`` for ``seen[i]``, in as few
+        requests as the store allows (one where it can); return the claimed records (in_flight,
+        their token, the attempt counted). Events someone else got, that are no longer due, or
+        that wait behind their ordered group's head (those are postponed) are left out. One
+        contended event never costs the others their claim.
+
+        Ordered events (``record.seq`` set): of each group only the run of consecutive sequence
+        numbers starting at the group's next undelivered one (or a retried event the group has
+        already moved past) is claimable."""
+        ...
+
+    def finish_many(
+        self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
+    ) -> list[bool]:
+        """Write each outcome while its claim still holds the event (as :meth:`complete`,
+        :meth:`reschedule` and :meth:`fail` do), in as few requests as the store allows; one
+        bool per outcome: False where the lease had been lost. A completed or failed ordered
+        event lets its group's next event go."""
+        ...
+
+    def extend_many(
+        self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
+    ) -> list[bool]:
+        """Move the lease expiry of each claimed record while its token holds it."""
         ...
 
     def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
