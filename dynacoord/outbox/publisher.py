@@ -139,6 +139,10 @@ class Outbox:
         retention: float | None = DEFAULT_RETENTION_SECONDS,
         heartbeat: bool = True,
         name: str | None = None,
+        batch_claim: bool = True,
+        on_delivered: Callable[[Event], Any] | None = None,
+        on_error: Callable[[Event, Exception], Any] | None = None,
+        on_failed: Callable[[Event], Any] | None = None,
     ) -> OutboxWorker:
         """A worker that delivers due events to ``handlers`` (see :class:`OutboxWorker`)."""
         return OutboxWorker(
@@ -156,6 +160,10 @@ class Outbox:
             heartbeat=heartbeat,
             name=name,
             metrics=self._metrics,
+            batch_claim=batch_claim,
+            on_delivered=on_delivered,
+            on_error=on_error,
+            on_failed=on_failed,
         )
 
     def stream_handler(

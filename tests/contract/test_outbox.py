@@ -210,6 +210,9 @@ def test_worker_killed_mid_event_is_recovered_after_the_lease(make_backend):
     clock.advance(29.9)
     assert rescuer.run_once() == 0  # the lease still holds
     clock.advance(0.1)
+    # A worker looks for expired leases at most every lease/2 (its first poll did, at 29.9).
+    assert rescuer.run_once() == 0
+    clock.advance(15)
     assert rescuer.run_once() == 1
     assert [(e.id, e.attempt) for e in received] == [("z1", 2)]
     assert outbox.get("z1").status is EventStatus.COMPLETED

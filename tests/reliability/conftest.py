@@ -43,6 +43,9 @@ def scan_all(client: Any, table: str, ignore_prefix: str | None = None) -> list[
         kwargs["ExclusiveStartKey"] = last
     if ignore_prefix is not None:
         items = [item for item in items if not item["pk"]["S"].startswith(ignore_prefix)]
+    # An outbox namespace's shard record is configuration, written once before its first
+    # publish (so workers poll every shard a publisher uses), not data a failed write leaves.
+    items = [item for item in items if item["sk"]["S"] != "SHARDS"]
     return sorted(items, key=lambda item: (item["pk"]["S"], item["sk"]["S"]))
 
 

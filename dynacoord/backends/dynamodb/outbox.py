@@ -16,20 +16,49 @@ a worker whose lease ran out and was taken over cannot change the event any more
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ... import codec
-from ...errors import InvalidKeyError, TransactionCancelledError
-from ...keys import outbox_index_pk, outbox_key, time_sk_bound
-from ...outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
+from ...errors import InvalidKeyError, NotSupportedError, TransactionCancelledError
+from ...keys import (
+    Kind,
+    outbox_index_pk,
+    outbox_index_sk,
+    outbox_key,
+    shard_of,
+    time_sk_bound,
+    validate_key,
+)
+from ...outbox import (
+    ORDERED_RECHECK_MS,
+    Event,
+    EventRecord,
+    EventStatus,
+    Outcome,
+    RetryOutcome,
+    order_key,
+    pending_fields,
+)
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
-from .transaction import check_transaction_items
+from .transaction import MAX_TRANSACTION_ITEMS, check_transaction_items
 
 __all__ = ["DynamoDBOutboxStore"]
 
 _NAMES = {"#status": "status"}
+#: Transaction cancellation codes worth sending the request again for.
+_RETRY_CODES = ("ConditionalCheckFailed", "TransactionConflict")
+#: How often an ordered publish reads its groups again when racing publishers moved them.
+_PUBLISH_ROUNDS = 8
+#: Rounds of a batched claim or completion: a cancelled transaction is sent again without the
+#: items that refused; what is left after this many goes one event per request.
+_BATCH_ROUNDS = 3
+#: At most this many events of one ordered group are claimed in one batch (the group's gate and
+#: its events' outcomes must fit one transaction).
+_MAX_RUN = 50
 # Fresh items only; an expired (retention over, not yet swept) completed event counts as absent.
 _HOLDS_LEASE = "#status = :in_flight AND lease_token = :token"
 
@@ -38,18 +67,63 @@ class DynamoDBOutboxStore:
     def __init__(self, table: DynamoTable, namespace: str, *, shards: int = 1) -> None:
         self._table = table
         self._ns = namespace
-        self._shards = shards
+        self._own_shards = shards
+        self._recorded_shards: int | None = None  # the namespace's count, once read
+        self._shards_written = shards <= 1  # one shard needs no record: every worker reads it
+
+    # -- the namespace's shard count ----------------------------------------------------------------
+    # Publishers record the most shards they use on one item; workers read it and poll that many,
+    # so a publisher with more shards than a worker can never strand events.
+
+    def _meta_key(self) -> dict[str, Any]:
+        return marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}", "sk": "SHARDS"})
 
     @property
     def shards(self) -> int:
-        return self._shards
+        if self._recorded_shards is None:
+            return self.refresh_shards()
+        return max(self._own_shards, self._recorded_shards)
+
+    def refresh_shards(self) -> int:
+        response = self._table.call("get_item", Key=self._meta_key(), ConsistentRead=True)
+        raw = response.get("Item")
+        self._recorded_shards = int(unmarshal(raw)["shards"]) if raw else 0
+        return max(self._own_shards, self._recorded_shards)
+
+    def _record_shards(self) -> None:
+        """Once per store: make the namespace's recorded shard count at least this store's."""
+        if self._shards_written:
+            return
+        with contextlib.suppress(ConditionFailedError):  # already as many or more
+            self._table.call(
+                "update_item",
+                Key=self._meta_key(),
+                UpdateExpression="SET shards = :n",
+                ConditionExpression="attribute_not_exists(shards) OR shards < :n",
+                ExpressionAttributeValues=values(n=self._own_shards),
+            )
+        self._shards_written = True
+
+    def _gate_key(self, group: str) -> dict[str, Any]:
+        return marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#{group}", "sk": "GROUP"})
 
     # -- items -----------------------------------------------------------------------------------
 
     def _index(self, event_id: str, status: EventStatus, due_ms: int) -> tuple[str, str]:
-        k = outbox_key(self._ns, event_id, status=status.value, due_ms=due_ms, shards=self._shards)
+        k = outbox_key(
+            self._ns, event_id, status=status.value, due_ms=due_ms, shards=self._own_shards
+        )
         assert k.gsi1pk is not None and k.gsi1sk is not None
         return k.gsi1pk, k.gsi1sk
+
+    def _record_index(self, event: Event, status: EventStatus, due_ms: int) -> tuple[str, str]:
+        """The index entry of ``event``: ordered events are sharded by their group, so the
+        events of a group share one queue and one worker sees them together."""
+        shard = shard_of(order_key(event), self._own_shards)
+        return (
+            outbox_index_pk(self._ns, status.value, shard),
+            outbox_index_sk(due_ms, event.id),
+        )
 
     @staticmethod
     def _publish_due(event: Event, now_ms: int) -> int:
@@ -58,19 +132,20 @@ class DynamoDBOutboxStore:
         # ClientRequestToken is the identical request DynamoDB recognises.
         return min(event.occurred_at_ms, now_ms)
 
-    def _item(self, event: Event, due_ms: int) -> dict[str, Any]:
-        k = outbox_key(
-            self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms, shards=self._shards
-        )
-        item = {**k.as_dict(), **pending_fields(event, due_ms)}
+    def _item(self, event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:
+        k = outbox_key(self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms)
+        gpk, gsk = self._record_index(event, EventStatus.PENDING, due_ms)
+        item = {**k.as_dict(), "gsi1pk": gpk, "gsi1sk": gsk, **pending_fields(event, due_ms, seq)}
         codec.check_item_size(item, key=event.id)
         return item
 
-    def _put(self, event: Event, now_ms: int, *, stable: bool = False) -> dict[str, Any]:
+    def _put(
+        self, event: Event, now_ms: int, *, stable: bool = False, seq: int | None = None
+    ) -> dict[str, Any]:
         due = self._publish_due(event, now_ms)
         return {
             "TableName": self._table.name,
-            "Item": marshal(self._item(event, due)),
+            "Item": marshal(self._item(event, due, seq)),
             # An expired completed event (retention over, not swept yet) counts as absent. In a
             # caller's transaction (``stable``) expiry is judged at ``due`` instead of now, so the
             # request does not depend on the publishing moment and a retry with the same
@@ -86,6 +161,9 @@ class DynamoDBOutboxStore:
     # -- publishing ------------------------------------------------------------------------------
 
     def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
+        self._record_shards()
+        if any(event.ordered for event in events):
+            return self._publish_ordered(events, now_ms)
         puts = [self._put(event, now_ms) for event in events]
         if len(puts) == 1:
             # One event: a plain conditional PutItem (half the write cost of a transaction).
@@ -101,9 +179,16 @@ class DynamoDBOutboxStore:
             except ConditionFailedError as failed:
                 return {events[0].id: EventRecord.from_item(failed.item, now_ms)}
             return {}
-        check_transaction_items([{"Put": p} for p in puts])  # 4 MB: refused before sending
+        return self._write_puts(events, [{"Put": p} for p in puts], now_ms)
+
+    def _write_puts(
+        self, events: Sequence[Event], items: list[dict[str, Any]], now_ms: int
+    ) -> dict[str, EventRecord | None]:
+        """One transaction whose first ``len(events)`` items put ``events``; the clashing ids
+        with their stored records if a put's condition failed (then nothing was written)."""
+        check_transaction_items(items)  # 4 MB: refused before sending
         try:
-            self._table.call("transact_write_items", TransactItems=[{"Put": p} for p in puts])
+            self._table.call("transact_write_items", TransactItems=items)
         except TransactionCancelledError as cancelled:
             clashes: dict[str, EventRecord | None] = {}
             for event, reason in zip(events, cancelled.reasons, strict=False):
@@ -117,7 +202,78 @@ class DynamoDBOutboxStore:
             return clashes
         return {}
 
+    def _publish_ordered(
+        self, events: Sequence[Event], now_ms: int
+    ) -> dict[str, EventRecord | None]:
+        # Each ordered event takes the next place in its group: read the groups' gates, then
+        # write the events with their places and the gates' new counts in one transaction,
+        # conditional on the counts read (a racing publisher makes us read again).
+        groups = sorted({e.group for e in events if e.ordered and e.group is not None})
+        for group in groups:
+            validate_key(group, "event group")
+        for _ in range(_PUBLISH_ROUNDS):
+            published = {group: self._gate(group).get("published", 0) for group in groups}
+            places = dict(published)
+            seqs: list[int | None] = []
+            for event in events:
+                if event.ordered and event.group is not None:
+                    places[event.group] += 1
+                    seqs.append(places[event.group])
+                else:
+                    seqs.append(None)
+            items: list[dict[str, Any]] = [
+                {"Put": self._put(event, now_ms, seq=seq)}
+                for event, seq in zip(events, seqs, strict=True)
+            ]
+            for group in groups:
+                items.append(
+                    {"Update": self._gate_publish(group, published[group], places[group], now_ms)}
+                )
+            try:
+                return self._write_puts(events, items, now_ms)
+            except TransactionCancelledError as cancelled:
+                gates = cancelled.reasons[len(events) :]
+                if not any(r.get("Code") in _RETRY_CODES for r in gates) and not any(
+                    r.get("Code") == "TransactionConflict" for r in cancelled.reasons
+                ):
+                    raise
+        raise TransactionCancelledError(
+            f"ordered publish: the groups {groups!r} kept changing under racing publishers; "
+            "nothing was written, publish again",
+            reasons=[],
+        )
+
+    def _gate(self, group: str) -> dict[str, Any]:
+        response = self._table.call("get_item", Key=self._gate_key(group), ConsistentRead=True)
+        raw = response.get("Item")
+        return unmarshal(raw) if raw else {}
+
+    def _gate_publish(self, group: str, seen: int, published: int, now_ms: int) -> dict[str, Any]:
+        return {
+            "TableName": self._table.name,
+            "Key": self._gate_key(group),
+            "UpdateExpression": (
+                "SET published = :published, next_seq = if_not_exists(next_seq, :one), "
+                "published_ms = :now"
+            ),
+            "ConditionExpression": (
+                "attribute_not_exists(published) AND :seen = :zero"
+                if seen == 0
+                else "published = :seen"
+            ),
+            "ExpressionAttributeValues": values(
+                published=published, one=1, now=now_ms, seen=seen, zero=0
+            ),
+        }
+
     def transaction_entry(self, event: Event, now_ms: int) -> dict[str, Any]:
+        if event.ordered:
+            raise NotSupportedError(
+                "an ordered event takes its place in its group when published: publish it with "
+                "backend.outbox.publish() (one transaction with the group's gate), not inside "
+                "backend.transaction()"
+            )
+        self._record_shards()
         return {"Put": self._put(event, now_ms, stable=True)}
 
     # -- reading ---------------------------------------------------------------------------------
@@ -224,6 +380,393 @@ class DynamoDBOutboxStore:
                 return EventRecord.from_item(failed.item, now_ms)
             return None
         return EventRecord.from_item(unmarshal(response["Attributes"]), now_ms)
+
+    # -- batches ----------------------------------------------------------------------------------
+
+    def _claim_op(
+        self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
+    ) -> dict[str, Any]:
+        """The conditional update that claims ``seen`` (still as seen: status, lease token and
+        attempts; and due) as a transaction item."""
+        gpk, gsk = self._record_index(seen.event, EventStatus.IN_FLIGHT, lease_until_ms)
+        condition = "#status = :expected AND due_ms <= :now AND "
+        args: dict[str, Any] = {
+            "expected": seen.status.value,
+            "now": now_ms,
+            "in_flight": EventStatus.IN_FLIGHT.value,
+            "token": token,
+            "until": lease_until_ms,
+            "gpk": gpk,
+            "gsk": gsk,
+            "attempts": seen.attempts,
+            "one": 1,
+        }
+        if seen.lease_token is None:
+            condition += "attribute_not_exists(lease_token)"
+        else:
+            condition += "lease_token = :seen"
+            args["seen"] = seen.lease_token
+        # The attempts seen are the ones this claim counts: the returned record is built here.
+        condition += " AND attempts = :attempts"
+        return {
+            "TableName": self._table.name,
+            "Key": self._key(seen.id),
+            "ConditionExpression": condition,
+            "UpdateExpression": (
+                "SET #status = :in_flight, lease_token = :token, due_ms = :until, "
+                "attempts = :attempts + :one, gsi1pk = :gpk, gsi1sk = :gsk, updated_ms = :now"
+            ),
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": values(**args),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+
+    def claim_many(
+        self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
+    ) -> list[EventRecord]:
+        runs, blocked_after_gap = _ordered_runs(seen)
+        del blocked_after_gap  # left as they are: the next poll looks again
+        claimable = [
+            (record, token)
+            for record, token in zip(seen, tokens, strict=True)
+            if record.seq is None or record.id in runs.members
+        ]
+        if len(claimable) == 1 and claimable[0][0].seq is None:
+            record, token = claimable[0]
+            got = self.claim(record, token, lease_until_ms, now_ms)
+            return [] if got is None else [got]
+        # Items: one claim per event, one gate check per ordered group, a group's with its run.
+        entries: list[_Entry] = []
+        for record, token in claimable:
+            entries.append(
+                _Entry(
+                    {"Update": self._claim_op(record, token, lease_until_ms, now_ms)},
+                    record=record,
+                    token=token,
+                )
+            )
+        for group, start in runs.starts.items():
+            entries.append(
+                _Entry(
+                    {
+                        "ConditionCheck": {
+                            "TableName": self._table.name,
+                            "Key": self._gate_key(group),
+                            "ConditionExpression": "next_seq >= :start",
+                            "ExpressionAttributeValues": values(start=start),
+                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                        }
+                    },
+                    group=group,
+                )
+            )
+        claimed: dict[str, EventRecord] = {}
+        blocked: dict[str, dict[str, Any]] = {}  # group -> its gate as the refusal showed it
+
+        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+            if entry.group is not None:
+                blocked[entry.group] = item or {}
+            elif item is not None and item.get("lease_token") == entry.token:
+                # A retry of this very claim whose first response was lost: the claim is ours.
+                record = EventRecord.from_item(item, now_ms)
+                if record is not None:
+                    claimed[record.id] = record
+
+        def written(entry: _Entry) -> None:
+            if entry.record is not None:
+                claimed[entry.record.id] = _as_claimed(entry.record, entry.token, lease_until_ms)
+
+        self._transact(entries, refused, written, _group_closure)
+        for group, gate in blocked.items():
+            # The group's head is not done: the run waits; move it out of the way for a while.
+            due = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms", 0)))
+            for record in runs.by_group[group]:
+                claimed.pop(record.id, None)
+                self._postpone(record, due, now_ms)
+        return [claimed[r.id] for r, _ in claimable if r.id in claimed]
+
+    def _postpone(self, seen: EventRecord, due_ms: int, now_ms: int) -> None:
+        gpk, gsk = self._record_index(seen.event, EventStatus.PENDING, due_ms)
+        with contextlib.suppress(ConditionFailedError):  # claimed or moved meanwhile
+            self._table.call(
+                "update_item",
+                Key=self._key(seen.id),
+                ConditionExpression=(
+                    "#status = :pending AND attribute_not_exists(lease_token) AND due_ms <= :now"
+                ),
+                UpdateExpression="SET due_ms = :due, gsi1pk = :gpk, gsi1sk = :gsk",
+                ExpressionAttributeNames=_NAMES,
+                ExpressionAttributeValues=values(
+                    pending=EventStatus.PENDING.value, now=now_ms, due=due_ms, gpk=gpk, gsk=gsk
+                ),
+            )
+
+    def _transact(
+        self,
+        entries: list[_Entry],
+        refused: Any,
+        written: Any,
+        closure: Any,
+    ) -> None:
+        """Send ``entries`` in transactions of at most 100 items (the items ``closure`` ties
+        together stay in one), each cancelled one again without the items that refused
+        (``refused(entry, old item)``), up to ``_BATCH_ROUNDS`` rounds, then the rest one
+        group of tied items per request. ``written(entry)`` for every item that was written."""
+        pending = entries
+        for _ in range(_BATCH_ROUNDS):
+            if not pending:
+                return
+            again: list[_Entry] = []
+            for chunk in _chunks(pending, closure):
+                again.extend(self._send(chunk, refused, written))
+            pending = again
+        for group in _tied(pending, closure):
+            leftover = list(group)
+            for _ in range(_BATCH_ROUNDS):
+                leftover = self._send(leftover, refused, written)
+                if not leftover:
+                    break
+
+    def _send(self, chunk: list[_Entry], refused: Any, written: Any) -> list[_Entry]:
+        """One request for ``chunk``; the entries to send again (cancelled, no fault of theirs)."""
+        if not chunk:
+            return []
+        if len(chunk) == 1 and "Update" in chunk[0].item:
+            op = dict(chunk[0].item["Update"])
+            op.pop("TableName", None)
+            try:
+                self._table.call("update_item", **op)
+            except ConditionFailedError as failed:
+                refused(chunk[0], failed.item)
+                return []
+            written(chunk[0])
+            return []
+        if len(chunk) == 1 and "Delete" in chunk[0].item:
+            op = dict(chunk[0].item["Delete"])
+            op.pop("TableName", None)
+            try:
+                self._table.call("delete_item", **op)
+            except ConditionFailedError as failed:
+                refused(chunk[0], failed.item)
+                return []
+            written(chunk[0])
+            return []
+        try:
+            self._table.call("transact_write_items", TransactItems=[e.item for e in chunk])
+        except TransactionCancelledError as cancelled:
+            again = []
+            reasons = cancelled.reasons
+            if len(reasons) != len(chunk):
+                raise
+            failed_any = False
+            for entry, reason in zip(chunk, reasons, strict=True):
+                code = reason.get("Code")
+                if code == "ConditionalCheckFailed":
+                    raw = reason.get("Item")
+                    refused(entry, unmarshal(raw) if raw else None)
+                    failed_any = True
+                elif code in (None, "None", "TransactionConflict"):
+                    again.append(entry)
+                else:
+                    raise
+            if not failed_any and not any(r.get("Code") == "TransactionConflict" for r in reasons):
+                raise
+            return again
+        for entry in chunk:
+            written(entry)
+        return []
+
+    def finish_many(
+        self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
+    ) -> list[bool]:
+        results: dict[int, bool] = {}
+        entries: list[_Entry] = []
+        for index, outcome in enumerate(outcomes):
+            entries.append(
+                _Entry(
+                    self._outcome_op(outcome, now_ms, retention_ms),
+                    record=outcome.record,
+                    token=outcome.token,
+                    index=index,
+                )
+            )
+        by_group: dict[str, list[Outcome]] = {}
+        for outcome in outcomes:
+            if outcome.record.seq is not None and outcome.record.event.group is not None:
+                by_group.setdefault(outcome.record.event.group, []).append(outcome)
+        for group, members in by_group.items():
+            gate_op = self._gate_finish(group, members)
+            if gate_op is not None:
+                entries.append(_Entry({"Update": gate_op}, group=group))
+
+        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+            if entry.index is None:
+                return  # a gate the group had already moved past: nothing to move
+            if item is None:
+                # Gone: completed and deleted (retention None) by this very outcome whose first
+                # response was lost, or by whoever took it over; either way it is done.
+                results[entry.index] = retention_ms is None
+            else:
+                results[entry.index] = item.get("finished_by") == entry.token
+
+        def written(entry: _Entry) -> None:
+            if entry.index is not None:
+                results[entry.index] = True
+
+        self._transact(entries, refused, written, _group_closure)
+        return [results.get(i, False) for i in range(len(outcomes))]
+
+    def _outcome_op(
+        self, outcome: Outcome, now_ms: int, retention_ms: int | None
+    ) -> dict[str, Any]:
+        record = outcome.record
+        base: dict[str, Any] = {
+            "TableName": self._table.name,
+            "Key": self._key(record.id),
+            "ConditionExpression": _HOLDS_LEASE,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        args: dict[str, Any] = {
+            "in_flight": EventStatus.IN_FLIGHT.value,
+            "token": outcome.token,
+            "now": now_ms,
+        }
+        names = dict(_NAMES)
+        if outcome.kind == "completed":
+            if retention_ms is None:
+                del args["now"]
+                return {
+                    "Delete": {
+                        **base,
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": values(**args),
+                    }
+                }
+            expires = now_ms + retention_ms
+            names["#ttl"] = "ttl"
+            args.update(
+                completed=EventStatus.COMPLETED.value, exp=expires, ttl=math.ceil(expires / 1000)
+            )
+            update = (
+                "SET #status = :completed, completed_ms = :now, updated_ms = :now, "
+                "expires_at_ms = :exp, #ttl = :ttl, finished_by = :token "
+                "REMOVE gsi1pk, gsi1sk, lease_token, due_ms"
+            )
+        elif outcome.kind == "failed":
+            gpk, gsk = self._record_index(record.event, EventStatus.FAILED, now_ms)
+            args.update(failed=EventStatus.FAILED.value, gpk=gpk, gsk=gsk, err=outcome.error or "")
+            update = (
+                "SET #status = :failed, due_ms = :now, gsi1pk = :gpk, gsi1sk = :gsk, "
+                "updated_ms = :now, failed_ms = :now, last_error = :err, finished_by = :token "
+                "REMOVE lease_token"
+            )
+        else:
+            gpk, gsk = self._record_index(record.event, EventStatus.PENDING, outcome.due_ms)
+            args.update(pending=EventStatus.PENDING.value, due=outcome.due_ms, gpk=gpk, gsk=gsk)
+            update = (
+                "SET #status = :pending, due_ms = :due, gsi1pk = :gpk, gsi1sk = :gsk, "
+                "updated_ms = :now, finished_by = :token"
+            )
+            if outcome.error is not None:
+                update += ", last_error = :err"
+                args["err"] = outcome.error
+            if not outcome.count_attempt:
+                update += ", attempts = attempts - :one"
+                args["one"] = 1
+            update += " REMOVE lease_token"
+        return {
+            "Update": {
+                **base,
+                "UpdateExpression": update,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values(**args),
+            }
+        }
+
+    def _gate_finish(self, group: str, outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
+        """The gate update for a group's outcomes in one batch: ``next_seq`` moves past the
+        finished (completed or failed) events, never back; a retry of the head sets when the
+        group may move again."""
+        members = sorted(outcomes, key=lambda o: o.record.seq or 0)
+        finished = [o.record.seq or 0 for o in members if o.kind != "pending"]
+        retry = next((o for o in members if o.kind == "pending" and o.count_attempt), None)
+        key = self._gate_key(group)
+        if finished:
+            after = max(finished) + 1
+            op: dict[str, Any] = {
+                "TableName": self._table.name,
+                "Key": key,
+                "ConditionExpression": "next_seq < :after",
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+            if retry is not None and (retry.record.seq or 0) == after:
+                op["UpdateExpression"] = "SET next_seq = :after, retry_due_ms = :due"
+                op["ExpressionAttributeValues"] = values(after=after, due=retry.due_ms)
+            else:
+                op["UpdateExpression"] = "SET next_seq = :after REMOVE retry_due_ms"
+                op["ExpressionAttributeValues"] = values(after=after)
+            return op
+        if retry is not None:
+            return {
+                "TableName": self._table.name,
+                "Key": key,
+                "ConditionExpression": "next_seq = :head",
+                "UpdateExpression": "SET retry_due_ms = :due",
+                "ExpressionAttributeValues": values(head=retry.record.seq or 0, due=retry.due_ms),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        return None
+
+    def extend_many(
+        self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
+    ) -> list[bool]:
+        results: dict[int, bool] = {}
+        entries = []
+        for index, record in enumerate(held):
+            _, gsk = self._record_index(record.event, EventStatus.IN_FLIGHT, lease_until_ms)
+            token = record.lease_token or ""
+            entries.append(
+                _Entry(
+                    {
+                        "Update": {
+                            "TableName": self._table.name,
+                            "Key": self._key(record.id),
+                            "ConditionExpression": _HOLDS_LEASE,
+                            "UpdateExpression": (
+                                "SET due_ms = :until, gsi1sk = :gsk, updated_ms = :now"
+                            ),
+                            "ExpressionAttributeNames": _NAMES,
+                            "ExpressionAttributeValues": values(
+                                in_flight=EventStatus.IN_FLIGHT.value,
+                                token=token,
+                                until=lease_until_ms,
+                                gsk=gsk,
+                                now=now_ms,
+                            ),
+                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                        }
+                    },
+                    record=record,
+                    token=token,
+                    index=index,
+                )
+            )
+
+        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+            assert entry.index is not None
+            # A retry whose first attempt applied shows our own token and lease: still ours.
+            results[entry.index] = (
+                item is not None
+                and item.get("lease_token") == entry.token
+                and item.get("status") == EventStatus.IN_FLIGHT.value
+            )
+
+        def written(entry: _Entry) -> None:
+            assert entry.index is not None
+            results[entry.index] = True
+
+        self._transact(entries, refused, written, _no_closure)
+        return [results.get(i, False) for i in range(len(held))]
 
     def _if_held(
         self,
@@ -378,3 +921,100 @@ class DynamoDBOutboxStore:
         if image.get("pk") != key["pk"] or image.get("sk") != key["sk"]:
             return None  # another namespace, or not an outbox item
         return EventRecord.from_item(unmarshal(image), now_ms)
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    """One item of a batched request and what it stands for."""
+
+    item: dict[str, Any]
+    record: EventRecord | None = None
+    token: str = ""
+    group: str | None = None
+    index: int | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Runs:
+    members: set[str]  # ids of the events in claimable runs
+    starts: dict[str, int]  # group -> first seq of its run
+    by_group: dict[str, list[EventRecord]]  # group -> its run's records
+
+
+def _ordered_runs(seen: Sequence[EventRecord]) -> tuple[_Runs, list[EventRecord]]:
+    """Of each ordered group in ``seen``, the run of consecutive places from the smallest one
+    seen (at most ``_MAX_RUN``), and the group's events after a gap."""
+    groups: dict[str, list[EventRecord]] = {}
+    for record in seen:
+        if record.seq is not None and record.event.group is not None:
+            groups.setdefault(record.event.group, []).append(record)
+    runs = _Runs(set(), {}, {})
+    after_gap: list[EventRecord] = []
+    for group, members in groups.items():
+        members.sort(key=lambda r: r.seq or 0)
+        run = [members[0]]
+        for record in members[1:]:
+            if (record.seq or 0) == (run[-1].seq or 0) + 1 and len(run) < _MAX_RUN:
+                run.append(record)
+            elif (record.seq or 0) != (run[-1].seq or 0):
+                after_gap.append(record)
+        runs.starts[group] = run[0].seq or 0
+        runs.by_group[group] = run
+        runs.members.update(r.id for r in run)
+    return runs, after_gap
+
+
+def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
+    attempts = seen.attempts + 1
+    return dataclasses.replace(
+        seen,
+        event=seen.event.with_attempt(attempts),
+        status=EventStatus.IN_FLIGHT,
+        attempts=attempts,
+        due_at_ms=lease_until_ms,
+        lease_token=token,
+    )
+
+
+def _group_closure(entry: _Entry) -> str | None:
+    """Items of one ordered group (its events and its gate) go in one transaction."""
+    if entry.group is not None:
+        return entry.group
+    record = entry.record
+    if record is not None and record.seq is not None:
+        return record.event.group
+    return None
+
+
+def _no_closure(entry: _Entry) -> str | None:
+    return None
+
+
+def _tied(entries: Iterable[_Entry], closure: Any) -> list[list[_Entry]]:
+    """``entries`` in groups that must travel together (each untied entry alone)."""
+    tied: dict[str, list[_Entry]] = {}
+    groups: list[list[_Entry]] = []
+    for entry in entries:
+        name = closure(entry)
+        if name is None:
+            groups.append([entry])
+        elif name in tied:
+            tied[name].append(entry)
+        else:
+            tied[name] = [entry]
+            groups.append(tied[name])
+    return groups
+
+
+def _chunks(entries: list[_Entry], closure: Any) -> list[list[_Entry]]:
+    """Transactions of at most 100 items, tied entries never split."""
+    chunks: list[list[_Entry]] = []
+    current: list[_Entry] = []
+    for group in _tied(entries, closure):
+        if current and len(current) + len(group) > MAX_TRANSACTION_ITEMS:
+            chunks.append(current)
+            current = []
+        current.extend(group)
+    if current:
+        chunks.append(current)
+    return chunks
