@@ -249,6 +249,9 @@ class DynamoDBOutboxStore:
         return unmarshal(raw) if raw else {}
 
     def _gate_publish(self, group: str, seen: int, published: int, now_ms: int) -> dict[str, Any]:
+        args: dict[str, Any] = {"published": published, "one": 1, "now": now_ms}
+        if seen:
+            args["seen"] = seen
         return {
             "TableName": self._table.name,
             "Key": self._gate_key(group),
@@ -256,14 +259,10 @@ class DynamoDBOutboxStore:
                 "SET published = :published, next_seq = if_not_exists(next_seq, :one), "
                 "published_ms = :now"
             ),
-            "ConditionExpression": (
-                "attribute_not_exists(published) AND :seen = :zero"
-                if seen == 0
-                else "published = :seen"
-            ),
-            "ExpressionAttributeValues": values(
-                published=published, one=1, now=now_ms, seen=seen, zero=0
-            ),
+            "ConditionExpression": "published = :seen"
+            if seen
+            else "attribute_not_exists(published)",
+            "ExpressionAttributeValues": values(**args),
         }
 
     def transaction_entry(self, event: Event, now_ms: int) -> dict[str, Any]:
@@ -463,6 +462,8 @@ class DynamoDBOutboxStore:
         claimed: dict[str, EventRecord] = {}
         blocked: dict[str, dict[str, Any]] = {}  # group -> its gate as the refusal showed it
 
+        contended: set[str] = set()  # ordered groups of which someone else holds a member
+
         def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
             if entry.group is not None:
                 blocked[entry.group] = item or {}
@@ -471,18 +472,38 @@ class DynamoDBOutboxStore:
                 record = EventRecord.from_item(item, now_ms)
                 if record is not None:
                     claimed[record.id] = record
+            else:
+                group = _group_closure(entry)
+                if group is not None:
+                    # A member of the run is someone else's: claiming the rest could deliver a
+                    # later event before it. The group waits for the next poll.
+                    contended.add(group)
 
         def written(entry: _Entry) -> None:
             if entry.record is not None:
                 claimed[entry.record.id] = _as_claimed(entry.record, entry.token, lease_until_ms)
 
-        self._transact(entries, refused, written, _group_closure)
+        def still_wanted(entry: _Entry) -> bool:
+            # A group whose gate or member refused is not claimed at all, not in a later round.
+            group = _group_closure(entry)
+            return group not in blocked and group not in contended
+
+        self._transact(entries, refused, written, _group_closure, still_wanted)
         for group, gate in blocked.items():
             # The group's head is not done: the run waits; move it out of the way for a while.
             due = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms", 0)))
             for record in runs.by_group[group]:
                 claimed.pop(record.id, None)
                 self._postpone(record, due, now_ms)
+        for group in contended - set(blocked):
+            # Members written in an earlier round than the refusal stay claimed only if they
+            # come before every refused member: give back the whole run instead (rare).
+            for record in runs.by_group[group]:
+                got = claimed.pop(record.id, None)
+                if got is not None:
+                    self.finish_many(
+                        [Outcome(got, "pending", due_ms=now_ms, count_attempt=False)], now_ms, None
+                    )
         return [claimed[r.id] for r, _ in claimable if r.id in claimed]
 
     def _postpone(self, seen: EventRecord, due_ms: int, now_ms: int) -> None:
@@ -507,6 +528,7 @@ class DynamoDBOutboxStore:
         refused: Any,
         written: Any,
         closure: Any,
+        still_wanted: Any = None,
     ) -> None:
         """Send ``entries`` in transactions of at most 100 items (the items ``closure`` ties
         together stay in one), each cancelled one again without the items that refused
@@ -519,11 +541,13 @@ class DynamoDBOutboxStore:
             again: list[_Entry] = []
             for chunk in _chunks(pending, closure):
                 again.extend(self._send(chunk, refused, written))
-            pending = again
+            pending = again if still_wanted is None else [e for e in again if still_wanted(e)]
         for group in _tied(pending, closure):
             leftover = list(group)
             for _ in range(_BATCH_ROUNDS):
                 leftover = self._send(leftover, refused, written)
+                if still_wanted is not None:
+                    leftover = [e for e in leftover if still_wanted(e)]
                 if not leftover:
                     break
 

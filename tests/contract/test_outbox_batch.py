@@ -1,0 +1,377 @@
+"""Batched claims and completions, shard agreement, ordered groups and hooks, on every backend.
+
+The cases the batch design must survive: a racing worker, a lost batch response, a handler
+crash mid-batch, and ordered groups under 4 concurrent workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+
+from dynacoord._clock import ManualClock
+from dynacoord.errors import InvalidValueError, NotSupportedError
+from dynacoord.outbox import Event, EventStatus
+
+from ..conftest import needs_atomic_store
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+class Crash(BaseException):
+    """A handler that kills its worker (not an Exception: the worker does not catch it)."""
+
+
+def _count_dynamodb_requests(backend: Any) -> Counter[str] | None:
+    """A live count of the DynamoDB requests ``backend``'s client sends (None elsewhere)."""
+    client = getattr(backend, "client", None)
+    if client is None or not hasattr(client, "meta"):
+        return None
+    counts: Counter[str] = Counter()
+
+    def count(event_name: str, **_: Any) -> None:
+        counts[event_name.rsplit(".", 1)[-1]] += 1
+
+    client.meta.events.register("before-send.dynamodb.*", count)
+    return counts
+
+
+def test_a_batch_is_claimed_and_completed_in_one_request_each(make_backend):
+    backend = make_backend()
+    outbox = backend.outbox
+    outbox.publish([Event("t", i, id=f"b{i:02d}") for i in range(20)])
+    got: list[str] = []
+    worker = outbox.worker(lambda e: got.append(e.id), batch_size=50, heartbeat=False)
+    counts = _count_dynamodb_requests(backend)
+    assert worker.run_once() == 20
+    assert sorted(got) == [f"b{i:02d}" for i in range(20)]
+    assert outbox.stats().as_dict() == {"pending": 0, "due": 0, "in_flight": 0, "failed": 0}
+    if counts is not None:
+        client = backend.client  # type: ignore[attr-defined]
+        client.meta.events.unregister("before-send.dynamodb.*", counts)
+        writes = counts["TransactWriteItems"] + counts["UpdateItem"] + counts["DeleteItem"]
+        assert counts["TransactWriteItems"] == 2, counts  # one claim, one completion
+        assert writes == 2, counts
+
+
+def test_per_event_design_is_kept_with_batch_claim_false(make_backend):
+    backend = make_backend()
+    outbox = backend.outbox
+    outbox.publish([Event("t", i) for i in range(5)])
+    got: list[int] = []
+    worker = outbox.worker(lambda e: got.append(e.payload), batch_claim=False, heartbeat=False)
+    counts = _count_dynamodb_requests(backend)
+    assert worker.run_once() == 5
+    assert sorted(got) == list(range(5))
+    if counts is not None:
+        assert counts["TransactWriteItems"] == 0, counts
+        assert counts["UpdateItem"] == 10, counts  # a claim and a completion per event
+
+
+def test_two_racing_batches_deliver_each_event_once(make_backend):
+    needs_atomic_store(make_backend)
+    outbox = make_backend().outbox
+    outbox.publish([Event("t", i, id=f"r{i:03d}") for i in range(60)])
+    delivered: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handle(event: Event) -> None:
+        with lock:
+            delivered[event.id] += 1
+
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        worker = outbox.worker(handle, batch_size=60, heartbeat=False)
+        barrier.wait()
+        while worker.run_once():
+            pass
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(delivered) == {f"r{i:03d}" for i in range(60)}
+    assert max(delivered.values()) == 1
+    assert outbox.stats().pending == 0
+
+
+def test_a_lost_batch_claim_response_is_recognised(lossy):
+    outbox = lossy.backend().outbox
+    outbox.publish([Event("t", i, id=f"l{i}") for i in range(5)])
+    got: list[tuple[str, int]] = []
+    worker = outbox.worker(lambda e: got.append((e.id, e.attempt)), heartbeat=False)
+    claim_op = {"dynamodb": "TransactWriteItems", "redis": "EVALSHA", "mongo": "bulk_write"}
+    lossy.lose_next(operation=claim_op[lossy.kind])
+    assert worker.run_once() == 5
+    assert lossy.lost == 1
+    assert sorted(got) == [(f"l{i}", 1) for i in range(5)]
+    assert worker.lost == 0
+    for i in range(5):
+        record = outbox.get(f"l{i}")
+        assert record is None or record.status is EventStatus.COMPLETED
+
+
+def test_a_lost_batch_completion_response_is_recognised(lossy):
+    outbox = lossy.backend().outbox
+    outbox.publish([Event("t", i, id=f"c{i}") for i in range(4)])
+    got: list[str] = []
+    worker = outbox.worker(lambda e: got.append(e.id), heartbeat=False, retention=3600)
+    claim_op = {"dynamodb": "TransactWriteItems", "redis": "EVALSHA", "mongo": "bulk_write"}
+    # The second write of the pass is the completion of the batch.
+    lossy.lose_next(2, operation=claim_op[lossy.kind])
+    assert worker.run_once() == 4
+    assert lossy.lost == 2
+    assert worker.delivered == 4 and worker.lost == 0
+    assert worker.run_once() == 0
+    assert sorted(got) == [f"c{i}" for i in range(4)]
+    assert all(outbox.get(f"c{i}").status is EventStatus.COMPLETED for i in range(4))
+
+
+def test_a_crash_mid_batch_loses_nothing(make_backend):
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish([Event("t", i, id=f"m{i}") for i in range(6)])
+    seen: list[str] = []
+
+    def handle(event: Event) -> None:
+        if len(seen) == 2:
+            seen.append(event.id)
+            raise Crash()
+        seen.append(event.id)
+
+    worker = outbox.worker(handle, lease=30, heartbeat=False)
+    with pytest.raises(Crash):
+        worker.run_once()
+    crashed = seen[-1]
+    # The two handled events are stored as completed, the three not started are back and due,
+    # the crashed one waits for its lease.
+    stats = outbox.stats()
+    assert stats.in_flight == 1 and stats.pending == 3 and stats.due == 3
+    assert outbox.get(crashed).status is EventStatus.IN_FLIGHT
+    rest: list[str] = []
+    rescuer = outbox.worker(rest.append, lease=30, heartbeat=False)
+    assert rescuer.run_once() == 3
+    clock.advance(31)
+    assert rescuer.run_once() == 1
+    assert sorted(seen[:2] + [e.id for e in rest]) == [f"m{i}" for i in range(6)]
+    assert [e.attempt for e in rest if e.id == crashed] == [2]
+    assert outbox.stats().as_dict() == {"pending": 0, "due": 0, "in_flight": 0, "failed": 0}
+
+
+def test_keep_going_gives_back_what_was_not_started(make_backend):
+    outbox = make_backend().outbox
+    outbox.publish([Event("t", i) for i in range(6)])
+    answers = iter([True, True, False])
+    got: list[int] = []
+    worker = outbox.worker(lambda e: got.append(e.payload), heartbeat=False)
+    assert worker.run_once(keep_going=lambda: next(answers)) == 1
+    stats = outbox.stats()
+    assert stats.pending == 5 and stats.due == 5 and stats.in_flight == 0
+    # Given back unstarted: the attempt is not counted.
+    assert all(r.attempts == 0 for r in outbox.pending())
+
+
+def test_a_publisher_with_more_shards_than_the_worker_strands_nothing(make_backend):
+    if make_backend.kind not in ("dynamodb", "moto"):
+        pytest.skip("only the DynamoDB backend spreads the outbox over shards")
+    publisher = make_backend(shards=8)
+    worker_backend = make_backend(namespace=publisher.namespace, shards=1)
+    publisher.outbox.publish([Event("t", i) for i in range(40)])
+    got: list[int] = []
+    worker = worker_backend.outbox.worker(lambda e: got.append(e.payload), heartbeat=False)
+    while worker.run_once():
+        pass
+    assert sorted(got) == list(range(40))
+    assert worker_backend.outbox.stats().pending == 0
+
+
+def test_hooks_are_called_and_their_errors_are_logged(make_backend, caplog):
+    outbox = make_backend().outbox
+    outbox.publish([Event("ok", 1, id="h1"), Event("bad", 2, id="h2")])
+    calls: list[tuple[str, str]] = []
+
+    def handle(event: Event) -> None:
+        if event.type == "bad":
+            raise ValueError("nope")
+
+    def delivered(event: Event) -> None:
+        calls.append(("delivered", event.id))
+        raise RuntimeError("hook bug")
+
+    worker = outbox.worker(
+        handle,
+        max_attempts=1,
+        heartbeat=False,
+        on_delivered=delivered,
+        on_error=lambda e, exc: calls.append(("error", f"{e.id}:{exc}")),
+        on_failed=lambda e: calls.append(("failed", e.id)),
+    )
+    with caplog.at_level(logging.ERROR):
+        assert worker.run_once() == 2
+    assert sorted(calls) == [("delivered", "h1"), ("error", "h2:nope"), ("failed", "h2")]
+    assert "on_delivered hook raised" in caplog.text
+    assert worker.delivered == 1 and worker.failed == 1
+    with pytest.raises(Exception, match="on_failed must be callable"):
+        outbox.worker(handle, on_failed=5)
+
+
+# -- ordered groups -------------------------------------------------------------------------------
+
+
+def test_an_ordered_event_needs_a_group():
+    with pytest.raises(InvalidValueError, match="needs a group"):
+        Event("t", 1, ordered=True)
+
+
+def test_ordered_events_get_their_place_in_the_group(make_backend):
+    outbox = make_backend().outbox
+    outbox.publish([Event("t", i, group="g", ordered=True, id=f"o{i}") for i in range(3)])
+    outbox.publish(Event("t", 3, group="g", ordered=True, id="o3"))
+    outbox.publish(Event("t", 9, group="g", id="free"))  # unordered: no place
+    assert [outbox.get(f"o{i}").seq for i in range(4)] == [1, 2, 3, 4]
+    assert outbox.get("free").seq is None
+    # Publishing an identical event again is a no-op: it keeps its place.
+    outbox.publish(Event("t", 3, group="g", ordered=True, id="o3"))
+    outbox.publish(Event("t", 4, group="g", ordered=True, id="o4"))
+    assert outbox.get("o4").seq == 5
+
+
+def test_an_ordered_group_waits_for_its_head_to_be_retried(make_backend):
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish([Event("t", i, group="acct-1", ordered=True, id=f"s{i}") for i in range(4)])
+    outbox.publish(Event("t", "other", id="x"))
+    delivered: list[str] = []
+    fail_once = {"s0"}
+
+    def handle(event: Event) -> None:
+        if event.id in fail_once:
+            fail_once.discard(event.id)
+            raise RuntimeError("downstream down")
+        delivered.append(event.id)
+
+    worker = outbox.worker(handle, backoff=10, max_backoff=10, heartbeat=False)
+    worker.run_once()
+    # The head failed: its followers were given back, nothing after it was delivered.
+    assert delivered == ["x"]
+    for _ in range(3):
+        worker.run_once()
+    assert delivered == ["x"]
+    clock.advance(11)
+    while worker.run_once():
+        clock.advance(2)
+    assert delivered == ["x", "s0", "s1", "s2", "s3"]
+
+
+def test_a_failed_head_lets_its_group_go_on(make_backend):
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish([Event("t", i, group="g", ordered=True, id=f"f{i}") for i in range(3)])
+    delivered: list[str] = []
+
+    def handle(event: Event) -> None:
+        if event.id == "f0":
+            raise RuntimeError("poison")
+        delivered.append(event.id)
+
+    worker = outbox.worker(handle, max_attempts=1, heartbeat=False)
+    while worker.run_once():
+        clock.advance(2)
+    assert delivered == ["f1", "f2"]
+    assert outbox.get("f0").status is EventStatus.FAILED
+    # Retried by hand, the poison event is delivered although its group moved past it.
+    outbox.retry("f0")
+    ok = outbox.worker(lambda e: delivered.append(e.id), heartbeat=False)
+    assert ok.run_once() == 1
+    assert delivered == ["f1", "f2", "f0"]
+
+
+def test_a_follower_is_not_claimed_while_its_head_is_in_flight(make_backend):
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish(Event("t", 0, group="g", ordered=True, id="head"))
+    holder = outbox.worker(lambda e: None, heartbeat=False)
+
+    def die(event: Event) -> None:
+        raise Crash()
+
+    crashed = outbox.worker(die, lease=30, heartbeat=False)
+    with pytest.raises(Crash):
+        crashed.run_once()  # the head is now in flight
+    outbox.publish(Event("t", 1, group="g", ordered=True, id="next"))
+    assert holder.run_once() == 0  # the follower waits
+    assert outbox.get("next").status is EventStatus.PENDING
+    clock.advance(45)  # the head's lease ran out
+    got: list[str] = []
+    rescuer = outbox.worker(lambda e: got.append(e.id), heartbeat=False)
+    while rescuer.run_once():
+        clock.advance(2)
+    assert got == ["head", "next"]
+
+
+def test_ordered_groups_under_four_workers_keep_their_order(make_backend):
+    needs_atomic_store(make_backend)
+    outbox = make_backend().outbox
+    groups = [f"agg-{g}" for g in range(4)]
+    per_group = 15
+    for i in range(per_group):
+        outbox.publish(
+            [Event("t", {"g": g, "i": i}, group=g, ordered=True, id=f"{g}-{i:02d}") for g in groups]
+        )
+    outbox.publish([Event("t", {"free": i}) for i in range(20)])
+    order: dict[str, list[int]] = defaultdict(list)
+    lock = threading.Lock()
+    rng = random.Random(7)
+
+    def handle(event: Event) -> None:
+        with lock:
+            fail = rng.random() < 0.15
+        if fail:
+            raise RuntimeError("flaky downstream")
+        if "g" in event.payload:
+            with lock:
+                order[event.payload["g"]].append(event.payload["i"])
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        worker = outbox.worker(
+            handle, batch_size=10, backoff=0.01, max_backoff=0.02, max_attempts=50
+        )
+        try:
+            idle = 0
+            while idle < 40:
+                if worker.run_once():
+                    idle = 0
+                else:
+                    idle += 1
+                    threading.Event().wait(0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for g in groups:
+        assert order[g] == list(range(per_group)), (g, order[g])
+    stats = outbox.stats()
+    assert stats.pending == 0 and stats.in_flight == 0 and stats.failed == 0
+
+
+def test_an_ordered_event_cannot_join_a_caller_transaction(make_backend):
+    if make_backend.kind not in ("dynamodb", "moto"):
+        pytest.skip("caller transactions exist on the DynamoDB backend only")
+    backend = make_backend()
+    with backend.transaction() as tx:
+        with pytest.raises(NotSupportedError, match="ordered"):
+            backend.outbox.publish(Event("t", 1, group="g", ordered=True), tx=tx)
