@@ -3,8 +3,15 @@
 Item: hash ``{OUTBOX#{ns}#0}|OUTBOX#{ns}#{event_id}`` with the DynamoDB item's attributes
 (``event_id``, ``event_type``, ``payload``/``metadata`` codec text, ``event_group``,
 ``occurred_at_ms``, ``status``, ``attempts``, ``due_ms``, ``lease_token`` while claimed,
-``last_error``, ``updated_ms``, ``gsi1sk``; completed events get ``completed_ms`` and
+``last_error``, ``updated_ms``, ``gsi1sk``, ``seq`` for an ordered event, ``finished_by`` = the
+lease token whose outcome was written last; completed events get ``completed_ms`` and
 ``expires_at_ms``).
+Ordered group gate: hash ``{OUTBOX#{ns}#0}|grp|OUTBOX#{ns}#{group}`` with ``published`` (the last
+place handed out), ``published_ms``, ``next_seq`` (the smallest place not finished; absent = 1)
+and ``retry_due_ms`` (when the group's head waits for a retry). The publish script takes places
+(``HINCRBY``) after its clash check, so a republished identical event takes none; the claim
+script checks the gate and claims in one step; the finish script moves ``next_seq`` past every
+completed or failed place (never back). Gates are kept (one small hash per group).
 Index: one sorted set per status, ``{OUTBOX#{ns}#0}|idx|OUTBOX#{ns}#{status}#0``, holding the
 DynamoDB ``gsi1sk`` strings (``{due_ms:015d}#{event_id}``) with score 0, so "due pending events" and "in-flight events
 whose lease ran out" are one ``ZRANGEBYLEX`` below ``now + 1``, exactly the gsi1 range query.
@@ -18,7 +25,11 @@ namespaces spread over the cluster.
 Every script moves the event's index entry together with its status in the same atomic step;
 every state change after the claim first checks ``status == in_flight`` and the caller's lease
 token, so a worker whose lease was taken over cannot change the event. A multi-event publish is
-one script: it checks every id first and writes all events or none.
+one script: it checks every id first and writes all events or none. A batch claim, a batch of
+outcomes and a batch of lease extensions are one script each (one round trip). A script sent
+again by redis-py after its reply was lost recognises its own write: a claim finds the event in
+flight under its own token, an outcome finds ``finished_by`` = its token (or, for a completion
+without retention, the event gone).
 
 ``backend.transaction()`` is not offered on Redis (the collector speaks DynamoDB's transaction
 API); publish events with ``outbox.publish``.
@@ -33,7 +44,16 @@ from typing import Any
 from ... import codec
 from ...errors import NotSupportedError
 from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
-from ...outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
+from ...outbox import (
+    ORDERED_RECHECK_MS,
+    Event,
+    EventRecord,
+    EventStatus,
+    Outcome,
+    RetryOutcome,
+    pending_fields,
+)
+from ...outbox._runs import group_runs
 from ._conn import (
     LUA_LIVE,
     LUA_REPLY,
@@ -50,6 +70,11 @@ from ._conn import (
 
 __all__ = ["RedisOutboxStore"]
 
+#: The statuses a claim takes an event from (pending, or in flight with an expired lease).
+_CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
+#: The widest place in a group the size check of a publish allows for (15 digits).
+_WIDEST_SEQ = 10**15 - 1
+
 # ARGV[1] = now, ARGV[2] = index prefix "idx|OUTBOX#{ns}#", ARGV[3] = index suffix "#0"
 _HEAD = (
     LUA_REPLY
@@ -62,109 +87,188 @@ local function unindex(key)
   local gsk = redis.call('HGET', key, 'gsi1sk')
   if st and gsk then redis.call('ZREM', idx(st), gsk) end
 end
-local function move(status, gsk)
-  unindex(KEYS[1])
-  redis.call('HSET', KEYS[1], 'status', status, 'gsi1sk', gsk)
+local function move_at(key, status, gsk)
+  unindex(key)
+  redis.call('HSET', key, 'status', status, 'gsi1sk', gsk)
   redis.call('ZADD', idx(status), 0, gsk)
 end
-local function held(token)
-  return redis.call('HGET', KEYS[1], 'status') == 'in_flight'
-     and redis.call('HGET', KEYS[1], 'lease_token') == token
+local function move(status, gsk) move_at(KEYS[1], status, gsk) end
+local function held_at(key, token)
+  return redis.call('HGET', key, 'status') == 'in_flight'
+     and redis.call('HGET', key, 'lease_token') == token
 end
 """
 )
 
-# KEYS = items; ARGV[4] = JSON list of {gsk, fields: [name, value, ...]} in KEYS order
+# KEYS = items, then the gates of their ordered groups; ARGV[4] = JSON list of
+# {gsk, fields: [name, value, ...], g: gate number (1-based after the items) or 0}, in KEYS order.
+# An ordered event takes the next place of its group (HINCRBY) only once no id clashed.
 _PUBLISH = (
     _HEAD
     + """
 local events = cjson.decode(ARGV[4])
+local n = #events
 local clashes = {0}
-for i, key in ipairs(KEYS) do
-  if live(key, now) then
+for i = 1, n do
+  if live(KEYS[i], now) then
     table.insert(clashes, i)
-    table.insert(clashes, redis.call('HGETALL', key))
+    table.insert(clashes, redis.call('HGETALL', KEYS[i]))
   end
 end
 if #clashes > 1 then return clashes end
-for i, key in ipairs(KEYS) do
+for i = 1, n do
+  local key = KEYS[i]
   unindex(key)
   redis.call('DEL', key)
   redis.call('HSET', key, unpack(events[i].fields))
+  if events[i].g > 0 then
+    local gate = KEYS[n + events[i].g]
+    local seq = redis.call('HINCRBY', gate, 'published', 1)
+    redis.call('HSET', key, 'seq', string.format('%d', seq))
+    redis.call('HSET', gate, 'published_ms', ARGV[1])
+  end
   redis.call('ZADD', idx('pending'), 0, events[i].gsk)
 end
 return {1}
 """
 )
 
-# KEYS[1]=item; ARGV: ..., expected status, seen token|'', token, lease until, new gsk
-_CLAIM = (
+# KEYS = items, then the gates of the ordered groups; ARGV[4] = JSON
+# {until, recheck, starts: [run start per gate], ev: [[key number, status seen, token seen|'',
+# token, in_flight gsk, attempts seen, event id, gate number|0, 'run'|'gap'|''], ...]}, each
+# group's run in place order. Replies {key number, fields, ...} of the events claimed.
+_CLAIM_MANY = (
     _HEAD
     + """
-if not live(KEYS[1], now) or redis.call('HGET', KEYS[1], 'status') ~= ARGV[4] then return {0} end
-if tonumber(redis.call('HGET', KEYS[1], 'due_ms') or '0') > now then return {0} end
-local current = redis.call('HGET', KEYS[1], 'lease_token')
-if (ARGV[5] == '' and current) or (ARGV[5] ~= '' and current ~= ARGV[5]) then return {0} end
-move('in_flight', ARGV[8])
-redis.call('HSET', KEYS[1], 'lease_token', ARGV[6], 'due_ms', ARGV[7], 'updated_ms', ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-return reply(1)
-"""
-)
-
-# KEYS[1]=item; ARGV: ..., token, lease until, new gsk
-_EXTEND = (
-    _HEAD
-    + """
-if not held(ARGV[4]) then return 0 end
-move('in_flight', ARGV[6])
-redis.call('HSET', KEYS[1], 'due_ms', ARGV[5], 'updated_ms', ARGV[1])
-return 1
-"""
-)
-
-# KEYS[1]=item; ARGV: ..., token, expires|'' (''=delete), gc ms
-_COMPLETE = (
-    _HEAD
-    + """
-if not held(ARGV[4]) then return 0 end
-unindex(KEYS[1])
-if ARGV[5] == '' then
-  redis.call('DEL', KEYS[1])
-  return 1
+local spec = cjson.decode(ARGV[4])
+local n = #spec.ev
+local open, retry = {}, {}
+for j, start in ipairs(spec.starts) do
+  local gate = KEYS[n + j]
+  open[j] = tonumber(redis.call('HGET', gate, 'next_seq') or '1') >= tonumber(start)
+  retry[j] = tonumber(redis.call('HGET', gate, 'retry_due_ms') or '0')
 end
-redis.call('HSET', KEYS[1], 'status', 'completed', 'completed_ms', ARGV[1], 'updated_ms', ARGV[1],
-           'expires_at_ms', ARGV[5])
-redis.call('HDEL', KEYS[1], 'gsi1sk', 'lease_token', 'due_ms')
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-return 1
+local function as_seen(key, e)
+  if not live(key, now) or redis.call('HGET', key, 'status') ~= e[2] then return false end
+  if tonumber(redis.call('HGET', key, 'due_ms') or '0') > now then return false end
+  local current = redis.call('HGET', key, 'lease_token')
+  if (e[3] == '' and current) or (e[3] ~= '' and current ~= e[3]) then return false end
+  return (redis.call('HGET', key, 'attempts') or '0') == e[6]
+end
+local out = {}
+for _, e in ipairs(spec.ev) do
+  local key = KEYS[e[1]]
+  local j = e[8]
+  if held_at(key, e[4]) then
+    -- this very claim, sent again after its response was lost: it is ours
+    table.insert(out, e[1])
+    table.insert(out, redis.call('HGETALL', key))
+  elseif j > 0 and (e[9] == 'gap' or not open[j]) then
+    -- waits behind its group's head: out of the way of the due queue for a while
+    if as_seen(key, e) then
+      local due = math.max(now + tonumber(spec.recheck), retry[j])
+      move_at(key, e[2], string.format('%015d', due) .. '#' .. e[7])
+      redis.call('HSET', key, 'due_ms', string.format('%d', due))
+    end
+  elseif as_seen(key, e) then
+    move_at(key, 'in_flight', e[5])
+    redis.call('HSET', key, 'lease_token', e[4], 'due_ms', spec['until'], 'updated_ms', ARGV[1])
+    redis.call('HINCRBY', key, 'attempts', 1)
+    table.insert(out, e[1])
+    table.insert(out, redis.call('HGETALL', key))
+  elseif j > 0 and live(key, now) then
+    local st = redis.call('HGET', key, 'status')
+    -- someone else holds this place (or it waits for a retry): the rest of the run waits too
+    if st == 'pending' or st == 'in_flight' then open[j] = false end
+  end
+end
+return out
 """
 )
 
-# KEYS[1]=item; ARGV: ..., token, due, new gsk, error|'', count attempt 0/1
-_RESCHEDULE = (
+# KEYS = items; ARGV[4] = gate prefix, ARGV[5] = JSON list of outcomes, each group's in place
+# order: [key number, 'completed', token, expires|'' (''=delete), gc ms] |
+# [key number, 'pending', token, due, gsk, error|'', count attempt '0'|'1'] |
+# [key number, 'failed', token, error, gsk]. Replies 1/0 per key.
+# An ordered event's gate is named from its own stored group (same tag, so the same slot).
+_FINISH_MANY = (
     _HEAD
     + """
-if not held(ARGV[4]) then return 0 end
-move('pending', ARGV[6])
-redis.call('HSET', KEYS[1], 'due_ms', ARGV[5], 'updated_ms', ARGV[1])
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[7]) end
-if ARGV[8] == '0' then redis.call('HINCRBY', KEYS[1], 'attempts', -1) end
-redis.call('HDEL', KEYS[1], 'lease_token')
-return 1
+local spec = cjson.decode(ARGV[5])
+local result = {}
+for i = 1, #KEYS do result[i] = 0 end
+local function next_of(gate) return tonumber(redis.call('HGET', gate, 'next_seq') or '1') end
+local function finished(gate, seq)
+  if gate and seq + 1 > next_of(gate) then
+    redis.call('HSET', gate, 'next_seq', string.format('%d', seq + 1))
+    redis.call('HDEL', gate, 'retry_due_ms')
+  end
+end
+for _, o in ipairs(spec) do
+  local key = KEYS[o[1]]
+  local kind, token = o[2], o[3]
+  if held_at(key, token) then
+    local gate, seq = nil, nil
+    local place = redis.call('HGET', key, 'seq')
+    if place then
+      gate = ARGV[4] .. redis.call('HGET', key, 'event_group')
+      seq = tonumber(place)
+    end
+    if kind == 'completed' then
+      unindex(key)
+      if o[4] == '' then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'status', 'completed', 'completed_ms', ARGV[1],
+                   'updated_ms', ARGV[1], 'expires_at_ms', o[4], 'finished_by', token)
+        redis.call('HDEL', key, 'gsi1sk', 'lease_token', 'due_ms')
+        redis.call('PEXPIRE', key, o[5])
+      end
+      finished(gate, seq)
+    elseif kind == 'pending' then
+      move_at(key, 'pending', o[5])
+      redis.call('HSET', key, 'due_ms', o[4], 'updated_ms', ARGV[1], 'finished_by', token)
+      if o[6] ~= '' then redis.call('HSET', key, 'last_error', o[6]) end
+      if o[7] == '0' then
+        redis.call('HINCRBY', key, 'attempts', -1)
+      elseif gate and next_of(gate) == seq then
+        redis.call('HSET', gate, 'retry_due_ms', o[4])  -- the group's head waits for its retry
+      end
+      redis.call('HDEL', key, 'lease_token')
+    else
+      move_at(key, 'failed', o[5])
+      redis.call('HSET', key, 'due_ms', ARGV[1], 'updated_ms', ARGV[1], 'failed_ms', ARGV[1],
+                 'last_error', o[4], 'finished_by', token)
+      redis.call('HDEL', key, 'lease_token')
+      finished(gate, seq)
+    end
+    result[o[1]] = 1
+  elseif redis.call('EXISTS', key) == 0 then
+    -- deleted: by this very completion when its first response was lost (or by its taker)
+    if kind == 'completed' and o[4] == '' then result[o[1]] = 1 end
+  elseif redis.call('HGET', key, 'finished_by') == token then
+    result[o[1]] = 1  -- this outcome, sent again after its response was lost
+  end
+end
+return result
 """
 )
 
-# KEYS[1]=item; ARGV: ..., token, error, new gsk
-_FAIL = (
+# KEYS = items; ARGV[4] = lease until, ARGV[5] = JSON list of [token, gsk] in KEYS order
+_EXTEND_MANY = (
     _HEAD
     + """
-if not held(ARGV[4]) then return 0 end
-move('failed', ARGV[6])
-redis.call('HSET', KEYS[1], 'due_ms', ARGV[1], 'updated_ms', ARGV[1], 'failed_ms', ARGV[1],
-           'last_error', ARGV[5])
-redis.call('HDEL', KEYS[1], 'lease_token')
-return 1
+local held = cjson.decode(ARGV[5])
+local result = {}
+for i, key in ipairs(KEYS) do
+  result[i] = 0
+  if held_at(key, held[i][1]) then
+    move_at(key, 'in_flight', held[i][2])
+    redis.call('HSET', key, 'due_ms', ARGV[4], 'updated_ms', ARGV[1])
+    result[i] = 1
+  end
+end
+return result
 """
 )
 
@@ -203,37 +307,53 @@ class RedisOutboxStore:
         # "{OUTBOX#ns#0}|idx|OUTBOX#ns#" + status + "#0" is the index of that status
         self._prefix = index_key(outbox_index_pk(namespace, "", 0), tag=self._tag)[: -len("#0")]
         self._item_prefix = self._item("x")[:-1]
+        # "{OUTBOX#ns#0}|grp|OUTBOX#ns#" + group is the gate of an ordered group
+        self._gate_prefix = f"{{{self._tag}}}|grp|{Kind.OUTBOX.value}#{namespace}#"
 
     @property
     def shards(self) -> int:
         return 1
 
+    def refresh_shards(self) -> int:
+        return 1  # one index partition per status on Redis, whoever publishes
+
     def _item(self, event_id: str) -> str:
         return item_key(outbox_key(self._ns, event_id, status="", due_ms=0).pk, tag=self._tag)
+
+    def _gate(self, group: str) -> str:
+        return self._gate_prefix + group
 
     def _head(self, now_ms: int) -> list[Any]:
         return [now_ms, self._prefix, "#0"]
 
     def _fields(self, event: Event, due_ms: int) -> dict[str, str]:
         k = outbox_key(self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due_ms)
-        fields = {name: str(value) for name, value in pending_fields(event, due_ms).items()}
+        # An ordered event's place is taken in the publish script; the size check counts the
+        # widest place.
+        seq = _WIDEST_SEQ if event.ordered else None
+        fields = {name: str(value) for name, value in pending_fields(event, due_ms, seq).items()}
         fields["gsi1sk"] = outbox_index_sk(due_ms, event.id)
         # Same size limit as the DynamoDB item, so an event fits every backend.
         codec.check_item_size({**k.as_dict(), **fields}, key=event.id)
+        fields.pop("seq", None)
         return fields
 
     # -- publishing ------------------------------------------------------------------------------
 
     def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
         payload = []
+        gates: dict[str, int] = {}  # group -> its gate's number after the items (1-based)
         for event in events:
             due = min(event.occurred_at_ms, now_ms)
             fields = self._fields(event, due)
             flat = [part for pair in fields.items() for part in pair]
-            payload.append({"gsk": fields["gsi1sk"], "fields": flat})
+            gate = 0
+            if event.ordered and event.group is not None:
+                gate = gates.setdefault(event.group, len(gates) + 1)
+            payload.append({"gsk": fields["gsi1sk"], "fields": flat, "g": gate})
         reply = self._conn.run(
             _PUBLISH,
-            [self._item(e.id) for e in events],
+            [self._item(e.id) for e in events] + [self._gate(g) for g in gates],
             [*self._head(now_ms), json.dumps(payload, ensure_ascii=False)],
             "outbox publish",
         )
@@ -299,48 +419,178 @@ class RedisOutboxStore:
 
     # -- claim and state changes -------------------------------------------------------------------
 
-    def _run(self, script: str, event_id: str, now_ms: int, args: list[Any], what: str) -> Any:
-        return self._conn.run(script, [self._item(event_id)], [*self._head(now_ms), *args], what)
-
     def claim(
         self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
     ) -> EventRecord | None:
-        if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
-            return None
-        reply = self._run(
-            _CLAIM,
-            seen.id,
-            now_ms,
-            [
-                seen.status.value,
-                seen.lease_token or "",
-                token,
-                lease_until_ms,
-                outbox_index_sk(lease_until_ms, seen.id),
-            ],
+        claimed = self.claim_many([seen], [token], lease_until_ms, now_ms)
+        return claimed[0] if claimed else None
+
+    def claim_many(
+        self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
+    ) -> list[EventRecord]:
+        if len(seen) != len(tokens):
+            raise ValueError("claim_many needs one token per event")
+        runs = group_runs(seen)
+        gates = {group: number for number, group in enumerate(runs, start=1)}
+        keys: list[str] = []
+        entries: list[list[Any]] = []
+        listed: set[str] = set()
+
+        def add(record: EventRecord, token: str, place: str) -> None:
+            if record.id in listed or record.status not in _CLAIMABLE:
+                return
+            listed.add(record.id)
+            keys.append(self._item(record.id))
+            gate = gates[record.event.group or ""] if place else 0
+            entries.append(
+                [
+                    len(keys),
+                    record.status.value,
+                    record.lease_token or "",
+                    token,
+                    outbox_index_sk(lease_until_ms, record.id),
+                    str(record.attempts),
+                    record.id,
+                    gate,
+                    place,
+                ]
+            )
+
+        token_of = {record.id: token for record, token in zip(seen, tokens, strict=True)}
+        for record in seen:
+            if record.seq is None:
+                add(record, token_of[record.id], "")
+        for run in runs.values():  # each run in place order: a place refused stops the rest
+            for record in run.members:
+                add(record, token_of[record.id], "run")
+            for record in run.after_gap:
+                add(record, token_of[record.id], "gap")
+        if not entries:
+            return []
+        spec = {
+            "until": str(lease_until_ms),
+            "recheck": str(ORDERED_RECHECK_MS),
+            "starts": [str(run.start) for run in runs.values()],
+            "ev": entries,
+        }
+        reply = self._conn.run(
+            _CLAIM_MANY,
+            keys + [self._gate(group) for group in runs],
+            [*self._head(now_ms), json.dumps(spec, ensure_ascii=False)],
             "outbox claim",
         )
-        if as_int(reply[0]) != 1:
-            return None
-        return EventRecord.from_item(pairs(reply[1:]), now_ms)
+        claimed: dict[str, EventRecord] = {}
+        for i in range(0, len(reply), 2):
+            got = EventRecord.from_item(pairs(reply[i + 1]), now_ms)
+            if got is not None:
+                claimed[got.id] = got
+        return [claimed.pop(r.id) for r in seen if r.id in claimed]
 
-    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
-        ok = self._run(
-            _EXTEND,
-            event_id,
-            now_ms,
-            [token, lease_until_ms, outbox_index_sk(lease_until_ms, event_id)],
+    def finish_many(
+        self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
+    ) -> list[bool]:
+        if not outcomes:
+            return []
+        # Each group's outcomes in place order: s, s+1, s+2 completed in one batch move the
+        # group's next place to s+3.
+        order = sorted(
+            range(len(outcomes)),
+            key=lambda i: (
+                outcomes[i].record.seq is not None,
+                outcomes[i].record.event.group or "",
+                outcomes[i].record.seq or 0,
+            ),
+        )
+        keys = [self._item(o.record.id) for o in outcomes]
+        spec = [
+            self._outcome_entry(
+                i + 1,
+                outcomes[i].record.id,
+                outcomes[i].kind,
+                outcomes[i].token,
+                now_ms,
+                retention_ms,
+                due_ms=outcomes[i].due_ms,
+                error=outcomes[i].error,
+                count_attempt=outcomes[i].count_attempt,
+            )
+            for i in order
+        ]
+        return self._finish(keys, spec, now_ms)
+
+    def _finish(self, keys: list[str], spec: list[list[Any]], now_ms: int) -> list[bool]:
+        reply = self._conn.run(
+            _FINISH_MANY,
+            keys,
+            [*self._head(now_ms), self._gate_prefix, json.dumps(spec, ensure_ascii=False)],
+            "outbox finish",
+        )
+        return [as_int(flag) == 1 for flag in reply]
+
+    def _outcome_entry(
+        self,
+        number: int,
+        event_id: str,
+        kind: str,
+        token: str,
+        now_ms: int,
+        retention_ms: int | None,
+        *,
+        due_ms: int = 0,
+        error: str | None = None,
+        count_attempt: bool = True,
+    ) -> list[Any]:
+        """One outcome of the finish script (numbers as exact decimal strings)."""
+        if kind == "completed":
+            if retention_ms is None:
+                return [number, kind, token, "", ""]
+            expires = now_ms + retention_ms
+            return [number, kind, token, str(expires), str(self._conn.gc_ms(expires, now_ms))]
+        if kind == "pending":
+            return [
+                number,
+                kind,
+                token,
+                str(due_ms),
+                outbox_index_sk(due_ms, event_id),
+                error or "",
+                "1" if count_attempt else "0",
+            ]
+        return [number, kind, token, error or "", outbox_index_sk(now_ms, event_id)]
+
+    def _finish_one(
+        self, event_id: str, kind: str, token: str, now_ms: int, **options: Any
+    ) -> bool:
+        retention_ms = options.pop("retention_ms", None)
+        entry = self._outcome_entry(1, event_id, kind, token, now_ms, retention_ms, **options)
+        return self._finish([self._item(event_id)], [entry], now_ms)[0]
+
+    def extend_many(
+        self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
+    ) -> list[bool]:
+        if not held:
+            return []
+        spec = [[r.lease_token or "", outbox_index_sk(lease_until_ms, r.id)] for r in held]
+        reply = self._conn.run(
+            _EXTEND_MANY,
+            [self._item(r.id) for r in held],
+            [*self._head(now_ms), lease_until_ms, json.dumps(spec, ensure_ascii=False)],
             "outbox extend",
         )
-        return as_int(ok) == 1
+        return [as_int(flag) == 1 for flag in reply]
+
+    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
+        spec = [[token, outbox_index_sk(lease_until_ms, event_id)]]
+        reply = self._conn.run(
+            _EXTEND_MANY,
+            [self._item(event_id)],
+            [*self._head(now_ms), lease_until_ms, json.dumps(spec, ensure_ascii=False)],
+            "outbox extend",
+        )
+        return as_int(reply[0]) == 1
 
     def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        if retention_ms is None:
-            args: list[Any] = [token, "", ""]
-        else:
-            expires = now_ms + retention_ms
-            args = [token, expires, self._conn.gc_ms(expires, now_ms)]
-        return as_int(self._run(_COMPLETE, event_id, now_ms, args, "outbox complete")) == 1
+        return self._finish_one(event_id, "completed", token, now_ms, retention_ms=retention_ms)
 
     def reschedule(
         self,
@@ -352,29 +602,26 @@ class RedisOutboxStore:
         *,
         count_attempt: bool = True,
     ) -> bool:
-        ok = self._run(
-            _RESCHEDULE,
+        return self._finish_one(
             event_id,
+            "pending",
+            token,
             now_ms,
-            [token, due_ms, outbox_index_sk(due_ms, event_id), error or "", int(count_attempt)],
-            "outbox reschedule",
+            due_ms=due_ms,
+            error=error,
+            count_attempt=count_attempt,
         )
-        return as_int(ok) == 1
 
     def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        ok = self._run(
-            _FAIL,
-            event_id,
-            now_ms,
-            [token, error, outbox_index_sk(now_ms, event_id)],
-            "outbox fail",
-        )
-        return as_int(ok) == 1
+        return self._finish_one(event_id, "failed", token, now_ms, error=error)
 
     def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
         outcome = as_str(
-            self._run(
-                _RETRY_FAILED, event_id, now_ms, [outbox_index_sk(now_ms, event_id)], "outbox retry"
+            self._conn.run(
+                _RETRY_FAILED,
+                [self._item(event_id)],
+                [*self._head(now_ms), outbox_index_sk(now_ms, event_id)],
+                "outbox retry",
             )
         )
         if outcome == "retried":
