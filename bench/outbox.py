@@ -7,9 +7,16 @@ boto3 client) and 2 worker processes (spawned, one client each). Workers use the
 (batch 25, 30 s lease with heartbeat, completed events kept for the retention period) except a
 short ``poll_interval`` so an idle poll does not stretch the measurement.
 
+Three designs side by side: ``batched`` (today's default: one request claims a batch, one
+request stores its outcomes), ``per-event`` (``batch_claim=False``: a claim and a completion per
+event, plain writes) and ``previous`` (the worker before batching, kept in
+``bench/_previous_outbox.py``: every poll queries every shard's in-flight and pending index, a
+heartbeat thread per event).
+
 Reported: events delivered per second (first claim to last delivery), requests per delivered
-event, and lost (published, never delivered within the deadline) and duplicate (delivered more
-than once) counts, which must both be 0.
+event, table write units per delivered event (see :class:`CapacityMeter`: a transactional write
+costs twice a plain one), and lost (published, never delivered
+within the deadline) and duplicate (delivered more than once) counts, which must both be 0.
 """
 
 from __future__ import annotations
@@ -51,8 +58,60 @@ def _deadline(n: int) -> float:
     return 30.0 + n * 0.06
 
 
+class CapacityMeter:
+    """Table write units by AWS's pricing rule for items up to 1 KB (every event here is): 1 per
+    plain write (PutItem, UpdateItem, DeleteItem), 2 per item of a TransactWriteItems. Counted
+    from the requests, not read from ``ConsumedCapacity``: DynamoDB Local reports a transaction
+    as if it held one item. Index writes are left out: each design moves an event through the
+    index the same way (claim: a key change; completion: a removal)."""
+
+    def __init__(self) -> None:
+        self.plain = 0
+        self.transactional = 0
+        self._client: Any = None
+
+    @property
+    def write_units(self) -> int:
+        return self.plain + 2 * self.transactional
+
+    def attach(self, client: Any) -> None:
+        self._client = client
+        client.meta.events.register("provide-client-params.dynamodb.*", self._count)
+
+    def detach(self) -> None:
+        if self._client is not None:
+            self._client.meta.events.unregister("provide-client-params.dynamodb.*", self._count)
+            self._client = None
+
+    def reset(self) -> None:
+        self.plain = self.transactional = 0
+
+    def _count(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name in ("PutItem", "UpdateItem", "DeleteItem"):
+            self.plain += 1
+        elif model.name == "TransactWriteItems":
+            self.transactional += len(params.get("TransactItems", ()))
+
+
+def _make_worker(outbox: Any, handler: Any, design: str, name: str) -> Any:
+    if design == "previous":
+        from ._previous_outbox import PreviousOutboxWorker
+
+        return PreviousOutboxWorker(
+            outbox._store, handler, clock=outbox.clock, poll_interval=POLL_INTERVAL, name=name
+        )
+    return outbox.worker(
+        handler, poll_interval=POLL_INTERVAL, name=name, batch_claim=design == "batched"
+    )
+
+
 def _threads(
-    outbox: Any, ids: list[str], workers_n: int, count: Callable[[], int]
+    outbox: Any,
+    ids: list[str],
+    workers_n: int,
+    count: Callable[[], int],
+    design: str = "batched",
+    meter: CapacityMeter | None = None,
 ) -> dict[str, Any]:
     deliveries: list[tuple[str, float]] = []  # list.append is atomic under the GIL
 
@@ -60,16 +119,15 @@ def _threads(
         deliveries.append((event.id, time.perf_counter()))
 
     stop = threading.Event()
-    workers = [
-        outbox.worker(handler, poll_interval=POLL_INTERVAL, name=f"bench-{i}")
-        for i in range(workers_n)
-    ]
+    workers = [_make_worker(outbox, handler, design, f"bench-{i}") for i in range(workers_n)]
     threads = [
         threading.Thread(target=w.run, args=(stop,), name=f"bench-outbox-{i}", daemon=True)
         for i, w in enumerate(workers)
     ]
     wanted = set(ids)
     before = count()
+    if meter is not None:
+        meter.reset()
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -83,7 +141,7 @@ def _threads(
         thread.join(timeout=60)
     requests = count() - before
     last = max((t for _, t in deliveries), default=started)
-    return _summary(
+    row = _summary(
         ids,
         [d for d, _ in deliveries],
         last - started,
@@ -92,6 +150,10 @@ def _threads(
         "threads",
         lease_lost=sum(w.lost for w in workers),
     )
+    row["design"] = design
+    if meter is not None and row["delivered"]:
+        row["write_units_per_event"] = round(meter.write_units / row["delivered"], 2)
+    return row
 
 
 def _process_worker(
@@ -189,7 +251,7 @@ def _processes(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) ->
         proc.join(timeout=30)
         if proc.is_alive():
             proc.terminate()
-    return _summary(
+    row = _summary(
         ids,
         delivered,
         (last or started) - started,
@@ -198,6 +260,8 @@ def _processes(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) ->
         "processes",
         lease_lost=lease_lost,
     )
+    row["design"] = "batched"
+    return row
 
 
 def _summary(
@@ -226,8 +290,17 @@ def _summary(
     }
 
 
-CONFIGS = [(1, "threads"), (2, "threads"), (4, "threads"), (2, "processes")]
-REDIS_CONFIGS = [1, 4]
+CONFIGS = [
+    (1, "threads", "batched"),
+    (1, "threads", "previous"),
+    (2, "threads", "batched"),
+    (4, "threads", "batched"),
+    (4, "threads", "per-event"),
+    (4, "threads", "previous"),
+    (2, "processes", "batched"),
+]
+REDIS_CONFIGS = [(1, "batched"), (4, "batched"), (1, "previous"), (4, "previous")]
+REDIS_EVENTS_FACTOR = 4
 
 
 def _redis(env: BenchEnv, n: int) -> dict[str, Any]:
@@ -246,15 +319,17 @@ def _redis(env: BenchEnv, n: int) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     publish: dict[str, Any] = {}
+    # Redis delivers a run's events in a fraction of a second: more events for a steadier rate.
+    n *= REDIS_EVENTS_FACTOR
     try:
-        for workers_n in REDIS_CONFIGS:
+        for workers_n, design in REDIS_CONFIGS:
             outbox = RedisBackend(client, namespace=unique("outbox")).outbox
             ids, seconds, requests = _publish(outbox, n, count)
             publish = publish or {
                 "publish_events_per_s": round(n / seconds, 1) if seconds > 0 else None,
                 "publish_round_trips_per_event": round(requests / n, 3),
             }
-            rows.append(_threads(outbox, ids, workers_n, count))
+            rows.append(_threads(outbox, ids, workers_n, count, design))
     except Exception as exc:
         return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "rows": rows}
     finally:
@@ -270,9 +345,18 @@ def run(env: BenchEnv) -> dict[str, Any]:
     def count() -> int:
         return env.counter.snapshot()[0]
 
-    for workers_n, kind in CONFIGS:
+    # Untimed warm-up: DynamoDB Local's JIT and botocore's caches, so the first row is not
+    # measured cold.
+    warm = env.backend(namespace=unique("outbox-warm")).outbox
+    warm_ids, _, _ = _publish(warm, min(n, 300), count)
+    _threads(warm, warm_ids, 2, count)
+    meter = CapacityMeter()
+    for workers_n, kind, design in CONFIGS:
         namespace = unique("outbox")
-        outbox = env.backend(namespace=namespace).outbox
+        backend = env.backend(namespace=namespace)
+        outbox = backend.outbox
+        if kind == "threads":
+            meter.attach(backend.client)
         ids, seconds, requests = _publish(outbox, n, count)
         if not publish:
             publish = {
@@ -282,11 +366,19 @@ def run(env: BenchEnv) -> dict[str, Any]:
             }
         try:
             if kind == "threads":
-                rows.append(_threads(outbox, ids, workers_n, count))
+                rows.append(_threads(outbox, ids, workers_n, count, design, meter))
             else:
                 rows.append(_processes(env, namespace, ids, workers_n))
         except Exception as exc:
-            rows.append({"workers": f"{workers_n} {kind}", "error": f"{type(exc).__name__}: {exc}"})
+            rows.append(
+                {
+                    "workers": f"{workers_n} {kind}",
+                    "design": design,
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+            )
+        finally:
+            meter.detach()
     return {
         "status": "ok",
         "redis": _redis(env, n),
@@ -295,10 +387,15 @@ def run(env: BenchEnv) -> dict[str, Any]:
         **publish,
         "rows": rows,
         "note": (
-            "Requests per delivered event include every poll: a Query per status (in_flight for "
-            "zombies, pending) and gsi1 shard, the claim (UpdateItem) and the completion "
-            "(UpdateItem, the completed event is kept for its retention). Lost and duplicates "
-            "must be 0; `lease_lost_reports` counts completions refused because a lease had "
-            "been taken over."
+            "Requests per delivered event include every poll. `batched`: a Query of the "
+            "worker's own shard (others only when it has less than a batch), one "
+            "TransactWriteItems claiming the batch, one storing its outcomes, and the zombie "
+            "scan of every shard's in_flight index at most every lease/2. `per-event`: the same "
+            "polls, a claim and a completion (UpdateItem) per event. `previous`: a Query per "
+            "status and shard on every poll, a claim and a completion per event. Write units "
+            "follow AWS's rule for items up to 1 KB (1 per plain write, 2 per transaction item; "
+            "index writes, the same in every design, left out). Lost and duplicates must be 0; "
+            "`lease_lost_reports` counts completions refused because a lease had been taken "
+            "over."
         ),
     }

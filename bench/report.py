@@ -323,33 +323,38 @@ def _outbox(s: dict[str, Any]) -> list[str]:
     rows = []
     for r in s.get("rows", []):
         if "error" in r:
-            rows.append([r["workers"], "error", "", "", "", "", "", r["error"]])
+            rows.append(
+                [r["workers"], r.get("design"), "error", "", "", "", "", "", "", r["error"]]
+            )
             continue
         rows.append(
             [
                 r["workers"],
+                r.get("design", "batched"),
                 r["delivered"],
                 r["seconds"],
                 r["events_per_s"],
                 r["requests_per_event"],
-                r["lost"],
-                r["duplicates"],
+                _fmt(r.get("write_units_per_event")),
+                f"{r['lost']} / {r['duplicates']}",
                 r.get("lease_lost_reports"),
             ]
         )
     lines += _table(
         [
             "workers",
+            "design",
             "delivered",
             "seconds",
             "events/s",
             "requests per delivered event",
-            "lost (must be 0)",
-            "duplicates (must be 0)",
+            "table write units per event",
+            "lost / duplicates (must be 0)",
             "lease lost",
         ],
         rows,
     )
+    lines += _outbox_ratios(s.get("rows", []), "requests")
     if s.get("note"):
         lines += ["", s["note"]]
     r = s.get("redis")
@@ -365,6 +370,7 @@ def _outbox(s: dict[str, Any]) -> list[str]:
         lines += _table(
             [
                 "workers",
+                "design",
                 "delivered",
                 "seconds",
                 "events/s",
@@ -376,6 +382,7 @@ def _outbox(s: dict[str, Any]) -> list[str]:
             [
                 [
                     x["workers"],
+                    x.get("design", "batched"),
                     x["delivered"],
                     x["seconds"],
                     x["events_per_s"],
@@ -385,8 +392,10 @@ def _outbox(s: dict[str, Any]) -> list[str]:
                     x.get("lease_lost_reports"),
                 ]
                 for x in r.get("rows", [])
+                if "delivered" in x
             ],
         )
+        lines += _outbox_ratios(r.get("rows", []), "round trips")
     return lines
 
 
@@ -666,8 +675,32 @@ def _ok(sections: dict[str, Any], key: str) -> dict[str, Any] | None:
     return section if section is not None and section.get("status") == "ok" else None
 
 
+def _outbox_ratios(rows: list[dict[str, Any]], unit: str) -> list[str]:
+    """Batched vs previous design with 4 threads, and 4 threads vs 1 (batched)."""
+    by = {(r["workers"], r.get("design", "batched")): r for r in rows if "events_per_s" in r}
+    four_b, four_p = by.get(("4 threads", "batched")), by.get(("4 threads", "previous"))
+    one_b = by.get(("1 thread", "batched"))
+    lines: list[str] = []
+    if four_b and four_p and four_p["events_per_s"]:
+        lines.append(
+            f"4 threads, batched vs previous design: {four_b['events_per_s'] / four_p['events_per_s']:.2f}x "
+            f"the events/s, {four_b['requests_per_event']} vs {four_p['requests_per_event']} "
+            f"{unit} per event."
+        )
+    if four_b and one_b and one_b["events_per_s"]:
+        lines.append(
+            f"Batched, 4 threads vs 1: {four_b['events_per_s'] / one_b['events_per_s']:.2f}x the "
+            "events/s."
+        )
+    return ["", *lines] if lines else []
+
+
 def _redis_outbox_summary(r: dict[str, Any]) -> str:
-    rows = [x for x in r.get("rows", []) if "events_per_s" in x]
+    rows = [
+        x
+        for x in r.get("rows", [])
+        if "events_per_s" in x and x.get("design", "batched") == "batched"
+    ]
     if r.get("status") != "ok" or not rows:
         return ""
     return (
@@ -735,7 +768,9 @@ def summary(results: dict[str, Any]) -> list[str]:
             )
     ob = _ok(sections, "outbox")
     if ob:
-        good = [r for r in ob["rows"] if "events_per_s" in r]
+        good = [
+            r for r in ob["rows"] if "events_per_s" in r and r.get("design", "batched") == "batched"
+        ]
         if good:
             rows.append(
                 [

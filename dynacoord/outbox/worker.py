@@ -76,7 +76,8 @@ class _LeaseKeeper(threading.Thread):
         while not self._done.wait(self._interval):
             now = now_ms(worker.clock)
             with self._lock:
-                due = [rec for rec, moved in self._held.values() if now - moved >= step_ms]
+                # Half a beat, not a whole one: a late wake-up must not skip a claim's turn.
+                due = [rec for rec, moved in self._held.values() if now - moved >= step_ms // 2]
             if not due:
                 continue
             try:

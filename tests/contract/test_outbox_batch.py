@@ -375,3 +375,39 @@ def test_an_ordered_event_cannot_join_a_caller_transaction(make_backend):
     with backend.transaction() as tx:
         with pytest.raises(NotSupportedError, match="ordered"):
             backend.outbox.publish(Event("t", 1, group="g", ordered=True), tx=tx)
+
+
+def test_one_lease_keeper_holds_a_slow_batch_against_a_racing_worker(make_backend):
+    needs_atomic_store(make_backend)
+    outbox = make_backend().outbox
+    outbox.publish([Event("t", i, id=f"slow{i}") for i in range(4)])
+    delivered: Counter[str] = Counter()
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def race() -> None:
+        thief = outbox.worker(lambda e: delivered.update([e.id]), lease=1.5, heartbeat=False)
+        while not done.is_set():
+            thief.run_once()
+            threading.Event().wait(0.1)
+
+    racer = threading.Thread(target=race)
+
+    def slow(event: Event) -> None:
+        if not racer.is_alive() and not done.is_set():
+            racer.start()  # the batch is claimed: from now on someone races for it
+        threading.Event().wait(0.7)  # four of these outlast the 1.5 s lease
+        with lock:
+            delivered[event.id] += 1
+
+    holder = outbox.worker(slow, lease=1.5)
+    try:
+        assert holder.run_once() == 4
+    finally:
+        done.set()
+        if racer.is_alive():
+            racer.join()
+    assert dict(delivered) == {f"slow{i}": 1 for i in range(4)}
+    assert holder.lost == 0 and holder.delivered == 4
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("dynacoord-outbox-lease")]
+    assert threads == []  # the keeper ended with the batch
