@@ -477,37 +477,64 @@ def mongo_store(mongo_backend_factory: Any) -> Any:
     return mongo_backend_factory().outbox._store
 
 
-def _hole(store: Any, group: str, published_ms: int) -> None:
+def _hole(store: Any, group: str) -> None:
     """A publisher that took place 1 of ``group`` and died before inserting its event."""
     store._c.update_one(
         store._gate_key(group),
-        {"$inc": {"published": 1}, "$set": {"published_ms": published_ms, "next_seq": 1}},
+        {"$inc": {"published": 1}, "$set": {"published_ms": NOW, "next_seq": 1}},
         upsert=True,
     )
 
 
-def test_mongo_repairs_a_hole_left_by_a_publisher_that_died(mongo_store) -> None:
-    _hole(mongo_store, "g", NOW - 61_000)
-    mongo_store.publish(events(1, group="g", ordered=True), NOW)
-    [two] = due(mongo_store)
-    assert two.seq == 2
-    # blocked behind the missing place 1, which is then skipped: the next claim takes it
-    assert mongo_store.claim_many([two], tokens(1), NOW + LEASE, NOW) == []
-    assert mongo_store._c.find_one(mongo_store._gate_key("g"))["next_seq"] == 2
-    [two] = due(mongo_store, NOW + ORDERED_RECHECK_MS)
-    claimed = mongo_store.claim_many([two], tokens(1), NOW + LEASE, NOW + ORDERED_RECHECK_MS)
-    assert [r.seq for r in claimed] == [2]
+def _next_seq(store: Any, group: str) -> int:
+    return int(store._c.find_one(store._gate_key(group))["next_seq"])
 
 
 def test_mongo_waits_for_a_publisher_that_may_still_be_writing(mongo_store) -> None:
-    _hole(mongo_store, "g", NOW - 1000)
+    _hole(mongo_store, "g")
     mongo_store.publish(events(1, group="g", ordered=True), NOW)
     [two] = due(mongo_store)
+    assert two.seq == 2
+    soon = NOW + 59_000
+    assert mongo_store.claim_many([two], tokens(1), soon + LEASE, soon) == []
+    assert _next_seq(mongo_store, "g") == 1
+    got = mongo_store.get(two.id, soon)
+    assert got.status is EventStatus.PENDING and got.attempts == 0  # the claim was given back
+    assert got.due_at_ms == soon + ORDERED_RECHECK_MS
+
+
+def test_mongo_skips_a_place_left_empty_by_a_publisher_that_died(mongo_store) -> None:
+    _hole(mongo_store, "g")
+    mongo_store.publish(events(2, group="g", ordered=True), NOW)
+    seen = due(mongo_store)
+    later = NOW + 60_000  # place 2 was published 60 s ago, so place 1 was taken before
+    sent: list[str] = []
+    mongo_store._c = _CountingCollection(mongo_store._c, sent)
+    claimed = mongo_store.claim_many(seen, tokens(2), later + LEASE, later)
+    # bulk_write, find, then the place looked up and the gate moved
+    assert sent == ["bulk_write", "find", "find_one", "find_one_and_update"]
+    assert [r.seq for r in claimed] == [2, 3]
+    assert _next_seq(mongo_store, "g") == 2
+
+
+def test_mongo_moves_past_a_finished_place_whose_gate_update_was_lost(mongo_store) -> None:
+    mongo_store.publish(events(2, group="g", ordered=True), NOW)
+    one, two = _by_seq(mongo_store)
+    [c1] = mongo_store.claim_many([one], tokens(1), NOW + LEASE, NOW)
+    # the worker died between writing the outcome and moving the gate
+    mongo_store._move_gates = lambda written: None
+    assert mongo_store.finish_many([Outcome(c1, "completed")], NOW, 60_000) == [True]
+    del mongo_store._move_gates
+    assert _next_seq(mongo_store, "g") == 1
     assert mongo_store.claim_many([two], tokens(1), NOW + LEASE, NOW) == []
-    assert mongo_store._c.find_one(mongo_store._gate_key("g"))["next_seq"] == 1
+    later = NOW + 60_000
+    [two] = due(mongo_store, later)
+    assert [r.seq for r in mongo_store.claim_many([two], tokens(1), later + LEASE, later)] == [2]
 
 
-def test_mongo_an_ordered_publish_undone_by_a_clash_leaves_a_repairable_hole(mongo_store) -> None:
+def test_mongo_an_ordered_publish_undone_by_a_clash_leaves_a_place_that_is_skipped(
+    mongo_store,
+) -> None:
     [taken] = events(1)
     mongo_store.publish([taken], NOW)
     first = events(1, group="g", ordered=True)
@@ -521,16 +548,13 @@ def test_mongo_an_ordered_publish_undone_by_a_clash_leaves_a_repairable_hole(mon
 
     mongo_store._clashes = clashes_after_the_race
     assert set(mongo_store.publish([*first, taken], NOW)) == {taken.id}
-    mongo_store._clashes = real
+    del mongo_store._clashes
     assert mongo_store.get(first[0].id, NOW) is None
     assert mongo_store._c.find_one(mongo_store._gate_key("g"))["published"] == 1
-    # published again: place 2, behind the hole at 1, repaired once the place is 60 s old
-    later = NOW + 61_000
-    assert mongo_store.publish(first, later) == {}
-    [record] = due(mongo_store, later)
+    assert mongo_store.publish(first, NOW) == {}  # published again: place 2, behind the hole
+    [record] = [r for r in due(mongo_store) if r.id == first[0].id]
     assert record.seq == 2
-    mongo_store._c.update_one(mongo_store._gate_key("g"), {"$set": {"published_ms": NOW}})
-    assert mongo_store.claim_many([record], tokens(1), later + LEASE, later) == []
-    [record] = due(mongo_store, later + ORDERED_RECHECK_MS)
-    claimed = mongo_store.claim_many([record], tokens(1), later + LEASE, later + ORDERED_RECHECK_MS)
-    assert [r.seq for r in claimed] == [2]
+    assert mongo_store.claim_many([record], tokens(1), NOW + LEASE, NOW) == []
+    later = NOW + 60_000
+    [record] = [r for r in due(mongo_store, later) if r.id == first[0].id]
+    assert [r.seq for r in mongo_store.claim_many([record], tokens(1), later + LEASE, later)] == [2]

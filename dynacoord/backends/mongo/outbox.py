@@ -8,8 +8,35 @@ Document: the DynamoDB item's attributes (``pk=OUTBOX#{ns}#{event_id}``, ``sk=EV
 both and get ``expires_at_ms`` plus ``expires_at`` (TTL monitor). The (gsi1pk, gsi1sk) index makes
 "due pending events" and "in-flight events whose lease ran out" one index range, as on DynamoDB.
 
-Every state change after the claim is one ``update_one``/``find_one_and_update`` filtered on
-``status = in_flight AND lease_token = mine``.
+Every state change after the claim is filtered on ``status = in_flight AND lease_token = mine``.
+Outcomes set ``finished_by`` = the lease token, so an outcome sent again after its response was
+lost recognises its own write (a completion without retention: the event is gone).
+
+Batches: ``claim_many`` is one ``bulk_write`` of conditional updates (unordered: one contended
+event never costs the others their claim) and one ``find`` of the events now holding the batch's
+tokens (a claim whose first response was lost is found the same way) and of the ordered groups'
+gates: 2 round trips. ``finish_many`` and ``extend_many`` are one ``bulk_write`` each, plus a
+``find`` only when some write did not match (a lost lease, or a retry after a lost response), plus
+one ``bulk_write`` of gate updates when the batch has ordered events. (The bulk operations are
+``UpdateMany`` on the unique (pk, sk), so at most one document each: mongomock refuses
+``UpdateOne`` in a bulk with current pymongo.)
+
+Ordered groups: gate document ``pk=OUTBOX#{ns}#{group}``, ``sk=GROUP`` with ``published`` (the
+last place handed out), ``published_ms``, ``next_seq`` (the smallest place not finished) and
+``retry_due_ms`` (when the group's head waits for a retry). MongoDB cannot write the gate and the
+events atomically, so an ordered publish takes its places first (one ``find_one_and_update`` with
+``$inc`` per group, after the clash check: a republished identical event takes none) and then
+inserts the events, each with its ``seq`` and ``published_ms``. A claim claims a group's run first
+and reads the gate after (the gate only moves forward, so a gate that lets the run go after the
+claim let it go at the claim); a run the gate holds back is given back (attempt included) and
+postponed with the group's other blocked events in one more ``bulk_write``. A place that never got
+its event (the publisher died between the two steps, or its insert was undone after a clash) or
+whose event is finished while the gate was not moved (a worker died between the two writes of
+``finish_many``) would hold its group forever: a claim held back at such a place, whose run's
+first event was published at least 60 s ago (so the place before it was taken even earlier),
+looks the place up (one ``find_one``) and moves the gate past it. So a publisher stalled for more
+than 60 s between taking its place and inserting its event can see that event delivered after
+later events of its group (never lost).
 
 Publishing several events: MongoDB has no multi-document atomic write outside a replica-set
 transaction, so ``publish`` first reads every id (one query) and refuses the batch if any is
@@ -24,9 +51,10 @@ middle of the insert can leave a prefix of the batch published; publishing the s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pymongo
 from pymongo import ReturnDocument
@@ -34,13 +62,31 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from ... import codec
 from ...errors import NotSupportedError
-from ...keys import outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
-from ...outbox import Event, EventRecord, EventStatus, RetryOutcome, pending_fields
+from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
+from ...outbox import (
+    ORDERED_RECHECK_MS,
+    Event,
+    EventRecord,
+    EventStatus,
+    Outcome,
+    RetryOutcome,
+    pending_fields,
+)
+from ...outbox._runs import group_runs
 from ._collection import MongoCollection, translate_errors
 
 __all__ = ["MongoOutboxStore"]
 
 _IN_FLIGHT = EventStatus.IN_FLIGHT.value
+_GATE_SK = "GROUP"
+OutcomeKind = Literal["completed", "pending", "failed"]
+#: The statuses a claim takes an event from (pending, or in flight with an expired lease).
+_CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
+#: The widest place in a group the size check of a publish allows for (15 digits).
+_WIDEST_SEQ = 10**15 - 1
+#: A group's next place that has no event (or a finished one) is skipped once the run behind it
+#: was published this long ago: its publisher took the place earlier and has not written it.
+HOLE_WAIT_MS = 60_000
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +101,14 @@ class MongoOutboxStore:
     def shards(self) -> int:
         return 1
 
+    def refresh_shards(self) -> int:
+        return 1  # one index partition per status on MongoDB, whoever publishes
+
     def _key(self, event_id: str) -> dict[str, Any]:
         return outbox_key(self._ns, event_id, status="", due_ms=0).primary
+
+    def _gate_key(self, group: str) -> dict[str, Any]:
+        return {"pk": f"{Kind.OUTBOX.value}#{self._ns}#{group}", "sk": _GATE_SK}
 
     def _gpk(self, status: EventStatus) -> str:
         return outbox_index_pk(self._ns, status.value, 0)
@@ -64,7 +116,12 @@ class MongoOutboxStore:
     def _doc(self, event: Event, now_ms: int) -> dict[str, Any]:
         due = min(event.occurred_at_ms, now_ms)
         k = outbox_key(self._ns, event.id, status=EventStatus.PENDING.value, due_ms=due)
-        doc = {**k.as_dict(), **pending_fields(event, due)}
+        # An ordered event's place is taken after the clash check; the size check counts the
+        # widest place.
+        seq = _WIDEST_SEQ if event.ordered else None
+        doc = {**k.as_dict(), **pending_fields(event, due, seq)}
+        if event.ordered:
+            doc["published_ms"] = now_ms
         # Same size limit as the DynamoDB item, so an event fits every backend.
         codec.check_item_size(doc, key=event.id)
         return doc
@@ -90,11 +147,46 @@ class MongoOutboxStore:
                 )
         return clashes
 
+    def _take_places(
+        self, events: Sequence[Event], docs: list[dict[str, Any]], now_ms: int
+    ) -> None:
+        """Give each ordered event the next place of its group, in the order of ``events``: one
+        ``$inc`` of the group's gate per group (MongoDB cannot write it with the events)."""
+        counts: dict[str, int] = {}
+        for event in events:
+            if event.ordered and event.group is not None:
+                counts[event.group] = counts.get(event.group, 0) + 1
+        first: dict[str, int] = {}
+        for group, count in counts.items():
+            update = {
+                "$inc": {"published": count},
+                "$set": {"published_ms": now_ms},
+                "$setOnInsert": {"next_seq": 1},
+            }
+            with translate_errors("outbox publish"):
+                try:
+                    gate = self._c.find_one_and_update(
+                        self._gate_key(group),
+                        update,
+                        upsert=True,
+                        return_document=ReturnDocument.AFTER,
+                    )
+                except DuplicateKeyError:  # a racing publisher created the gate first
+                    gate = self._c.find_one_and_update(
+                        self._gate_key(group), update, return_document=ReturnDocument.AFTER
+                    )
+            first[group] = int(gate["published"]) - count + 1
+        for event, doc in zip(events, docs, strict=True):
+            if event.ordered and event.group is not None:
+                doc["seq"] = first[event.group]
+                first[event.group] += 1
+
     def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
         docs = [self._doc(event, now_ms) for event in events]
         clashes = self._clashes(events, now_ms)
         if clashes:
             return clashes
+        self._take_places(events, docs, now_ms)
         try:
             with translate_errors("outbox publish"):
                 self._c.insert_many(docs, ordered=True)
@@ -105,6 +197,7 @@ class MongoOutboxStore:
             if inserted:
                 # Roll back the prefix, but only events no worker has claimed yet: deleting a
                 # claimed one would make an event that is being delivered vanish from the outbox.
+                # (An ordered event rolled back leaves its place empty: a claim skips it later.)
                 with translate_errors("outbox publish"):
                     removed = self._c.delete_many(
                         {
@@ -174,13 +267,38 @@ class MongoOutboxStore:
             count = self._c.count_documents(self._query(status, due_before_ms, cursor))
         return int(count), None
 
-    # -- claim and state changes -------------------------------------------------------------------
+    # -- claim -------------------------------------------------------------------------------------
+
+    def _as_seen(self, seen: EventRecord) -> dict[str, Any]:
+        """The filter "still as ``seen``": status, lease token and attempts."""
+        return {
+            **self._key(seen.id),
+            "status": seen.status.value,
+            "lease_token": seen.lease_token if seen.lease_token else {"$exists": False},
+            "attempts": seen.attempts,
+        }
+
+    def _claim_update(self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int) -> Any:
+        return {
+            "$set": {
+                "status": _IN_FLIGHT,
+                "lease_token": token,
+                "due_ms": lease_until_ms,
+                "gsi1pk": self._gpk(EventStatus.IN_FLIGHT),
+                "gsi1sk": outbox_index_sk(lease_until_ms, seen.id),
+                "updated_ms": now_ms,
+            },
+            "$inc": {"attempts": 1},
+        }
 
     def claim(
         self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
     ) -> EventRecord | None:
-        if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
+        if seen.status not in _CLAIMABLE:
             return None
+        if seen.seq is not None:  # its group's gate decides too
+            claimed = self.claim_many([seen], [token], lease_until_ms, now_ms)
+            return claimed[0] if claimed else None
         # Still as we saw it (status and lease token) and due. Of two workers racing for it the
         # first write changes the token/status, so the second one's filter no longer matches.
         query = {
@@ -192,17 +310,7 @@ class MongoOutboxStore:
         with translate_errors("outbox claim"):
             doc = self._c.find_one_and_update(
                 query,
-                {
-                    "$set": {
-                        "status": _IN_FLIGHT,
-                        "lease_token": token,
-                        "due_ms": lease_until_ms,
-                        "gsi1pk": self._gpk(EventStatus.IN_FLIGHT),
-                        "gsi1sk": outbox_index_sk(lease_until_ms, seen.id),
-                        "updated_ms": now_ms,
-                    },
-                    "$inc": {"attempts": 1},
-                },
+                self._claim_update(seen, token, lease_until_ms, now_ms),
                 return_document=ReturnDocument.AFTER,
             )
             if doc is None:
@@ -211,42 +319,384 @@ class MongoOutboxStore:
                 doc = self._c.find_one({**self._key(seen.id), "lease_token": token})
         return None if doc is None else EventRecord.from_item(doc, now_ms)
 
-    def _if_held(self, event_id: str, token: str, update: dict[str, Any], what: str) -> bool:
-        with translate_errors(what):
+    def claim_many(
+        self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
+    ) -> list[EventRecord]:
+        if len(seen) != len(tokens):
+            raise ValueError("claim_many needs one token per event")
+        token_of: dict[str, str] = {}
+        for record, token in zip(seen, tokens, strict=True):
+            if record.status in _CLAIMABLE:
+                token_of.setdefault(record.id, token)
+        runs = group_runs([r for r in seen if r.id in token_of])
+        after_gap = {r.id for run in runs.values() for r in run.after_gap}
+        to_claim = {r.id: r for r in seen if r.id in token_of and r.id not in after_gap}
+        # 1. Claim every event still as seen (a run's members too: the gate is checked after,
+        #    and a claim it refuses is given back).
+        ops = [
+            pymongo.UpdateMany(  # unique (pk, sk): at most one document (mongomock: no UpdateOne)
+                {**self._as_seen(r), "due_ms": {"$lte": now_ms}},
+                self._claim_update(r, token_of[r.id], lease_until_ms, now_ms),
+            )
+            for r in to_claim.values()
+        ]
+        with translate_errors("outbox claim"):
+            if ops:
+                self._c.bulk_write(ops, ordered=False)
+            # 2. Which claims hold (by token: a claim whose first response was lost holds too),
+            #    and the gates of the groups, read after the claims.
+            query: dict[str, Any] = {
+                "pk": {"$in": [self._key(i)["pk"] for i in to_claim]},
+                "sk": "EVENT",
+                "lease_token": {"$in": [token_of[i] for i in to_claim]},
+            }
+            if runs:
+                query = {
+                    "$or": [
+                        query,
+                        {"pk": {"$in": [self._gate_key(g)["pk"] for g in runs]}, "sk": _GATE_SK},
+                    ]
+                }
+            found = list(self._c.find(query)) if to_claim else []
+        docs = {str(d["event_id"]): d for d in found if d.get("sk") == "EVENT"}
+        claimed = {
+            i: d for i, d in docs.items() if i in token_of and d.get("lease_token") == token_of[i]
+        }
+        gates = {str(d["pk"]): d for d in found if d.get("sk") == _GATE_SK}
+        # 3. Of each ordered group, what the gate does not let go is given back and postponed.
+        give_back: list[tuple[EventRecord, int]] = []
+        postpone: list[tuple[EventRecord, int]] = []
+        for group, run in runs.items():
+            gate = gates.get(self._gate_key(group)["pk"], {})
+            head = int(gate.get("next_seq", 1))
+            start = claimed.get(run.members[0].id)
+            if head < run.start and start is not None:
+                head = self._repair(group, head, run.start, start, now_ms)
+            later = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms") or 0))
+            open_run = head >= run.start
+            for record in run.members:
+                if open_run and record.id in claimed:
+                    continue
+                open_run = False  # a place someone else holds: the rest of the run waits
+                if record.id in claimed:
+                    give_back.append((record, later))
+                    del claimed[record.id]
+                else:
+                    postpone.append((record, later))
+            postpone.extend((record, later) for record in run.after_gap)
+        if give_back or postpone:
+            self._postpone(give_back, postpone, token_of, now_ms)
+        records = [EventRecord.from_item(claimed[r.id], now_ms) for r in seen if r.id in claimed]
+        return [r for r in records if r is not None]
+
+    def _repair(
+        self, group: str, head: int, start: int, start_doc: dict[str, Any], now_ms: int
+    ) -> int:
+        """The group's next place when a claim of the run from ``start`` found it at ``head``.
+
+        A place whose event is finished (completed or failed, its gate update lost with a worker
+        that died in between) or missing (a publisher that died between taking the place and
+        inserting the event, or a publish undone after a clash) would hold the group forever:
+        once the run's first event was published ``HOLE_WAIT_MS`` ago (so the place before it
+        was taken at least that long ago) the gate moves past it."""
+        published = int(start_doc.get("published_ms") or now_ms)
+        if now_ms - published < HOLE_WAIT_MS:
+            return head
+        with translate_errors("outbox claim"):
+            doc = self._c.find_one(
+                {
+                    "pk": {
+                        "$gte": f"{Kind.OUTBOX.value}#{self._ns}#",
+                        "$lt": f"{Kind.OUTBOX.value}#{self._ns}$",
+                    },
+                    "sk": "EVENT",
+                    "event_group": group,
+                    "seq": head,
+                }
+            )
+            record = EventRecord.from_item(doc, now_ms)
+            if record is not None and record.status in _CLAIMABLE:
+                return head  # the group's head is on its way
+            logger.warning(
+                "outbox group %r: place %d has %s; the group moves past it",
+                group,
+                head,
+                "no event" if record is None else f"a {record.status.value} event",
+            )
+            gate = self._c.find_one_and_update(
+                {**self._gate_key(group), "next_seq": head},
+                {"$set": {"next_seq": head + 1}, "$unset": {"retry_due_ms": ""}},
+                return_document=ReturnDocument.AFTER,
+            )
+            if gate is None:  # moved meanwhile
+                gate = self._c.find_one(self._gate_key(group)) or {}
+        return int(gate.get("next_seq", head + 1))
+
+    def _postpone(
+        self,
+        give_back: list[tuple[EventRecord, int]],
+        postpone: list[tuple[EventRecord, int]],
+        token_of: dict[str, str],
+        now_ms: int,
+    ) -> None:
+        """Out of the due queue's way while their group's head is not done: events this claim
+        got give their claim back (attempt included); events still as seen are pushed back."""
+        ops: list[Any] = []
+        for record, due in give_back:
+            ops.append(
+                pymongo.UpdateMany(
+                    {
+                        **self._key(record.id),
+                        "status": _IN_FLIGHT,
+                        "lease_token": token_of[record.id],
+                    },
+                    {
+                        "$set": {
+                            "status": EventStatus.PENDING.value,
+                            "due_ms": due,
+                            "gsi1pk": self._gpk(EventStatus.PENDING),
+                            "gsi1sk": outbox_index_sk(due, record.id),
+                        },
+                        "$unset": {"lease_token": ""},
+                        "$inc": {"attempts": -1},
+                    },
+                )
+            )
+        for record, due in postpone:
+            ops.append(
+                pymongo.UpdateMany(
+                    {**self._as_seen(record), "due_ms": {"$lt": due}},
+                    {"$set": {"due_ms": due, "gsi1sk": outbox_index_sk(due, record.id)}},
+                )
+            )
+        with translate_errors("outbox claim"):
+            self._c.bulk_write(ops, ordered=False)
+
+    # -- outcomes ----------------------------------------------------------------------------------
+
+    def _outcome_write(
+        self,
+        event_id: str,
+        kind: str,
+        token: str,
+        now_ms: int,
+        retention_ms: int | None,
+        *,
+        due_ms: int = 0,
+        error: str | None = None,
+        count_attempt: bool = True,
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(filter, update) of an outcome, conditional on ``token`` holding the event; the
+        update is None for a deletion (completed without retention)."""
+        held = {**self._key(event_id), "status": _IN_FLIGHT, "lease_token": token}
+        if kind == "completed":
+            if retention_ms is None:
+                return held, None
+            expires = now_ms + retention_ms
+            return held, {
+                "$set": {
+                    "status": EventStatus.COMPLETED.value,
+                    "completed_ms": now_ms,
+                    "updated_ms": now_ms,
+                    "expires_at_ms": expires,
+                    "expires_at": self._coll.gc_date(expires, now_ms),
+                    "finished_by": token,
+                },
+                "$unset": {"gsi1pk": "", "gsi1sk": "", "lease_token": "", "due_ms": ""},
+            }
+        if kind == "pending":
+            sets: dict[str, Any] = {
+                "status": EventStatus.PENDING.value,
+                "due_ms": due_ms,
+                "gsi1pk": self._gpk(EventStatus.PENDING),
+                "gsi1sk": outbox_index_sk(due_ms, event_id),
+                "updated_ms": now_ms,
+                "finished_by": token,
+            }
+            if error is not None:
+                sets["last_error"] = error
+            update: dict[str, Any] = {"$set": sets, "$unset": {"lease_token": ""}}
+            if not count_attempt:
+                update["$inc"] = {"attempts": -1}
+            return held, update
+        return held, {
+            "$set": {
+                "status": EventStatus.FAILED.value,
+                "due_ms": now_ms,
+                "gsi1pk": self._gpk(EventStatus.FAILED),
+                "gsi1sk": outbox_index_sk(now_ms, event_id),
+                "updated_ms": now_ms,
+                "failed_ms": now_ms,
+                "last_error": error or "",
+                "finished_by": token,
+            },
+            "$unset": {"lease_token": ""},
+        }
+
+    def finish_many(
+        self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
+    ) -> list[bool]:
+        if not outcomes:
+            return []
+        ops: list[Any] = []
+        for outcome in outcomes:
+            where, update = self._outcome_write(
+                outcome.record.id,
+                outcome.kind,
+                outcome.token,
+                now_ms,
+                retention_ms,
+                due_ms=outcome.due_ms,
+                error=outcome.error,
+                count_attempt=outcome.count_attempt,
+            )
+            ops.append(
+                pymongo.DeleteOne(where) if update is None else pymongo.UpdateMany(where, update)
+            )
+        with translate_errors("outbox finish"):
+            result = self._c.bulk_write(ops, ordered=False)
+            if result.matched_count + result.deleted_count == len(ops):
+                written = [True] * len(outcomes)
+            else:
+                # Which were written: by this call, or by its first attempt whose response was
+                # lost (the event shows finished_by = the token, or is gone when deleted).
+                docs = {
+                    str(d["event_id"]): d
+                    for d in self._c.find(
+                        {
+                            "pk": {"$in": [self._key(o.record.id)["pk"] for o in outcomes]},
+                            "sk": "EVENT",
+                        }
+                    )
+                }
+                written = [
+                    self._was_written(docs.get(o.record.id), o.token, o.kind, retention_ms)
+                    for o in outcomes
+                ]
+            self._move_gates([o for o, ok in zip(outcomes, written, strict=True) if ok])
+        return written
+
+    @staticmethod
+    def _was_written(
+        doc: dict[str, Any] | None, token: str, kind: str, retention_ms: int | None
+    ) -> bool:
+        if doc is None:
+            return kind == "completed" and retention_ms is None
+        return doc.get("finished_by") == token
+
+    def _move_gates(self, written: Sequence[Outcome]) -> None:
+        """The gate updates of the written outcomes of ordered events: the next place moves past
+        every completed or failed one (never back); a retried head sets when the group may move
+        again. One request for all groups, none without ordered events."""
+        ops: list[Any] = []
+        by_group: dict[str, list[Outcome]] = {}
+        for outcome in written:
+            if outcome.record.seq is not None and outcome.record.event.group is not None:
+                by_group.setdefault(outcome.record.event.group, []).append(outcome)
+        for group, members in by_group.items():
+            key = self._gate_key(group)
+            finished = [o.record.seq or 0 for o in members if o.kind != "pending"]
+            if finished:
+                after = max(finished) + 1
+                ops.append(
+                    pymongo.UpdateMany(
+                        {**key, "next_seq": {"$lt": after}},
+                        {"$set": {"next_seq": after}, "$unset": {"retry_due_ms": ""}},
+                    )
+                )
+            for outcome in members:
+                if outcome.kind == "pending" and outcome.count_attempt:
+                    ops.append(
+                        pymongo.UpdateMany(
+                            {**key, "next_seq": outcome.record.seq},
+                            {"$set": {"retry_due_ms": outcome.due_ms}},
+                        )
+                    )
+        if ops:
+            self._c.bulk_write(ops, ordered=True)  # in order: a retry after the moves
+
+    def _finish_one(
+        self, event_id: str, kind: OutcomeKind, token: str, now_ms: int, **options: Any
+    ) -> bool:
+        """One outcome of an event known by id only: one request (two for an ordered event,
+        whose stored place the write returns)."""
+        retention_ms = options.pop("retention_ms", None)
+        where, update = self._outcome_write(event_id, kind, token, now_ms, retention_ms, **options)
+        with translate_errors(f"outbox {kind}"):
+            if update is None:
+                before = self._c.find_one_and_delete(where)
+            else:
+                before = self._c.find_one_and_update(where, update)
+            if before is None:
+                # Refused, or written by this call's first attempt whose response was lost.
+                before = self._c.find_one(self._key(event_id))
+                if not self._was_written(before, token, kind, retention_ms):
+                    return False
+                if before is None:
+                    return True
+        record = EventRecord.from_item(before, 0)  # the place and group it holds
+        if record is not None and record.seq is not None:
+            outcome = Outcome(
+                dataclasses.replace(record, lease_token=token),
+                kind,
+                due_ms=int(options.get("due_ms", 0)),
+                count_attempt=bool(options.get("count_attempt", True)),
+            )
+            with translate_errors(f"outbox {kind}"):
+                self._move_gates([outcome])
+        return True
+
+    def extend_many(
+        self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
+    ) -> list[bool]:
+        if not held:
+            return []
+        ops = [
+            pymongo.UpdateMany(
+                {**self._key(r.id), "status": _IN_FLIGHT, "lease_token": r.lease_token or ""},
+                {
+                    "$set": {
+                        "due_ms": lease_until_ms,
+                        "gsi1sk": outbox_index_sk(lease_until_ms, r.id),
+                        "updated_ms": now_ms,
+                    }
+                },
+            )
+            for r in held
+        ]
+        with translate_errors("outbox extend"):
+            result = self._c.bulk_write(ops, ordered=False)
+            if result.matched_count == len(ops):
+                return [True] * len(held)
+            docs = {
+                str(d["event_id"]): d
+                for d in self._c.find(
+                    {"pk": {"$in": [self._key(r.id)["pk"] for r in held]}, "sk": "EVENT"}
+                )
+            }
+        return [
+            (d := docs.get(r.id)) is not None
+            and d.get("status") == _IN_FLIGHT
+            and d.get("lease_token") == r.lease_token
+            for r in held
+        ]
+
+    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
+        with translate_errors("outbox extend"):
             result = self._c.update_one(
-                {**self._key(event_id), "status": _IN_FLIGHT, "lease_token": token}, update
+                {**self._key(event_id), "status": _IN_FLIGHT, "lease_token": token},
+                {
+                    "$set": {
+                        "due_ms": lease_until_ms,
+                        "gsi1sk": outbox_index_sk(lease_until_ms, event_id),
+                        "updated_ms": now_ms,
+                    }
+                },
             )
         return bool(result.matched_count == 1)
 
-    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
-        update = {
-            "$set": {
-                "due_ms": lease_until_ms,
-                "gsi1sk": outbox_index_sk(lease_until_ms, event_id),
-                "updated_ms": now_ms,
-            }
-        }
-        return self._if_held(event_id, token, update, "outbox extend")
-
     def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        if retention_ms is None:
-            with translate_errors("outbox complete"):
-                result = self._c.delete_one(
-                    {**self._key(event_id), "status": _IN_FLIGHT, "lease_token": token}
-                )
-            return bool(result.deleted_count == 1)
-        expires = now_ms + retention_ms
-        update = {
-            "$set": {
-                "status": EventStatus.COMPLETED.value,
-                "completed_ms": now_ms,
-                "updated_ms": now_ms,
-                "expires_at_ms": expires,
-                "expires_at": self._coll.gc_date(expires, now_ms),
-            },
-            "$unset": {"gsi1pk": "", "gsi1sk": "", "lease_token": "", "due_ms": ""},
-        }
-        return self._if_held(event_id, token, update, "outbox complete")
+        return self._finish_one(event_id, "completed", token, now_ms, retention_ms=retention_ms)
 
     def reschedule(
         self,
@@ -258,34 +708,18 @@ class MongoOutboxStore:
         *,
         count_attempt: bool = True,
     ) -> bool:
-        sets: dict[str, Any] = {
-            "status": EventStatus.PENDING.value,
-            "due_ms": due_ms,
-            "gsi1pk": self._gpk(EventStatus.PENDING),
-            "gsi1sk": outbox_index_sk(due_ms, event_id),
-            "updated_ms": now_ms,
-        }
-        if error is not None:
-            sets["last_error"] = error
-        update: dict[str, Any] = {"$set": sets, "$unset": {"lease_token": ""}}
-        if not count_attempt:
-            update["$inc"] = {"attempts": -1}
-        return self._if_held(event_id, token, update, "outbox reschedule")
+        return self._finish_one(
+            event_id,
+            "pending",
+            token,
+            now_ms,
+            due_ms=due_ms,
+            error=error,
+            count_attempt=count_attempt,
+        )
 
     def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        update = {
-            "$set": {
-                "status": EventStatus.FAILED.value,
-                "due_ms": now_ms,
-                "gsi1pk": self._gpk(EventStatus.FAILED),
-                "gsi1sk": outbox_index_sk(now_ms, event_id),
-                "updated_ms": now_ms,
-                "failed_ms": now_ms,
-                "last_error": error,
-            },
-            "$unset": {"lease_token": ""},
-        }
-        return self._if_held(event_id, token, update, "outbox fail")
+        return self._finish_one(event_id, "failed", token, now_ms, error=error)
 
     def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
         with translate_errors("outbox retry"):
