@@ -322,6 +322,27 @@ def test_a_single_claim_whose_response_was_lost_is_ours(lossy) -> None:
     assert claimed is not None and claimed.lease_token == token and claimed.attempts == 1
 
 
+@LOSSY
+def test_an_ordered_publish_whose_response_was_lost_keeps_its_group_going(lossy) -> None:
+    backend = lossy.backend(clock=ManualClock(NOW / 1000))
+    store = backend.outbox._store
+    [event] = events(1, group="g", ordered=True)
+    lossy.lose_next(operation={"redis": "EVALSHA", "mongo": "find_one_and_update"}[lossy.kind])
+    assert backend.outbox.publish(event) == [event.id]  # the retry's clash is its own event
+    assert lossy.lost == 1
+    [record] = due(store)
+    if lossy.kind == "redis":  # one script: the retry finds the event and takes no place
+        assert record.seq == 1
+        assert [r.seq for r in store.claim_many([record], tokens(1), NOW + LEASE, NOW)] == [1]
+        return
+    # MongoDB: the place-taking $inc ran twice; place 1 stays empty and is skipped after 60 s
+    assert record.seq == 2
+    assert store.claim_many([record], tokens(1), NOW + LEASE, NOW) == []
+    later = NOW + 60_000
+    [record] = due(store, later)
+    assert [r.seq for r in store.claim_many([record], tokens(1), later + LEASE, later)] == [2]
+
+
 # -- ordered groups -----------------------------------------------------------------------------
 
 

@@ -36,7 +36,9 @@ whose event is finished while the gate was not moved (a worker died between the 
 first event was published at least 60 s ago (so the place before it was taken even earlier),
 looks the place up (one ``find_one``) and moves the gate past it. So a publisher stalled for more
 than 60 s between taking its place and inserting its event can see that event delivered after
-later events of its group (never lost).
+later events of its group (never lost). A place-taking ``$inc`` sent again after its response was
+lost takes its places twice: the first ones stay empty and are skipped the same way (the group's
+next events wait those 60 s once).
 
 Publishing several events: MongoDB has no multi-document atomic write outside a replica-set
 transaction, so ``publish`` first reads every id (one query) and refuses the batch if any is
