@@ -70,6 +70,12 @@ class _LeaseKeeper(threading.Thread):
         with self._lock:
             self._held.pop(event_id, None)
 
+    def lease_until(self, event_id: str) -> int | None:
+        """When the lease of a held event ends as far as this keeper knows (None: lost)."""
+        with self._lock:
+            held = self._held.get(event_id)
+        return None if held is None else held[1] + self._worker.lease_ms
+
     def run(self) -> None:
         worker = self._worker
         step_ms = int(self._interval * 1000)
@@ -395,6 +401,17 @@ class OutboxWorker:
                         for r in claimed[index:]
                     )
                     break
+                until = record.due_at_ms if keeper is None else keeper.lease_until(record.id)
+                if until is None or now_ms(self.clock) >= until:
+                    # Its lease ran out before its turn (a frozen process, a stalled batch):
+                    # another worker may be delivering it already; do not run it twice.
+                    self.lost += 1
+                    logger.warning(
+                        "%s: event %r not handled: its lease ran out before its turn",
+                        self.name,
+                        record.id,
+                    )
+                    continue
                 outcome = self._handle(record)
                 handled += 1
                 outcomes.append(outcome)

@@ -173,3 +173,23 @@ def idempotency_victim(target: tuple[str, ...], namespace: str, started: Any) ->
         return "never"
 
     body()
+
+
+def outbox_batch_victim(
+    target: tuple[str, ...], namespace: str, started: Any, lease: float, results: Any
+) -> None:
+    """Claim a batch, handle two events, signal ``started`` in the third handler and sleep
+    there (the parent SIGKILLs or SIGSTOPs this process); if resumed, finish the batch and
+    report (delivered, lost) and the ids this process handled."""
+    outbox = make_backend(target, namespace).outbox
+    handled: list[str] = []
+
+    def handle(event: Any) -> None:
+        handled.append(event.id)
+        if len(handled) == 3:
+            started.set()
+            time.sleep(1.0)  # stopped or killed in here
+
+    worker = outbox.worker(handle, lease=lease, heartbeat=False, batch_size=5)
+    worker.run_once()
+    results.put((worker.delivered, worker.lost, handled))
