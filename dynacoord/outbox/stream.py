@@ -16,6 +16,9 @@ The races the claim closes:
   ``completed`` (or in flight under its claim), so its claim is refused and it is not delivered
   again. An event whose handler failed was rescheduled with backoff; the retry sees it not due
   and leaves it to the sweeper.
+* An ordered event (``Event(ordered=True)``) is claimed only when its group's earlier events are
+  delivered (the claim checks the group's gate, as a polling worker's does); one that waits is
+  left to the sweeper, which delivers the group in order.
 * A handler fails: the outcome is the outbox's own retry (backoff, then ``failed`` after
   ``max_attempts``), stored in the table, so the stream batch is not blocked and nothing is lost;
   a polling pass (the sweeper) picks the event up when it is due again.
@@ -219,14 +222,17 @@ class StreamHandler:
     def _deliver(self, seen: EventRecord) -> None:
         # The worker's own claim (conditional on the status, due time and lease token seen) and
         # its own processing of a claimed event (handler, heartbeat, outcome under the token).
+        # claim_many, not claim: it also checks an ordered event's group gate, so an event whose
+        # group's head is not delivered yet is not claimed (it is postponed; the sweeper
+        # delivers it in order).
         worker = self.worker
         token = uuid.uuid4().hex
         now = now_ms(worker.clock)
-        record = self._store.claim(seen, token, now + worker.lease_ms, now)
-        if record is None:
+        claimed = self._store.claim_many([seen], [token], now + worker.lease_ms, now)
+        if not claimed:
             self.not_claimed += 1
             return
-        worker._process(record, token)
+        worker._process(claimed[0], token)
 
     def __repr__(self) -> str:
         return f"StreamHandler(worker={self.worker!r})"

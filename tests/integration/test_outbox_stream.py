@@ -144,6 +144,11 @@ def _failures(response: dict[str, Any]) -> list[str]:
     return [f["itemIdentifier"] for f in response["batchItemFailures"]]
 
 
+def _event_id_of(record: dict[str, Any]) -> str | None:
+    image = record["dynamodb"].get("NewImage", {})
+    return image["event_id"]["S"] if "event_id" in image else None
+
+
 def _sequence_of(batch: dict[str, Any], event_id: str) -> str:
     for record in batch["Records"]:
         image = record["dynamodb"].get("NewImage", {})
@@ -214,7 +219,8 @@ def test_stream_relays_and_polling_workers_never_both_deliver(env: Env) -> None:
     handler = Recorder()
     ids = backend.outbox.publish([Event("t", {"n": n}) for n in range(60)])
     batch = env.reader.next_batch()
-    assert len(batch["Records"]) == 60
+    # the 60 events (and, with several shards, the namespace's recorded shard count)
+    assert sum(_event_id_of(r) is not None for r in batch["Records"]) == 60
 
     start = threading.Barrier(4)
     errors: list[BaseException] = []
@@ -302,6 +308,47 @@ def test_a_failed_event_put_back_by_retry_is_delivered_by_the_relay(env: Env) ->
     assert _failures(relay(env.reader.next_batch(), FakeContext())) == []
     assert handler.count() == Counter({event_id: 2})
     assert backend.outbox.get(event_id).status is EventStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_ordered_events_keep_their_group_order_through_the_relay(env: Env) -> None:
+    clock = ManualClock()
+    backend = env.backend(clock=clock)
+    handler = Recorder(fail_types={"first"})
+    relay = backend.outbox.stream_handler(handler, backoff=10, max_backoff=10)
+    first, second, third = backend.outbox.publish(
+        [
+            Event("first", 1, group="order-7", ordered=True),
+            Event("second", 2, group="order-7", ordered=True),
+            Event("third", 3, group="order-7", ordered=True),
+        ]
+    )
+    (other,) = backend.outbox.publish(Event("second", 4, group="order-8", ordered=True))
+    batch = env.reader.next_batch()
+
+    # The group's head fails: the events behind it wait for it, whatever the stream holds.
+    assert _failures(relay(batch, FakeContext())) == []
+    assert handler.count() == Counter({first: 1, other: 1})
+    for waiting in (second, third):
+        record = backend.outbox.get(waiting)
+        assert record is not None and record.status is EventStatus.PENDING
+        assert record.attempts == 0
+    # A Lambda retry of the batch does not let them jump the head either.
+    assert _failures(relay(batch, FakeContext())) == []
+    assert handler.count() == Counter({first: 1, other: 1})
+
+    # Once the head is delivered (by the sweeper, after its backoff), the group follows in order.
+    handler.fail_types.clear()
+    clock.advance(11)
+    sweeper = backend.outbox.sweep_handler(handler)
+    for _ in range(5):
+        sweeper({}, FakeContext())
+        clock.advance(2)
+    assert [i for i, _ in handler.calls if i in (first, second, third)] == [
+        first,
+        first,
+        second,
+        third,
+    ]
 
 
 # --- store errors: the only records reported --------------------------------------------------
