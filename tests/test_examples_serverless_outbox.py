@@ -380,27 +380,49 @@ def test_stack_deploy_relay_usage_errors(
 
 
 def test_stack_commands_use_the_endpoint_url_for_every_service(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    example_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import boto3
 
+    monkeypatch.chdir(example_path)
+    monkeypatch.setenv("DYNACOORD_HANDLER_SETTINGS", SETTINGS)
+
     seen: list[tuple[str, Any]] = []
+    real_client = boto3.client
 
     class RefusedError(Exception):
         pass
 
     def client(service: str, **kwargs: Any) -> Any:
+        if service in ("sqs", "events"):  # the handlers' own clients, made as they import
+            return real_client(service, **kwargs)
         seen.append((service, kwargs.get("endpoint_url")))
         raise RefusedError(service)
 
     monkeypatch.setattr(boto3, "client", client)
-    code, _, err = _cli(capsys, "--endpoint-url", "http://localhost:4566", "stack", "outputs")
+    local = ("--endpoint-url", "http://localhost:4566")
+    code, _, err = _cli(capsys, *local, "stack", "outputs")
     assert code == 1 and "RefusedError" in err
     assert seen == [("cloudformation", "http://localhost:4566")]
+    for command in (
+        ("stack", "package", "relay_handlers:HANDLERS", "--code-bucket", "b"),
+        ("stack", "deploy", "--relay", "relay_handlers:HANDLERS", "--code-bucket", "b",
+         "--parameter", f"HandlerSettings={SETTINGS}"),
+        ("stack", "delete", "--yes"),
+    ):  # fmt: skip
+        seen.clear()
+        code, _, err = _cli(capsys, *local, *command)
+        assert code == 1 and "RefusedError" in err, err
+        assert seen == [("cloudformation" if "delete" in command else "s3", local[1])], command
+    # the default (and still the only one for the table) comes from DYNACOORD_ENDPOINT_URL too
+    monkeypatch.setenv("DYNACOORD_ENDPOINT_URL", "http://localhost:4577")
+    seen.clear()
+    assert _cli(capsys, "stack", "outputs")[0] == 1
+    assert seen == [("cloudformation", "http://localhost:4577")]
     monkeypatch.undo()
+    monkeypatch.chdir(example_path)
 
     # Without --endpoint-url, boto3's own AWS_ENDPOINT_URL applies.
-    real_client = boto3.client
     endpoints: list[str] = []
 
     def record(service: str, **kwargs: Any) -> Any:
