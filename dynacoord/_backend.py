@@ -251,5 +251,11 @@ class Backend(abc.ABC):
 
         locks = self.locks  # before _memo: building it takes the same (non-reentrant) lock
         return self._memo(
-            "_runs", lambda: Runs(self._run_store(self.namespace), locks=locks, clock=self.clock)
+            "_runs",
+            lambda: Runs(
+                self._run_store(self.namespace),
+                locks=locks,
+                clock=self.clock,
+                metrics=self._scope("runs"),
+            ),
         )

@@ -40,6 +40,7 @@ from ._validate import (
     ttl_to_ms,
 )
 from .errors import InvalidValueError, RunError, RunNotFoundError, RunNotRunningError
+from .metrics import NO_SCOPE, MetricsScope
 
 if TYPE_CHECKING:
     from .locks import Locks
@@ -267,9 +268,11 @@ class Runs:
         locks: Locks | None = None,
         clock: Clock | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
+        metrics: MetricsScope | None = None,
     ) -> None:
         self._store = store
         self._locks = locks
+        self._metrics = metrics if metrics is not None else NO_SCOPE
         self.clock: Clock = clock or SystemClock()
         self.page_size = check_int(page_size, "page_size", minimum=1, maximum=1000)
 
@@ -427,14 +430,17 @@ class Runs:
         if run is None or not run.running or run.updated_at_ms >= now_ms(self.clock) - older_ms:
             return  # finished, or showed a sign of life since the index was read
         stats.stalled += 1
+        self._metrics.count("RunStalled")
         try:
             handler(run)
         except Exception as exc:
             stats.failed += 1
+            self._metrics.count("RunReconcileFailed")
             stats.failures.append((run.run_id, f"{type(exc).__name__}: {exc}"))
             logger.exception("reconcile handler failed for run %r", run.run_id)
             return
         stats.reconciled += 1
+        self._metrics.count("RunReconciled")
         self._touch_reconciled(run.run_id)
 
     def _touch_reconciled(self, run_id: str) -> None:

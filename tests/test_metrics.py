@@ -467,6 +467,32 @@ def test_outbox_metrics(make_backend):
     assert latency[2] == "Milliseconds" and latency[1] >= 2000
 
 
+def test_runs_metrics(make_backend):
+    from dynacoord import ManualClock
+
+    clock = ManualClock()
+    recorder = Recorder()
+    backend = make_backend(metrics=recorder, clock=clock)
+    for run_id in ("r-ok", "r-bad", "r-done"):
+        backend.runs.start(run_id)
+    backend.runs.complete("r-done")
+    clock.advance(61)
+
+    def handler(run):
+        if run.run_id == "r-bad":
+            raise RuntimeError("cannot restart")
+
+    stats = backend.runs.reconcile(60, handler)
+    assert (stats.stalled, stats.reconciled, stats.failed) == (2, 1, 1)
+    names = recorder.names("runs")
+    assert sorted(names) == ["RunReconcileFailed", "RunReconciled", "RunStalled", "RunStalled"]
+    dims = next(p[3] for p in recorder.points if p[3].get("Primitive") == "runs")
+    assert dims == {"Primitive": "runs", "DynacoordNamespace": backend.namespace}
+    recorder.points.clear()
+    assert backend.runs.reconcile(60, handler).stalled == 1  # r-bad: still stalled
+    assert sorted(recorder.names("runs")) == ["RunReconcileFailed", "RunStalled"]
+
+
 def test_a_broken_listener_never_breaks_a_primitive(make_backend, caplog):
     class Broken(Metrics):
         def emit(self, name, value, unit, dimensions):
