@@ -43,6 +43,7 @@ from ...outbox import (
     order_key,
     pending_fields,
 )
+from ...outbox._runs import group_runs
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import MAX_TRANSACTION_ITEMS, check_transaction_items
 
@@ -423,13 +424,21 @@ class DynamoDBOutboxStore:
     def claim_many(
         self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
     ) -> list[EventRecord]:
-        runs, blocked_after_gap = _ordered_runs(seen)
-        del blocked_after_gap  # left as they are: the next poll looks again
-        claimable = [
-            (record, token)
-            for record, token in zip(seen, tokens, strict=True)
-            if record.seq is None or record.id in runs.members
-        ]
+        # Of each ordered group, the run of consecutive places from the smallest one seen (events
+        # after a gap are left as they are: the next poll looks again).
+        runs = _Runs({}, {})
+        for group, run in group_runs(seen).items():
+            runs.starts[group] = run.start
+            runs.by_group[group] = run.members[:_MAX_RUN]
+        members = {r.id for run_members in runs.by_group.values() for r in run_members}
+        claimable: list[tuple[EventRecord, str]] = []
+        ids: set[str] = set()
+        for record, token in zip(seen, tokens, strict=True):
+            # An event seen twice (the index lags a move) is claimed once: a transaction may
+            # not name one item twice.
+            if record.id not in ids and (record.seq is None or record.id in members):
+                ids.add(record.id)
+                claimable.append((record, token))
         if len(claimable) == 1 and claimable[0][0].seq is None:
             record, token = claimable[0]
             got = self.claim(record, token, lease_until_ms, now_ms)
@@ -960,32 +969,8 @@ class _Entry:
 
 @dataclasses.dataclass(slots=True)
 class _Runs:
-    members: set[str]  # ids of the events in claimable runs
-    starts: dict[str, int]  # group -> first seq of its run
+    starts: dict[str, int]  # group -> first place of its run
     by_group: dict[str, list[EventRecord]]  # group -> its run's records
-
-
-def _ordered_runs(seen: Sequence[EventRecord]) -> tuple[_Runs, list[EventRecord]]:
-    """Of each ordered group in ``seen``, the run of consecutive places from the smallest one
-    seen (at most ``_MAX_RUN``), and the group's events after a gap."""
-    groups: dict[str, list[EventRecord]] = {}
-    for record in seen:
-        if record.seq is not None and record.event.group is not None:
-            groups.setdefault(record.event.group, []).append(record)
-    runs = _Runs(set(), {}, {})
-    after_gap: list[EventRecord] = []
-    for group, members in groups.items():
-        members.sort(key=lambda r: r.seq or 0)
-        run = [members[0]]
-        for record in members[1:]:
-            if (record.seq or 0) == (run[-1].seq or 0) + 1 and len(run) < _MAX_RUN:
-                run.append(record)
-            elif (record.seq or 0) != (run[-1].seq or 0):
-                after_gap.append(record)
-        runs.starts[group] = run[0].seq or 0
-        runs.by_group[group] = run
-        runs.members.update(r.id for r in run)
-    return runs, after_gap
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
