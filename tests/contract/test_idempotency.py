@@ -490,7 +490,7 @@ def test_typed_results_of_other_forms(make_backend):
 
 
 def test_typed_pydantic_result(make_backend):
-    pydantic = pytest.importorskip("pydantic")
+    import pydantic  # a dev dependency (never one of dynacoord's)
 
     class Order(pydantic.BaseModel):
         id: str
