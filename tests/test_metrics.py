@@ -512,6 +512,62 @@ def test_metrics_must_be_a_listener(make_backend):
         make_backend(metrics=print)
 
 
+# -- the OpenTelemetry example of docs/metrics.md ------------------------------------------------
+
+
+def _doc_block(page, heading):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / page).read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_documented_opentelemetry_listener_feeds_the_sdk(ddb_table, monkeypatch):
+    from opentelemetry import metrics as otel
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from dynacoord.testing import DUMMY_CREDENTIALS, unique_name
+
+    client, table = ddb_table
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    # What otel.set_meter_provider(provider) does at an application's start (it can be done
+    # once per process; a test cannot count on being first).
+    monkeypatch.setattr(otel, "get_meter", provider.get_meter)
+    monkeypatch.setenv("DYNACOORD_TABLE", table)
+    monkeypatch.setenv("DYNACOORD_NAMESPACE", unique_name("otel"))
+    monkeypatch.setenv("DYNACOORD_ENDPOINT_URL", client.meta.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", DUMMY_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", DUMMY_CREDENTIALS["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", DUMMY_CREDENTIALS["region_name"])
+    scope = {"__name__": "docs_metrics_otel"}
+    exec(compile(_doc_block("metrics.md", "OpenTelemetry"), "docs/metrics.md", "exec"), scope)
+
+    backend = scope["backend"]
+    backend.locks.acquire("otel-lock", ttl=5).release()
+    assert backend.cache().get("absent") is None
+    points = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics:
+        for scoped in resource.scope_metrics:
+            for metric in scoped.metrics:
+                for point in metric.data.data_points:
+                    points.setdefault(metric.name, []).append(point)
+    # OpenTelemetry instrument names are case-insensitive: the SDK reports them in lower case
+    (acquired,) = points["lockacquired"]
+    assert acquired.value == 1
+    assert dict(acquired.attributes) == {
+        "Primitive": "lock",
+        "DynacoordNamespace": backend.namespace,
+    }
+    assert points["cachemiss"][0].value == 1
+    latency = points["storerequestlatency"]
+    assert sum(p.count for p in latency) == 3  # acquire, release, get
+    assert {p.attributes["Backend"] for p in latency} == {"dynamodb"}
+
+
 # -- from_env -------------------------------------------------------------------------------------
 
 
