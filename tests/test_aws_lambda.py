@@ -324,3 +324,91 @@ def test_in_progress_error_is_a_failure_not_a_crash(ddb_backend):
         raise IdempotencyInProgressError("busy", key="k")
 
     assert failures(process_sqs_batch(sqs_event(1), record_handler)) == ["m-0"]
+
+
+def test_sqs_partial_batch_response_with_real_redelivery(ddb_backend):
+    """A real queue (moto's SQS) played as Lambda's event source mapping does: receive a batch,
+    invoke, delete what succeeded; what was reported comes back after its visibility timeout,
+    and a whole batch comes back when an invocation dies before answering. The idempotency
+    records are on DynamoDB Local."""
+    import boto3
+    from moto import mock_aws
+
+    from dynacoord.testing import DUMMY_CREDENTIALS
+
+    config = {"core": {"mock_credentials": False, "passthrough": {"services": ["dynamodb"]}}}
+    with mock_aws(config=config):  # type: ignore[arg-type]
+        sqs = boto3.client("sqs", **DUMMY_CREDENTIALS)
+        url = sqs.create_queue(QueueName="orders")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        for n in range(4):
+            sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"order": n}))
+
+        def poll():
+            """Lambda's poller: the visible messages as one event (seen again after 0 s)."""
+            got = sqs.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=10,
+                VisibilityTimeout=0,
+                AttributeNames=["All"],
+            ).get("Messages", [])
+            return {
+                "Records": [
+                    {
+                        "messageId": m["MessageId"],
+                        "receiptHandle": m["ReceiptHandle"],
+                        "body": m["Body"],
+                        "attributes": m.get("Attributes", {}),
+                        "messageAttributes": {},
+                        "md5OfBody": m["MD5OfBody"],
+                        "eventSource": "aws:sqs",
+                        "eventSourceARN": arn,
+                        "awsRegion": DUMMY_CREDENTIALS["region_name"],
+                    }
+                    for m in got
+                ]
+            }
+
+        def settle(event, response):
+            """Lambda deletes every message of the batch that was not reported."""
+            failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
+            for record in event["Records"]:
+                if record["messageId"] not in failed:
+                    sqs.delete_message(QueueUrl=url, ReceiptHandle=record["receiptHandle"])
+
+        runs = []
+        broken = {1}
+
+        def record_handler(record):
+            order = json.loads(record["body"])["order"]
+            runs.append(order)
+            if order in broken:
+                raise RuntimeError("downstream failed")
+
+        first = poll()
+        assert len(first["Records"]) == 4
+        by_order = {json.loads(r["body"])["order"]: r["messageId"] for r in first["Records"]}
+        # The invocation runs every record but dies before Lambda reads its answer: nothing is
+        # deleted and the whole batch is delivered again.
+        died = process_sqs_batch(first, record_handler, backend=ddb_backend)
+        assert failures(died) == [by_order[1]]
+        assert sorted(runs) == [0, 1, 2, 3]
+        again = poll()
+        assert {r["messageId"] for r in again["Records"]} == set(by_order.values())
+        response = process_sqs_batch(again, record_handler, backend=ddb_backend)
+        assert failures(response) == [by_order[1]]
+        assert sorted(runs) == [0, 1, 1, 2, 3]  # only the failed record ran again
+        settle(again, response)
+
+        # Only the reported message comes back; it succeeds now and the queue is empty.
+        broken.clear()
+        retry = poll()
+        assert [r["messageId"] for r in retry["Records"]] == [by_order[1]]
+        assert int(retry["Records"][0]["attributes"]["ApproximateReceiveCount"]) == 3
+        response = process_sqs_batch(retry, record_handler, backend=ddb_backend)
+        assert failures(response) == []
+        settle(retry, response)
+        assert sorted(runs) == [0, 1, 1, 1, 2, 3]
+        assert poll()["Records"] == []
