@@ -412,3 +412,47 @@ def test_sqs_partial_batch_response_with_real_redelivery(ddb_backend):
         settle(retry, response)
         assert sorted(runs) == [0, 1, 1, 1, 2, 3]
         assert poll()["Records"] == []
+
+
+def test_dynamodb_stream_batch_from_real_stream_records(ddb_backend, dynamodb_local):
+    """Records read from DynamoDB Local's stream with the dynamodbstreams client, shaped as
+    Lambda hands them: a failure is reported by its real SequenceNumber, the records after it
+    do not run, and Lambda's retry from there replays nothing that succeeded."""
+    from dynacoord.testing import unique_name
+    from tests.integration.test_outbox_stream import StreamReader
+
+    client = dynamodb_local.client()
+    table = unique_name("orders")
+    client.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
+    )
+    try:
+        arn = client.describe_table(TableName=table)["Table"]["LatestStreamArn"]
+        for ident in ("a", "b", "c", "d"):
+            client.put_item(TableName=table, Item={"id": {"S": ident}})
+        event = StreamReader(dynamodb_local.endpoint_url, arn).next_batch()
+        sequence = {r["dynamodb"]["Keys"]["id"]["S"]: r["dynamodb"]["SequenceNumber"]
+                    for r in event["Records"]}  # fmt: skip
+        assert list(sequence) == ["a", "b", "c", "d"]
+        runs = []
+        broken = {"c"}
+
+        def record_handler(record):
+            ident = record["dynamodb"]["NewImage"]["id"]["S"]
+            runs.append(ident)
+            if ident in broken:
+                raise RuntimeError("downstream failed")
+
+        response = process_stream_batch(event, record_handler, backend=ddb_backend)
+        assert response == {"batchItemFailures": [{"itemIdentifier": sequence["c"]}]}
+        assert runs == ["a", "b", "c"]
+        broken.clear()
+        # Lambda's retry of the whole batch (a bisect, or an invocation that timed out).
+        assert failures(process_stream_batch(event, record_handler, backend=ddb_backend)) == []
+        assert runs == ["a", "b", "c", "c", "d"]
+    finally:
+        client.delete_table(TableName=table)
