@@ -271,3 +271,51 @@ def test_a_wheel_user_fetches_then_starts_dynamodb_local_until_ctrl_c(
         probe.connect(("127.0.0.1", port))
     # Tables are kept in files in --db-path, one per access key and region.
     assert [p.name for p in data.iterdir()] == ["dynacoord_us-east-1.db"]
+
+
+def _java_serving(port: int) -> list[int]:
+    """Pids of DynamoDB Local processes started with ``-port <port>`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        serves = (b"-port", str(port).encode()) in zip(argv, argv[1:])
+        if serves and b"DynamoDBLocal.jar" in b" ".join(argv):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc (Linux)")
+def test_a_sigterm_while_starting_leaves_no_java_behind(tmp_path: Path) -> None:
+    real = find_dynamodb_local()
+    if real is None or find_java() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("DynamoDB Local and Java are required under CI=true")
+        pytest.skip("DynamoDB Local or Java not installed")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["DYNAMODB_LOCAL_DIR"] = str(real)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dynacoord", "local", "start", "--in-memory", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _java_serving(port):  # Java launched; dynacoord waits for it to answer
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert "stopping DynamoDB Local" in stderr
+    assert _java_serving(port) == []
