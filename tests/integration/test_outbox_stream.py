@@ -351,6 +351,30 @@ def test_ordered_events_keep_their_group_order_through_the_relay(env: Env) -> No
     ]
 
 
+def test_the_relay_reports_outbox_metrics(env: Env) -> None:
+    from dynacoord.metrics import Metrics
+
+    class MetricsRecorder(Metrics):
+        def __init__(self) -> None:
+            self.points: list[tuple[str, float, str]] = []
+
+        def emit(self, name: str, value: float, unit: str, dimensions: Any) -> None:
+            if dimensions.get("Primitive") == "outbox":
+                self.points.append((name, value, unit))
+
+    recorder = MetricsRecorder()
+    backend = DynamoDBBackend(
+        env.client, table_name=env.table, namespace=unique_name("ns"), metrics=recorder
+    )
+    relay = backend.outbox.stream_handler(Recorder(fail_types={"bad"}), max_attempts=1)
+    backend.outbox.publish([Event("ok", 1), Event("bad", 2), Event("ok", 3)])
+    assert _failures(relay(env.reader.next_batch(), FakeContext())) == []
+    names = [name for name, _, _ in recorder.points]
+    assert names.count("OutboxDelivered") == 2 and names.count("OutboxFailed") == 1
+    latency = [(v, u) for n, v, u in recorder.points if n == "OutboxDeliveryLatency"]
+    assert len(latency) == 2 and all(u == "Milliseconds" and v >= 0 for v, u in latency)
+
+
 # --- store errors: the only records reported --------------------------------------------------
 
 
