@@ -10,6 +10,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -116,6 +117,22 @@ class _LeaseKeeper(threading.Thread):
 # over the shards, and processes spread by their random offset.
 _PROCESS_OFFSET = random.randrange(1 << 16)
 _worker_numbers = itertools.count()
+
+# Workers of one process take turns to poll and claim from the same store and home shard: the
+# claim takes the events out of the due queue before the next worker reads it, so threads of
+# one process never claim over each other (measured on Redis, which has one queue: a fifth of
+# the polls of 4 threads came back empty without it).
+_poll_turns: weakref.WeakKeyDictionary[Any, dict[int, threading.Lock]] = weakref.WeakKeyDictionary()
+_poll_turns_guard = threading.Lock()
+
+
+def _poll_turn(store: Any, shard: int) -> threading.Lock:
+    with _poll_turns_guard:
+        try:
+            by_shard = _poll_turns.setdefault(store, {})
+        except TypeError:  # a store that cannot be weakly referenced: no shared turn
+            return threading.Lock()
+        return by_shard.setdefault(shard, threading.Lock())
 
 
 class OutboxWorker:
@@ -300,11 +317,18 @@ class OutboxWorker:
             raise TypeError(f"keep_going must be callable, got {type(keep_going).__name__}")
         if keep_going is not None and not keep_going():
             return 0
+        if self.batch_claim:
+            turns: list[threading.Lock] = []
+            try:
+                candidates = self._poll(turns)
+                claimed = self._claim_batch(candidates) if candidates else []
+            finally:
+                for turn in turns:
+                    turn.release()
+            return self._run_batch(claimed, keep_going) if claimed else 0
         candidates = self._poll()
         if not candidates:
             return 0
-        if self.batch_claim:
-            return self._run_batch(candidates, keep_going)
         handled = 0
         # Workers polling together see the same oldest events; a shuffled order spreads them.
         random.shuffle(candidates)
@@ -322,7 +346,10 @@ class OutboxWorker:
 
     # -- polling ----------------------------------------------------------------------------------
 
-    def _poll(self) -> list[EventRecord]:
+    def _poll(self, turns: list[threading.Lock] | None = None) -> list[EventRecord]:
+        """Due events, the worker's own shard first. With ``turns``, the queue of each shard read
+        is taken in turn with the other workers of this process (its own waiting, others only if
+        free) and the turns are appended, for the caller to release after its claim."""
         now = now_ms(self.clock)
         found: list[EventRecord] = []
         if now >= self._next_zombie_scan_ms or self._shards == 0:
@@ -340,7 +367,13 @@ class OutboxWorker:
         # The worker's own shard first; the next ones only while its own has fewer due events
         # than a batch, so busy workers of one process never race for the same queue head.
         for i in range(shards):
-            found.extend(self._query(EventStatus.PENDING, (home + i) % shards, now, found))
+            shard = (home + i) % shards
+            if turns is not None:
+                turn = _poll_turn(self._store, shard)
+                if not turn.acquire(blocking=i == 0):
+                    continue  # a sibling is claiming from that queue right now
+                turns.append(turn)
+            found.extend(self._query(EventStatus.PENDING, shard, now, found))
             if len(found) >= self.batch_size:
                 break
         return found
@@ -365,18 +398,15 @@ class OutboxWorker:
 
     # -- a batch ---------------------------------------------------------------------------------
 
-    def _run_batch(
-        self, candidates: list[EventRecord], keep_going: Callable[[], bool] | None
-    ) -> int:
+    def _claim_batch(self, candidates: list[EventRecord]) -> list[EventRecord]:
         if self.stopping:
-            return 0
+            return []
         tokens = [uuid.uuid4().hex for _ in candidates]
         now = now_ms(self.clock)
-        claimed = _in_group_order(
-            self._store.claim_many(candidates, tokens, now + self.lease_ms, now)
-        )
-        if not claimed:
-            return 0
+        return _in_group_order(self._store.claim_many(candidates, tokens, now + self.lease_ms, now))
+
+    def _run_batch(self, claimed: list[EventRecord], keep_going: Callable[[], bool] | None) -> int:
+        now = now_ms(self.clock)
         keeper = _LeaseKeeper(self, self.lease_ms / 3000) if self.heartbeat else None
         if keeper is not None:
             keeper.hold(claimed, now)

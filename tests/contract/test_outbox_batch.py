@@ -438,3 +438,38 @@ def test_an_ordered_publish_with_a_lost_response_takes_its_places_once(lossy):
         worker.run_once()
         clock.advance(31)
     assert got == ["p0", "p1", "p2"]
+
+
+def test_workers_of_one_process_never_claim_over_each_other(make_backend):
+    needs_atomic_store(make_backend)
+    backend = make_backend()
+    outbox = backend.outbox
+    outbox.publish([Event("t", i) for i in range(100)])
+    store = outbox._store
+    refused = Counter()
+    original = store.claim_many
+    guard = threading.Lock()
+
+    def counting(seen, tokens, until, now):
+        got = original(seen, tokens, until, now)
+        with guard:
+            refused["seen"] += len(seen)
+            refused["refused"] += len(seen) - len(got)
+        return got
+
+    store.claim_many = counting  # type: ignore[method-assign]
+    delivered: list[int] = []
+
+    def run() -> None:
+        worker = outbox.worker(lambda e: delivered.append(e.payload), batch_size=10)
+        while worker.run_once():
+            pass
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(delivered) == list(range(100))
+    # They take turns to poll and claim their queue: no claim is refused to a sibling.
+    assert refused["refused"] == 0, refused
