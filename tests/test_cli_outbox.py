@@ -111,3 +111,30 @@ def test_outbox_work_imports_a_handler_module_from_the_current_directory(tmp_pat
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     handler = _import("my_handlers_cwd:handle")
     assert handler(None) == "ok"
+
+
+def test_work_per_event_claims_one_event_per_request(env, monkeypatch):
+    from dynacoord.outbox.worker import OutboxWorker
+
+    run, outbox = env
+    outbox.publish([Event("a", i, id=f"pe{i}") for i in range(3)])
+    designs: list[bool] = []
+    original = OutboxWorker.run_once
+
+    def spy(self: OutboxWorker, **kwargs: Any) -> int:
+        designs.append(self.batch_claim)
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(OutboxWorker, "run_once", spy)
+    code, out, _ = run(
+        "--json",
+        "outbox",
+        "work",
+        "--once",
+        "--per-event",
+        "--handler",
+        "a=tests.test_cli_outbox:record",
+    )
+    assert code == 0 and json.loads(out)["delivered"] == 3
+    assert sorted(e.id for e in RECEIVED) == ["pe0", "pe1", "pe2"]
+    assert designs == [False]

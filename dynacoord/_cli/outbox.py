@@ -56,6 +56,12 @@ def register(subparsers: Any) -> None:
     work.add_argument("--max-attempts", type=int, default=5)
     work.add_argument("--poll-interval", type=float, default=1.0)
     work.add_argument("--on-missing-handler", choices=("fail", "retry", "skip"), default="fail")
+    work.add_argument(
+        "--per-event",
+        action="store_true",
+        help="claim and complete one event per request (batch_claim=False: fewer write units "
+        "per event on DynamoDB, more requests)",
+    )
 
 
 def _stats(ctx: Context) -> Any:
@@ -153,6 +159,7 @@ def _work(ctx: Context) -> Any:
         max_attempts=args.max_attempts,
         poll_interval=args.poll_interval,
         on_missing_handler=args.on_missing_handler,
+        batch_claim=not args.per_event,
     )
     if args.once:
         handled = worker.run_once()
