@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,13 +24,6 @@ from dynacoord.testing import (
 )
 
 USES_THE_FIXTURES = """
-import sys
-
-
-def test_nothing_is_imported_before_a_fixture_is_used():
-    assert "boto3" not in sys.modules and "botocore" not in sys.modules
-
-
 def test_a_table(dynamodb_local, dynamodb_local_client, dynamodb_local_table):
     table = dynamodb_local_client.describe_table(TableName=dynamodb_local_table)["Table"]
     assert table["TableStatus"] == "ACTIVE"
@@ -41,6 +35,16 @@ def test_the_environment_points_boto3_at_the_server(dynamodb_local_env, dynamodb
 
     assert dynamodb_local_table in boto3.client("dynamodb").list_tables()["TableNames"]
 """
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
+
+
+def _docs_test_module() -> str:
+    """The pytest example of docs/testing.md (its python block that defines tests)."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", DOCS.read_text(), flags=re.M | re.S)
+    (module,) = [block for block in blocks if "def test_" in block]
+    return module
 
 
 def _pytest_env(**extra: str) -> dict[str, str]:
@@ -84,16 +88,23 @@ def test_the_plugin_is_declared_as_a_pytest11_entry_point() -> None:
 def test_a_test_folder_without_conftest_gets_the_fixtures(tmp_path: Path) -> None:
     jar_dir = _require_dynamodb_local()
     (tmp_path / "test_uses_fixtures.py").write_text(USES_THE_FIXTURES)
+    (tmp_path / "test_docs_example.py").write_text(_docs_test_module())
     done = _run_pytest(tmp_path, env=_pytest_env(DYNAMODB_LOCAL_DIR=str(jar_dir)))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout, done.stdout
+    assert "4 passed" in done.stdout, done.stdout
 
 
-def test_the_plugin_can_be_disabled_and_also_listed_in_a_conftest(tmp_path: Path) -> None:
+def test_the_plugin_imports_no_boto3_loads_once_and_can_be_disabled(tmp_path: Path) -> None:
     (tmp_path / "test_plain.py").write_text(
         textwrap.dedent(
             """
+            import sys
+
             import dynacoord.testing
+
+
+            def test_nothing_is_imported_while_no_fixture_is_used():
+                assert "boto3" not in sys.modules and "botocore" not in sys.modules
 
 
             def test_registered_once(request):
@@ -104,9 +115,12 @@ def test_the_plugin_can_be_disabled_and_also_listed_in_a_conftest(tmp_path: Path
             """
         )
     )
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["dynacoord.testing"]\n')
-    done = _run_pytest(tmp_path, env=_pytest_env())
+    done = _run_pytest(tmp_path, env=_pytest_env())  # by entry point only
     assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["dynacoord.testing"]\n')
+    done = _run_pytest(tmp_path, env=_pytest_env())  # and by the conftest
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
 
     (tmp_path / "conftest.py").unlink()
     (tmp_path / "test_wants_fixture.py").write_text(
