@@ -473,3 +473,35 @@ def test_workers_of_one_process_never_claim_over_each_other(make_backend):
     assert sorted(delivered) == list(range(100))
     # They take turns to poll and claim their queue: no claim is refused to a sibling.
     assert refused["refused"] == 0, refused
+
+
+def test_every_outbox_item_is_inside_the_namespace_scoped_policy(make_backend):
+    if make_backend.kind not in ("dynamodb", "moto"):
+        pytest.skip("dynamodb:LeadingKeys scopes DynamoDB tables only")
+    import fnmatch
+
+    from dynacoord.provision import iam_policy
+
+    backend = make_backend(shards=8)
+    ns = backend.namespace
+    backend.outbox.publish([Event("t", i, group="g-1", ordered=True) for i in range(3)])
+    backend.outbox.publish(Event("t", "free"))
+    backend.outbox.worker(lambda e: None, heartbeat=False).run_once()
+    policy = iam_policy("arn:aws:dynamodb:eu-west-1:123456789012:table/t", [ns])
+    [items] = [s for s in policy["Statement"] if s.get("Sid") == "DynacoordItems"]
+    patterns = items["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+    pages = backend.client.get_paginator("scan").paginate(
+        TableName=backend.table_name,
+        ConsistentRead=True,
+        FilterExpression="contains(pk, :ns)",
+        ExpressionAttributeValues={":ns": {"S": f"#{ns}"}},
+    )
+    found = [item for page in pages for item in page["Items"]]
+    mine = [i["pk"]["S"] for i in found]
+    assert {i["sk"]["S"] for i in found} >= {
+        "EVENT",
+        "GROUP",
+        "SHARDS",
+    }
+    outside = [pk for pk in mine if not any(fnmatch.fnmatchcase(pk, p) for p in patterns)]
+    assert outside == []

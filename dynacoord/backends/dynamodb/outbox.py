@@ -77,7 +77,9 @@ class DynamoDBOutboxStore:
     # so a publisher with more shards than a worker can never strand events.
 
     def _meta_key(self) -> dict[str, Any]:
-        return marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}", "sk": "SHARDS"})
+        # "OUTBOX#ns#" (an empty event id, which no event can have): inside the namespace's
+        # dynamodb:LeadingKeys pattern "OUTBOX#ns#*" of the scoped IAM policies.
+        return marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#", "sk": "SHARDS"})
 
     @property
     def shards(self) -> int:
