@@ -114,15 +114,15 @@ def _jar_folders_under(root: Path) -> list[Path]:
 
 
 def dynamodb_local_search_paths() -> list[Path]:
-    """The places searched for DynamoDB Local, in order: ``$DYNAMODB_LOCAL_DIR``, the current
-    directory's ``.cache/dynamodb-local`` (``make dynamodb-local`` in a clone), the user cache,
-    and the ``.cache/dynamodb-local`` of the source checkout dynacoord is imported from (an
-    editable install used from another directory)."""
-    paths: list[Path] = []
+    """The places searched for DynamoDB Local, in order: the current directory's
+    ``.cache/dynamodb-local`` (``make dynamodb-local`` in a clone), the user cache, and the
+    ``.cache/dynamodb-local`` of the source checkout dynacoord is imported from (an editable
+    install used from another directory). ``$DYNAMODB_LOCAL_DIR``, when set, is the only place:
+    an explicit choice that is wrong must not fall back silently to another version."""
     override = os.environ.get("DYNAMODB_LOCAL_DIR")
     if override:
-        paths.append(Path(override).expanduser())
-    paths.append(Path.cwd() / ".cache" / "dynamodb-local")
+        return [Path(override).expanduser()]
+    paths = [Path.cwd() / ".cache" / "dynamodb-local"]
     paths.append(user_cache_dir())
     checkout = Path(__file__).resolve().parent.parent / ".cache" / "dynamodb-local"
     if checkout not in paths:
@@ -141,6 +141,9 @@ def find_dynamodb_local() -> Path | None:
 
 
 def _not_found_message() -> str:
+    override = os.environ.get("DYNAMODB_LOCAL_DIR")
+    if override:
+        return f"DYNAMODB_LOCAL_DIR={override} holds no {JAR_NAME} (nor package/lib/*/{JAR_NAME})"
     looked = ", ".join(str(path) for path in dynamodb_local_search_paths())
     return (
         f"{JAR_NAME} not found (looked in {looked}): run `dynacoord local fetch` "

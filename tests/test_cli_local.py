@@ -180,7 +180,7 @@ def test_start_explains_a_missing_or_old_java(
     )
     monkeypatch.setattr(testing, "dynamodb_local_search_paths", lambda: [tmp_path / "nowhere"])
     code, _, err = run(capsys, "local", "start")
-    assert code == 1 and "run `dynacoord local fetch` first" in err
+    assert code == 1 and "not found" in err and "run `dynacoord local fetch`" in err
 
 
 def test_start_refuses_contradicting_options(capsys: pytest.CaptureFixture[str]) -> None:

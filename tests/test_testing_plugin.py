@@ -182,6 +182,16 @@ def test_the_override_then_the_working_copy_come_before_the_user_cache(
     assert find_dynamodb_local() == override
 
 
+def test_a_wrong_override_is_an_error_not_a_fallback(
+    no_jar_around: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_jar(no_jar_around / "work/.cache/dynamodb-local")
+    monkeypatch.setenv("DYNAMODB_LOCAL_DIR", str(no_jar_around / "typo"))
+    assert find_dynamodb_local() is None
+    with pytest.raises(DynamoDBLocalUnavailableError, match="DYNAMODB_LOCAL_DIR=.*typo holds no"):
+        DynamoDBLocal().start()
+
+
 def test_a_missing_jar_names_the_places_searched_and_the_fetch_command(
     no_jar_around: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,7 +64,6 @@ def _start(ctx: Context) -> Any:
     from ..testing import (
         DynamoDBLocal,
         DynamoDBLocalUnavailableError,
-        find_dynamodb_local,
         require_java,
         user_data_dir,
     )
@@ -81,11 +80,6 @@ def _start(ctx: Context) -> Any:
     server = None
     try:
         java = require_java()
-        if find_dynamodb_local() is None:
-            raise DynamoDBLocalUnavailableError(
-                "DynamoDB Local is not fetched yet: run `dynacoord local fetch` first "
-                "(or set DYNAMODB_LOCAL_DIR to the folder that holds DynamoDBLocal.jar)"
-            )
         server = DynamoDBLocal(
             port=args.port,
             java=java,
