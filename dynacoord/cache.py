@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import json
 import logging
 import random
 import re
@@ -290,10 +289,12 @@ class Cache:
         #      ``by``, conditionally on it still being absent or expired. If someone else created
         #      it between 1 and 2, the create fails and we go back to 1, where our increment lands
         #      on top of theirs. No increment is ever lost or applied twice.
+        # No size check: a number of at most 38 digits cannot make the entry outgrow an item,
+        # and the store refuses a key it cannot hold when it builds the key.
+        ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)
         for _ in range(_BATCH_ATTEMPTS):
             now = now_ms(self.clock)
-            expires = self._expiry(ttl, now)
-            self._store.check_entry(key, codec.encode(by), expires)
+            expires = None if ttl_ms is None else now + ttl_ms
             value = self._store.incr(key, by, now, expires)
             if value is not None:
                 return value
@@ -475,6 +476,12 @@ class Cache:
         lock_ttl_ms = ttl_to_ms(lock_timeout, "lock_timeout")
         if ttl is not None:
             ttl_to_ms(ttl)  # validate before calling fn
+        return self._get_or_set(key, fn, ttl, lock_ttl_ms)
+
+    def _get_or_set(
+        self, key: str, fn: Callable[[], Any], ttl: float | None, lock_ttl_ms: int
+    ) -> Any:
+        """:meth:`get_or_set` once its arguments are known to be valid."""
         entry = self._store.get(key, now_ms(self.clock))
         self._metrics.count("CacheMiss" if entry is None else "CacheHit")
         if entry is not None:
@@ -534,7 +541,7 @@ class Cache:
         """
         if ttl is not None:
             ttl_to_ms(ttl)
-        ttl_to_ms(lock_timeout, "lock_timeout")
+        lock_ttl_ms = ttl_to_ms(lock_timeout, "lock_timeout")
         if key is not None and not (isinstance(key, str) or callable(key)):
             raise TypeError(f"key must be a str, a callable or None, got {type(key).__name__}")
         if isinstance(key, str):
@@ -544,29 +551,37 @@ class Cache:
             if not callable(fn):
                 raise TypeError(f"@cache.cached decorates a callable, got {type(fn).__name__}")
             signature = inspect.signature(fn)
+            plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+            params = signature.parameters.values()
+            plain_only = all(p.kind is plain for p in params)
+            positional = [p.name for p in params] if plain_only else None
             prefix = key if isinstance(key, str) else f"{fn.__module__}.{fn.__qualname__}"
 
             def cache_key(*args: Any, **kwargs: Any) -> str:
                 if callable(key):
                     return keys.validate_key(key(*args, **kwargs), "cache key")
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
+                if positional is not None and not kwargs and len(args) == len(positional):
+                    # every parameter given by position: what bind() would give, cheaper
+                    arguments = dict(zip(positional, args, strict=True))
+                else:
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    arguments = bound.arguments
                 try:
-                    encoded = codec.encode(dict(bound.arguments))
+                    canonical = codec.canonical(arguments)
                 except InvalidValueError as exc:
                     raise InvalidValueError(
                         f"cannot build a cache key for {prefix}: its arguments are not "
                         f"encodable ({exc}); pass key=... to @cache.cached"
                     ) from exc
-                canonical = json.dumps(json.loads(encoded), sort_keys=True, ensure_ascii=False)
                 digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
-                return f"{prefix}:{digest}"
+                return keys.validate_key(f"{prefix}:{digest}", "cache key")
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> T:
-                k = cache_key(*args, **kwargs)
-                result: T = self.get_or_set(
-                    k, lambda: fn(*args, **kwargs), ttl, lock_timeout=lock_timeout
+                # ttl and lock_timeout were checked when the decorator was made
+                result: T = self._get_or_set(
+                    cache_key(*args, **kwargs), lambda: fn(*args, **kwargs), ttl, lock_ttl_ms
                 )
                 return result
 

@@ -34,6 +34,7 @@ __all__ = [
     "INT64_MIN",
     "MAX_INT_DIGITS",
     "JSONValue",
+    "canonical",
     "check_item_size",
     "decode",
     "encode",
@@ -55,6 +56,11 @@ _INT_LIMIT = 10**MAX_INT_DIGITS
 _INT_CHECK_BITS = 14000  # below this bit length an int has fewer than 4300 digits
 
 _TAGS = frozenset({"$b", "$d", "$$"})
+#: one encoder for every call (``json.dumps`` with options builds a new one each time)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_DECODER = json.JSONDecoder()
+#: the canonical form of :func:`canonical` (the key of a ``@cached`` call: keep it stable)
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 _MAX_DEPTH = 64
 
 
@@ -129,22 +135,53 @@ def encode(value: Any) -> str:
         tree = _to_jsonable(value, 0, "value")
     except RecursionError as exc:  # pragma: no cover - depth check fires first
         raise InvalidValueError("value is recursive") from exc
+    return _text(_ENCODER, tree)
+
+
+def _text(encoder: json.JSONEncoder, tree: Any) -> str:
     try:
-        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = encoder.encode(tree)
     except ValueError as exc:  # an int over a lower sys.set_int_max_str_digits() of this process
         raise InvalidValueError(f"value cannot be encoded: {exc}") from exc
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidValueError(
-            f"value contains a lone surrogate ({text[exc.start : exc.end]!r}), which is not "
-            "valid UTF-8 text and cannot be stored"
-        ) from exc
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidValueError(
+                f"value contains a lone surrogate ({text[exc.start : exc.end]!r}), which is not "
+                "valid UTF-8 text and cannot be stored"
+            ) from exc
     return text
+
+
+def canonical(value: Any) -> str:
+    """The JSON text of ``value`` encoded as :func:`encode` does but with dict keys sorted and
+    json's default separators: equal values give equal text, whatever their dict order.
+
+    The same text as ``json.dumps(json.loads(encode(value)), sort_keys=True,
+    ensure_ascii=False)``, without the round trip.
+    """
+    try:
+        tree = _to_jsonable(value, 0, "value")
+    except RecursionError as exc:  # pragma: no cover - depth check fires first
+        raise InvalidValueError("value is recursive") from exc
+    return _text(_CANONICAL, tree)
 
 
 def decode(text: str | bytes) -> Any:
     """Inverse of :func:`encode`."""
+    if type(text) is str:
+        try:
+            tree, end = _DECODER.raw_decode(text)
+        except ValueError:
+            tree, end = None, -1
+        if end != len(text):  # whitespace around it, or not JSON: json.loads decides
+            tree = json.loads(text)
+        # A tag is a dict key starting with "$": text without "$" (or escapes that could spell
+        # one) holds no tag and needs no second walk.
+        if "$" not in text and "\\u" not in text:
+            return tree
+        return _from_jsonable(tree)
     return _from_jsonable(json.loads(text))
 
 

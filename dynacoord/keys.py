@@ -20,20 +20,30 @@ from ._compat import StrEnum
 from .errors import InvalidKeyError
 
 __all__ = [
+    "BREAKER_SK",
+    "CACHE_SK",
+    "COUNTER_SK",
+    "IDEMPOTENCY_SK",
+    "LOCK_SK",
     "MAX_PARTITION_KEY_BYTES",
     "MAX_SORT_KEY_BYTES",
+    "RUN_SK",
     "ItemKey",
     "Kind",
     "ParsedKey",
     "breaker_key",
+    "breaker_pk",
     "cache_index_pk",
     "cache_key",
     "cache_pk",
     "checkpoint_key",
     "checkpoint_prefix",
     "counter_key",
+    "counter_pk",
     "idempotency_key",
+    "idempotency_pk",
     "lock_key",
+    "lock_pk",
     "outbox_index_pk",
     "outbox_index_sk",
     "outbox_key",
@@ -42,6 +52,7 @@ __all__ = [
     "run_index_pk",
     "run_index_sk",
     "run_key",
+    "run_pk",
     "shard_of",
     "time_sk_bound",
     "validate_key",
@@ -87,6 +98,25 @@ _FIXED_SK: dict[Kind, str] = {
 }
 
 
+#: the kinds' pk prefixes and fixed sort keys as plain str (an enum member's ``.value`` is a
+#: descriptor call on every key built)
+_LOCK = Kind.LOCK.value
+_BREAKER = Kind.BREAKER.value
+_CACHE = Kind.CACHE.value
+_CHECKPOINT = Kind.CHECKPOINT.value
+_IDEMPOTENCY = Kind.IDEMPOTENCY.value
+_OUTBOX = Kind.OUTBOX.value
+_COUNTER = Kind.COUNTER.value
+_RUN = Kind.RUN.value
+_SK_LOCK = LOCK_SK = _FIXED_SK[Kind.LOCK]
+_SK_BREAKER = BREAKER_SK = _FIXED_SK[Kind.BREAKER]
+_SK_CACHE = CACHE_SK = _FIXED_SK[Kind.CACHE]
+_SK_IDEMPOTENCY = IDEMPOTENCY_SK = _FIXED_SK[Kind.IDEMPOTENCY]
+_SK_OUTBOX = _FIXED_SK[Kind.OUTBOX]
+_SK_COUNTER = COUNTER_SK = _FIXED_SK[Kind.COUNTER]
+_SK_RUN = RUN_SK = _FIXED_SK[Kind.RUN]
+
+
 @dataclass(frozen=True, slots=True)
 class ItemKey:
     """The stored key attributes of one item; ``gsi1pk``/``gsi1sk`` only for listed kinds."""
@@ -120,6 +150,8 @@ class ParsedKey:
 
 
 def _utf8_len(value: str, what: str, original: object) -> int:
+    if value.isascii():  # the common case: one byte per character, nothing to encode
+        return len(value)
     try:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
@@ -129,8 +161,15 @@ def _utf8_len(value: str, what: str, original: object) -> int:
         ) from exc
 
 
+#: namespaces already found valid: every key of every call is built in one of a few namespaces,
+#: so each is checked once rather than on every key (bounded: cleared when it grows past 1024)
+_VALID_NAMESPACES: set[str] = set()
+
+
 def validate_namespace(namespace: Any) -> str:
     """Return ``namespace`` if it is a usable namespace, else raise :class:`InvalidKeyError`."""
+    if type(namespace) is str and namespace in _VALID_NAMESPACES:
+        return namespace
     if not isinstance(namespace, str):
         raise InvalidKeyError(
             f"namespace must be a str, got {type(namespace).__name__}", key=namespace
@@ -152,6 +191,10 @@ def validate_namespace(namespace: Any) -> str:
             key=namespace,
         )
     _utf8_len(namespace, "namespace", namespace)
+    if type(namespace) is str:  # a str subclass may hash or compare in its own way
+        if len(_VALID_NAMESPACES) >= 1024:
+            _VALID_NAMESPACES.clear()
+        _VALID_NAMESPACES.add(namespace)
     return namespace
 
 
@@ -165,18 +208,19 @@ def validate_key(key: Any, what: str = "key") -> str:
     return key
 
 
-def _pk(kind: Kind, namespace: str, key: Any, what: str) -> str:
+def _pk(prefix: str, namespace: str, key: Any, what: str) -> str:
+    """``{prefix}#{namespace}#{key}`` after checking both parts (``prefix`` is a kind's value)."""
     validate_namespace(namespace)
     validate_key(key, what)
-    pk = f"{kind.value}#{namespace}#{key}"
+    pk = f"{prefix}#{namespace}#{key}"
     size = _utf8_len(pk, what, key)
     if size > MAX_PARTITION_KEY_BYTES:
         raise InvalidKeyError(
-            f"{what} is too long: the stored key {kind.value}#{namespace}#... would be {size} "
+            f"{what} is too long: the stored key {prefix}#{namespace}#... would be {size} "
             f"bytes, the limit is {MAX_PARTITION_KEY_BYTES} bytes of UTF-8",
             key=key,
         )
-    return str(pk)
+    return pk
 
 
 def _sort_key(value: str, what: str, key: object) -> str:
@@ -198,29 +242,39 @@ def shard_of(key: str, shards: int) -> int:
 
 
 def lock_key(namespace: str, key: str) -> ItemKey:
-    return ItemKey(_pk(Kind.LOCK, namespace, key, "lock key"), _FIXED_SK[Kind.LOCK])
+    return ItemKey(lock_pk(namespace, key), _SK_LOCK)
+
+
+def lock_pk(namespace: str, key: str) -> str:
+    """Only the pk of :func:`lock_key` (its sk is :data:`LOCK_SK`)."""
+    return _pk(_LOCK, namespace, key, "lock key")
 
 
 def breaker_key(namespace: str, name: str) -> ItemKey:
-    return ItemKey(_pk(Kind.BREAKER, namespace, name, "breaker name"), _FIXED_SK[Kind.BREAKER])
+    return ItemKey(breaker_pk(namespace, name), _SK_BREAKER)
+
+
+def breaker_pk(namespace: str, name: str) -> str:
+    """Only the pk of :func:`breaker_key` (its sk is :data:`BREAKER_SK`)."""
+    return _pk(_BREAKER, namespace, name, "breaker name")
 
 
 def cache_index_pk(namespace: str, shard: int) -> str:
     """The gsi1 partition that lists cache keys of one shard."""
     validate_namespace(namespace)
-    return f"{Kind.CACHE.value}#{namespace}#{shard}"
+    return f"{_CACHE}#{namespace}#{shard}"
 
 
 def cache_pk(namespace: str, key: str) -> str:
     """Only the pk of a cache entry (batch reads need no index attributes)."""
-    return _pk(Kind.CACHE, namespace, key, "cache key")
+    return _pk(_CACHE, namespace, key, "cache key")
 
 
 def cache_key(namespace: str, key: str, shards: int = 1) -> ItemKey:
     pk = cache_pk(namespace, key)
     return ItemKey(
         pk,
-        _FIXED_SK[Kind.CACHE],
+        _SK_CACHE,
         cache_index_pk(namespace, shard_of(key, shards)),
         _sort_key(key, "cache key", key),
     )
@@ -228,7 +282,7 @@ def cache_key(namespace: str, key: str, shards: int = 1) -> ItemKey:
 
 def checkpoint_prefix(namespace: str, task_id: str) -> str:
     """The pk shared by every checkpoint of one task."""
-    return _pk(Kind.CHECKPOINT, namespace, task_id, "task id")
+    return _pk(_CHECKPOINT, namespace, task_id, "task id")
 
 
 def checkpoint_key(namespace: str, task_id: str, sequence: int) -> ItemKey:
@@ -247,15 +301,18 @@ def parse_sk_sequence(sk: str) -> int:
 
 
 def idempotency_key(namespace: str, key: str) -> ItemKey:
-    return ItemKey(
-        _pk(Kind.IDEMPOTENCY, namespace, key, "idempotency key"), _FIXED_SK[Kind.IDEMPOTENCY]
-    )
+    return ItemKey(idempotency_pk(namespace, key), _SK_IDEMPOTENCY)
+
+
+def idempotency_pk(namespace: str, key: str) -> str:
+    """Only the pk of :func:`idempotency_key` (its sk is :data:`IDEMPOTENCY_SK`)."""
+    return _pk(_IDEMPOTENCY, namespace, key, "idempotency key")
 
 
 def outbox_index_pk(namespace: str, status: str, shard: int) -> str:
     """The gsi1 partition that lists outbox events of one status and shard."""
     validate_namespace(namespace)
-    return f"{Kind.OUTBOX.value}#{namespace}#{status}#{shard}"
+    return f"{_OUTBOX}#{namespace}#{status}#{shard}"
 
 
 def time_sk_bound(ms: int) -> str:
@@ -272,23 +329,28 @@ def outbox_index_sk(due_ms: int, event_id: str) -> str:
 def outbox_key(
     namespace: str, event_id: str, *, status: str, due_ms: int, shards: int = 1
 ) -> ItemKey:
-    pk = _pk(Kind.OUTBOX, namespace, event_id, "event id")
+    pk = _pk(_OUTBOX, namespace, event_id, "event id")
     return ItemKey(
         pk,
-        _FIXED_SK[Kind.OUTBOX],
+        _SK_OUTBOX,
         outbox_index_pk(namespace, status, shard_of(event_id, shards)),
         _sort_key(outbox_index_sk(due_ms, event_id), "event id", event_id),
     )
 
 
 def counter_key(namespace: str, key: str) -> ItemKey:
-    return ItemKey(_pk(Kind.COUNTER, namespace, key, "counter key"), _FIXED_SK[Kind.COUNTER])
+    return ItemKey(counter_pk(namespace, key), _SK_COUNTER)
+
+
+def counter_pk(namespace: str, key: str) -> str:
+    """Only the pk of :func:`counter_key` (its sk is :data:`COUNTER_SK`)."""
+    return _pk(_COUNTER, namespace, key, "counter key")
 
 
 def run_index_pk(namespace: str, status: str) -> str:
     """The gsi1 partition that lists workflow runs of one status."""
     validate_namespace(namespace)
-    return f"{Kind.RUN.value}#{namespace}#{status}"
+    return f"{_RUN}#{namespace}#{status}"
 
 
 def run_index_sk(updated_ms: int, run_id: str) -> str:
@@ -296,11 +358,17 @@ def run_index_sk(updated_ms: int, run_id: str) -> str:
     return f"{time_sk_bound(updated_ms)}#{run_id}"
 
 
+def run_pk(namespace: str, run_id: str) -> str:
+    """Only the pk of :func:`run_key` (its sk is :data:`RUN_SK`): what a read or an update of
+    one run needs."""
+    return _pk(_RUN, namespace, run_id, "run id")
+
+
 def run_key(namespace: str, run_id: str, *, status: str, updated_ms: int) -> ItemKey:
-    pk = _pk(Kind.RUN, namespace, run_id, "run id")
+    pk = run_pk(namespace, run_id)
     return ItemKey(
         pk,
-        _FIXED_SK[Kind.RUN],
+        _SK_RUN,
         run_index_pk(namespace, status),
         _sort_key(run_index_sk(updated_ms, run_id), "run id", run_id),
     )

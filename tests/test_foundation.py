@@ -221,3 +221,31 @@ def test_from_env_reads_table_namespace_and_endpoint(monkeypatch, ddb_table, dyn
     monkeypatch.setenv("DYNACOORD_NAMESPACE", "bad#ns")
     with pytest.raises(InvalidKeyError):
         DynamoDBBackend.from_env()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"\\u0024b":"AA=="}',  # a tag spelled with an escape is still a tag
+        ' {"$d":"1.5"} ',  # whitespace around the value
+        '{"a":"\\u00e9$"}',
+        '[1,{"$$":{"$b":"x"}}]',
+        '"plain"',
+        "12",
+    ],
+)
+def test_codec_decode_reads_any_json_text_as_the_full_walk_does(text):
+    import json
+
+    from dynacoord.codec import _from_jsonable
+
+    assert codec.decode(text) == _from_jsonable(json.loads(text))
+    assert codec.decode(text.encode()) == _from_jsonable(json.loads(text))
+
+
+def test_codec_decode_refuses_what_json_refuses():
+    import json
+
+    for text in ("", "{", '{"a":1} x', "nan?"):
+        with pytest.raises(json.JSONDecodeError):
+            codec.decode(text)

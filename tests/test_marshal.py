@@ -113,3 +113,19 @@ def test_importing_the_dynamodb_backend_does_not_import_boto3() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.text(), min_size=1, max_size=6))
+def test_string_sets_match_boto3(value: set[str]) -> None:
+    wire = to_av(value)
+    assert wire == _ser.serialize(value)
+    assert _typed(unmarshal({"a": wire})["a"]) == _typed(_de.deserialize(wire))
+
+
+def test_empty_and_mixed_sets_are_boto3s_business() -> None:
+    assert to_av(set()) == _ser.serialize(set())
+    with pytest.raises(TypeError):
+        to_av({"a", 1})
+    with pytest.raises(TypeError):
+        _ser.serialize({"a", 1})

@@ -388,6 +388,40 @@ def test_cached_decorator(make_backend):
     assert len(calls) == 4
 
 
+def test_cached_key_is_stable_across_versions(make_backend):
+    """The key of a @cached call is the digest of its bound arguments' sorted JSON, as it always
+    was: entries written by an earlier version are found again."""
+    import hashlib
+    import json
+
+    from dynacoord import codec
+
+    cache = make_backend().cache()
+
+    @cache.cached()
+    def plain(a, b):
+        return 1
+
+    @cache.cached()
+    def mixed(a, b=2.5, *rest, c=None, **more):
+        return 1
+
+    def expected(fn, arguments):
+        text = json.dumps(json.loads(codec.encode(arguments)), sort_keys=True, ensure_ascii=False)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+        return f"{fn.__module__}.{fn.__qualname__}:{digest}"
+
+    nested = {"z": [1, 0.1, None], "a": {"$d": "x"}, "é": b"\x00", "n": decimal.Decimal("1.10")}
+    assert plain.cache_key("héllo ✓", nested) == expected(plain, {"a": "héllo ✓", "b": nested})
+    assert plain.cache_key(b=1, a=2) == expected(plain, {"a": 2, "b": 1})
+    assert mixed.cache_key(1) == expected(
+        mixed, {"a": 1, "b": 2.5, "rest": (), "c": None, "more": {}}
+    )
+    assert mixed.cache_key(1, 2, 3, c=True, x=-0.0) == expected(
+        mixed, {"a": 1, "b": 2, "rest": (3,), "c": True, "more": {"x": -0.0}}
+    )
+
+
 def test_cached_custom_key_and_unencodable_args(make_backend):
     cache = make_backend().cache()
 

@@ -171,6 +171,8 @@ def _serialize(value: Any) -> dict[str, Any]:
         return {"M": {k: _serialize(v) for k, v in value.items()}}
     elif cls is list:
         return {"L": [_serialize(v) for v in value]}
+    elif cls is set and value and all(type(v) is str for v in value):
+        return {"SS": list(value)}  # the request tokens of counting writes
     return cast("dict[str, Any]", _boto3()[0].serialize(value))
 
 
@@ -189,6 +191,8 @@ def _deserialize(av: Mapping[str, Any]) -> Any:
             return {k: _deserialize(v) for k, v in raw.items()}
         if tag == "L":
             return [_deserialize(v) for v in raw]
+        if tag == "SS":
+            return set(raw)
     return _boto3()[1].deserialize(av)
 
 
@@ -198,6 +202,11 @@ class ConditionFailedError(Exception):
     def __init__(self, item: dict[str, Any] | None) -> None:
         super().__init__("conditional check failed")
         self.item = item
+
+
+def primary(pk: str, sk: str) -> dict[str, Any]:
+    """The ``Key`` of GetItem/UpdateItem/DeleteItem for ``pk``/``sk``, already marshalled."""
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
 
 
 def to_av(value: Any) -> dict[str, Any]:
@@ -326,8 +335,11 @@ class DynamoTable:
     # -- one-request helpers ----------------------------------------------------------------
 
     def get(self, key: Mapping[str, str], *, consistent: bool = True) -> dict[str, Any] | None:
-        response = self.call("get_item", Key=marshal(key), ConsistentRead=consistent)
-        raw = response.get("Item")
+        return self.get_item(marshal(key), consistent=consistent)
+
+    def get_item(self, key: dict[str, Any], *, consistent: bool = True) -> dict[str, Any] | None:
+        """:meth:`get` of a key already marshalled (:func:`primary`)."""
+        raw = self.call("get_item", Key=key, ConsistentRead=consistent).get("Item")
         return unmarshal(raw) if raw else None
 
     def put_if_free(self, item: Mapping[str, Any], now_ms: int) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 from ... import codec
 from ...cache import CacheEntry, KeyPage
 from ...errors import InvalidValueError
-from ...keys import cache_index_pk, cache_key, cache_pk
+from ...keys import CACHE_SK, cache_index_pk, cache_key, cache_pk
 from ._table import (
     LIVE,
     ConditionFailedError,
@@ -34,6 +34,7 @@ from ._table import (
     DynamoTable,
     exact_sum,
     marshal,
+    primary,
     sum_limit,
     unmarshal,
     values,
@@ -41,7 +42,7 @@ from ._table import (
 
 __all__ = ["DynamoDBCacheStore"]
 
-_CACHE_SK = cache_key("x", "x").sk
+_CACHE_SK = CACHE_SK
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,37})")
 
 
@@ -67,7 +68,7 @@ class DynamoDBCacheStore:
     # -- item layout ----------------------------------------------------------------------------
 
     def _item(self, key: str, encoded: str, expires_at_ms: int | None) -> dict[str, Any]:
-        item: dict[str, Any] = dict(cache_key(self._ns, key, self.partitions).as_dict())
+        item: dict[str, Any] = cache_key(self._ns, key, self.partitions).as_dict()
         if _INT_TEXT.fullmatch(encoded):
             item["n"] = int(encoded)
         else:
@@ -78,7 +79,7 @@ class DynamoDBCacheStore:
         return item
 
     def _primary(self, key: str) -> dict[str, Any]:
-        return marshal(cache_key(self._ns, key, self.partitions).primary)
+        return primary(cache_pk(self._ns, key), CACHE_SK)
 
     def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         codec.check_item_size(self._item(key, encoded, expires_at_ms), key=key)
@@ -86,7 +87,7 @@ class DynamoDBCacheStore:
     # -- single items ---------------------------------------------------------------------------
 
     def get(self, key: str, now_ms: int) -> CacheEntry | None:
-        return CacheEntry.from_item(self._table.get(cache_key(self._ns, key).primary), now_ms)
+        return CacheEntry.from_item(self._table.get_item(self._primary(key)), now_ms)
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         self._table.call("put_item", Item=marshal(self._item(key, encoded, expires_at_ms)))
@@ -123,7 +124,7 @@ class DynamoDBCacheStore:
         return True
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        k = cache_key(self._ns, key, self.partitions)
+        k = cache_key(self._ns, key, self.partitions)  # the one key built for this call
         sets = ["gsi1pk = :gpk", "gsi1sk = :gsk"]
         attr_values: dict[str, Any] = {"now": now_ms, "by": by, "gpk": k.gsi1pk, "gsk": k.gsi1sk}
         extra: dict[str, Any] = {}
@@ -150,7 +151,7 @@ class DynamoDBCacheStore:
             # (ADD on a missing number starts from 0).
             response = self._table.call(
                 "update_item",
-                Key=self._primary(key),
+                Key=primary(k.pk, k.sk),
                 ConditionExpression=(
                     f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
                     f"AND {token.condition}{in_range}"
@@ -176,7 +177,7 @@ class DynamoDBCacheStore:
             if "n" in (failed.item or {}) and expires_if_new is not None:
                 return self._add_to_live(key, by, now_ms)  # a live counter without expiry
             raise self._not_an_integer(key) from None
-        return int(unmarshal(response["Attributes"])["n"])
+        return int(Decimal(response["Attributes"]["n"]["N"]))
 
     def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
         token = CountingToken(now_ms)
