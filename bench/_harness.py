@@ -430,13 +430,16 @@ def dynamodb_local_version(ddb: DynamoDBLocal) -> str:
     import json
     from pathlib import Path
 
+    from dynacoord.testing import find_java
+
     jar_dir = ddb.jar_dir
-    if jar_dir is None:
+    java = ddb.java or find_java()  # None: DynamoDBLocal looks Java up when it starts
+    if jar_dir is None or java is None:
         return "unknown"
     version = "unknown"
     try:
         done = subprocess.run(
-            [ddb.java, "-jar", str(Path(jar_dir) / "DynamoDBLocal.jar"), "-version"],
+            [java, "-jar", str(Path(jar_dir) / "DynamoDBLocal.jar"), "-version"],
             capture_output=True,
             text=True,
             timeout=30,
