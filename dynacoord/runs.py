@@ -327,7 +327,7 @@ class Runs:
     def complete(self, run_id: str, result: Any = None) -> Run:
         """End a running run successfully (RunNotRunningError if it already ended)."""
         keys.validate_key(run_id, "run id")
-        codec.encode(result)
+        # every store encodes the result before it writes: an unstorable one raises there
         return self._store.finish(run_id, RunStatus.COMPLETED, now_ms(self.clock), result=result)
 
     def fail(self, run_id: str, reason: str) -> Run:

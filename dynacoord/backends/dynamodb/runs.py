@@ -20,13 +20,13 @@ from typing import Any
 from ... import codec
 from ..._items import is_live
 from ...errors import RunExistsError
-from ...keys import run_index_pk, run_index_sk, run_key, time_sk_bound
+from ...keys import RUN_SK, run_index_pk, run_index_sk, run_key, run_pk, time_sk_bound
 from ...runs import Run, RunPage, RunStatus, new_run_fields, write_refused
 from ._table import (
     REQUEST_TOKEN,
     ConditionFailedError,
     DynamoTable,
-    marshal,
+    primary,
     request_token,
     unmarshal,
     values,
@@ -48,7 +48,7 @@ class DynamoDBRunStore:
         self._ns = namespace
 
     def _primary(self, run_id: str) -> dict[str, Any]:
-        return marshal(run_key(self._ns, run_id, status="running", updated_ms=0).primary)
+        return primary(run_pk(self._ns, run_id), RUN_SK)
 
     def create(
         self, run_id: str, context: Mapping[str, Any], ttl_after_end_ms: int, now_ms: int
@@ -67,7 +67,7 @@ class DynamoDBRunStore:
         return _run(item)
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
-        raw = self._table.get(run_key(self._ns, run_id, status="running", updated_ms=0).primary)
+        raw = self._table.get_item(self._primary(run_id))
         return _run(raw) if raw and is_live(raw, now_ms) else None
 
     def _write(
