@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from ...breaker import BreakerRecord, StartTrialResult, State
-from ...keys import breaker_key
+from ...keys import BREAKER_SK, breaker_pk
 from ._table import (
     REQUEST_TOKEN,
     ConditionFailedError,
     CountingToken,
     DynamoTable,
-    marshal,
+    primary,
     request_token,
     unmarshal,
     values,
@@ -65,7 +65,7 @@ class DynamoDBBreakerStore:
         With ``old_on_failure`` a failed condition raises ConditionFailedError carrying the item.
         """
         kwargs: dict[str, Any] = {
-            "Key": marshal(breaker_key(self._ns, name).primary),
+            "Key": primary(breaker_pk(self._ns, name), BREAKER_SK),
             "UpdateExpression": update,
             "ExpressionAttributeNames": _NAMES if names is None else {**_NAMES, **names},
             "ExpressionAttributeValues": values(**attr_values),
@@ -84,7 +84,9 @@ class DynamoDBBreakerStore:
         return unmarshal(response.get("Attributes", {}))
 
     def get(self, name: str) -> BreakerRecord:
-        return BreakerRecord.from_item(self._table.get(breaker_key(self._ns, name).primary))
+        return BreakerRecord.from_item(
+            self._table.get_item(primary(breaker_pk(self._ns, name), BREAKER_SK))
+        )
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write. The

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from ...counters import COUNTER, JOIN, MAX_COUNTER_VALUE, CounterItem, WriteOutcome, value_fields
-from ...keys import counter_key
+from ...keys import COUNTER_SK, counter_pk
 from ._table import (
     FREE,
     LIVE,
@@ -24,7 +24,7 @@ from ._table import (
     CountingToken,
     DynamoTable,
     exact_sum,
-    marshal,
+    primary,
     sum_limit,
     unmarshal,
     values,
@@ -84,7 +84,7 @@ class DynamoDBCounterStore:
         self._ns = namespace
 
     def _key(self, key: str) -> dict[str, Any]:
-        return marshal(counter_key(self._ns, key).primary)
+        return primary(counter_pk(self._ns, key), COUNTER_SK)
 
     def _update(
         self,
@@ -175,14 +175,18 @@ class DynamoDBCounterStore:
     def put_if_absent(
         self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
     ) -> bool:
-        item: dict[str, Any] = {**counter_key(self._ns, key).primary, **value_fields(kind, value)}
+        item: dict[str, Any] = {
+            "pk": counter_pk(self._ns, key),
+            "sk": COUNTER_SK,
+            **value_fields(kind, value),
+        }
         if ttl_ms is not None:
             item["expires_at_ms"] = now_ms + ttl_ms
             item["ttl"] = _ttl_s(now_ms + ttl_ms)
         return self._table.put_if_free(item, now_ms)
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        return CounterItem.from_item(self._table.get(counter_key(self._ns, key).primary), now_ms)
+        return CounterItem.from_item(self._table.get_item(self._key(key)), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")

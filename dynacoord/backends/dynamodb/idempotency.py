@@ -13,12 +13,14 @@ import math
 from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
-from ...keys import idempotency_key
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, values
+from ...keys import IDEMPOTENCY_SK, idempotency_pk
+from ._table import FREE, ConditionFailedError, DynamoTable, marshal, primary, values
 
 __all__ = ["DynamoDBIdempotencyStore"]
 
 _NAMES = {"#status": "status", "#token": "token", "#result": "result", "#ttl": "ttl"}
+_IN_PROGRESS = IdempotencyStatus.IN_PROGRESS.value
+_COMPLETED = IdempotencyStatus.COMPLETED.value
 
 
 class DynamoDBIdempotencyStore:
@@ -27,16 +29,16 @@ class DynamoDBIdempotencyStore:
         self._ns = namespace
 
     def _key(self, key: str) -> dict[str, Any]:
-        return marshal(idempotency_key(self._ns, key).primary)
+        return primary(idempotency_pk(self._ns, key), IDEMPOTENCY_SK)
 
     def claim(
         self, key: str, token: str, payload_hash: str | None, lease_ms: int, now_ms: int
     ) -> ClaimResult:
-        k = idempotency_key(self._ns, key)
         expires = now_ms + lease_ms
         item = {
-            **k.primary,
-            "status": IdempotencyStatus.IN_PROGRESS.value,
+            "pk": idempotency_pk(self._ns, key),
+            "sk": IDEMPOTENCY_SK,
+            "status": _IN_PROGRESS,
             "token": token,
             "expires_at_ms": expires,
             "ttl": math.ceil(expires / 1000),
@@ -74,8 +76,8 @@ class DynamoDBIdempotencyStore:
                 ExpressionAttributeNames=_NAMES,
                 ExpressionAttributeValues=values(
                     token=token,
-                    in_progress=IdempotencyStatus.IN_PROGRESS.value,
-                    completed=IdempotencyStatus.COMPLETED.value,
+                    in_progress=_IN_PROGRESS,
+                    completed=_COMPLETED,
                     result=result_text,
                     exp=expires,
                     ttl=math.ceil(expires / 1000),
@@ -100,9 +102,7 @@ class DynamoDBIdempotencyStore:
         return True
 
     def get(self, key: str) -> IdempotencyRecord | None:
-        return IdempotencyRecord.from_item(
-            key, self._table.get(idempotency_key(self._ns, key).primary)
-        )
+        return IdempotencyRecord.from_item(key, self._table.get_item(self._key(key)))
 
     def delete(self, key: str) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")

@@ -13,11 +13,12 @@ after the expiry, never at it.
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from typing import Any
 
-from ...keys import lock_key
+from ...keys import LOCK_SK, lock_pk
 from ...locks import AcquireResult, LockInfo
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import FREE, ConditionFailedError, DynamoTable, primary, unmarshal, values
 
 __all__ = ["DynamoDBLockStore"]
 
@@ -28,6 +29,9 @@ class DynamoDBLockStore:
         self._ns = namespace
         self._grace_s = fence_grace_s
 
+    def _key(self, key: str) -> dict[str, Any]:
+        return primary(lock_pk(self._ns, key), LOCK_SK)
+
     def _ttl(self, expires_at_ms: int) -> int:
         return math.ceil(expires_at_ms / 1000) + self._grace_s
 
@@ -37,12 +41,11 @@ class DynamoDBLockStore:
         return LockInfo(key, str(item["owner"]), int(item["fence"]), int(item["expires_at_ms"]))
 
     def try_acquire(self, key: str, owner: str, ttl_ms: int, now_ms: int) -> AcquireResult:
-        k = lock_key(self._ns, key)
         expires = now_ms + ttl_ms
         try:
             response = self._table.call(
                 "update_item",
-                Key=marshal(k.primary),
+                Key=self._key(key),
                 # Free means: never created, swept, released, or expired (the sweeper may lag).
                 ConditionExpression=FREE,
                 UpdateExpression=(
@@ -63,8 +66,10 @@ class DynamoDBLockStore:
             )
         except ConditionFailedError as failed:
             return AcquireResult(None, self._info(key, failed.item, now_ms))
-        item = unmarshal(response["Attributes"])
-        return AcquireResult(LockInfo(key, owner, int(item["fence"]), expires))
+        # only the fence is read from the new item
+        return AcquireResult(
+            LockInfo(key, owner, int(Decimal(response["Attributes"]["fence"]["N"])), expires)
+        )
 
     def _if_held(
         self, key: str, owner: str, fence: int, now_ms: int, update: str, **attr_values: Any
@@ -73,7 +78,7 @@ class DynamoDBLockStore:
         try:
             self._table.call(
                 "update_item",
-                Key=marshal(lock_key(self._ns, key).primary),
+                Key=self._key(key),
                 ConditionExpression="#owner = :owner AND fence = :fence AND expires_at_ms > :now",
                 UpdateExpression=update,
                 ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
@@ -99,11 +104,10 @@ class DynamoDBLockStore:
         return self._if_held(key, owner, fence, now_ms, update, ttl=self._ttl(now_ms))
 
     def force_release(self, key: str, now_ms: int) -> bool:
-        k = lock_key(self._ns, key)
         try:
             response = self._table.call(
                 "update_item",
-                Key=marshal(k.primary),
+                Key=self._key(key),
                 # Only touch an existing item: force_release never creates one.
                 ConditionExpression="attribute_exists(pk)",
                 UpdateExpression="SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner",
@@ -117,4 +121,4 @@ class DynamoDBLockStore:
         return self._info(key, old, now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
-        return self._info(key, self._table.get(lock_key(self._ns, key).primary), now_ms)
+        return self._info(key, self._table.get_item(self._key(key)), now_ms)
