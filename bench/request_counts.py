@@ -445,6 +445,7 @@ def _outbox_ops(env: BenchEnv, reps: int) -> list[Op]:
     outbox = backend.outbox
     shards = getattr(backend, "shards", 1)
     n = reps + 1
+    # (this first publish also records the namespace's shard count, once per publisher)
     ids = outbox.publish([Event("bench.created", {"i": i}) for i in range(n)])
 
     # events that fail live in their own namespace, so the worker that fails them sees no others
@@ -517,9 +518,12 @@ def _outbox_ops(env: BenchEnv, reps: int) -> list[Op]:
             "outbox",
             "worker.run_once: 25 due events delivered",
             deliver_25,
-            2 * 25 + shards,
-            f"claim + complete per event, plus the pending queue read on every shard ({shards}); "
-            "each poll also queries every shard's in_flight queue for zombies",
+            2 * shards + 3,
+            "a new worker's first poll: the expired-lease scan of every shard's in_flight queue "
+            f"({shards}) and the namespace's shard count (1 GetItem), the pending queues until "
+            f"a batch is found (25 events spread over {shards} shards), one TransactWriteItems "
+            "claiming the 25 and one storing their completions (a later poll skips the scan "
+            "for lease/2)",
             prepare=publish_25_due,
         ),
         Op(

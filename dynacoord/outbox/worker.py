@@ -126,6 +126,9 @@ _poll_turns: weakref.WeakKeyDictionary[Any, dict[int, threading.Lock]] = weakref
 _poll_turns_guard = threading.Lock()
 
 
+_ZOMBIE_TURN = -1  # the turn key of the expired-lease scan (shards are 0, 1, ...)
+
+
 def _poll_turn(store: Any, shard: int) -> threading.Lock:
     with _poll_turns_guard:
         try:
@@ -355,13 +358,22 @@ class OutboxWorker:
         if now >= self._next_zombie_scan_ms or self._shards == 0:
             # Expired leases (a worker died or overran) and the namespace's shard count, at most
             # every lease/2: a zombie waits at most half a lease longer, and a poll costs one
-            # query instead of one per shard and status.
-            self._next_zombie_scan_ms = now + max(1, self.lease_ms // 2)
+            # query instead of one per shard and status. A scan that fills a batch looks again
+            # at the next poll (a dead worker's whole batch is drained at once). Workers of one
+            # process take turns to scan, so they do not claim the same zombies.
+            turn = _poll_turn(self._store, _ZOMBIE_TURN) if turns is not None else None
+            if turn is not None:
+                turn.acquire()
+                turns.append(turn)  # type: ignore[union-attr]
             self._shards = max(1, self._store.refresh_shards())
             for shard in range(self._shards):
                 found.extend(self._query(EventStatus.IN_FLIGHT, shard, now, found))
                 if len(found) >= self.batch_size:
-                    return found
+                    break
+            full = len(found) >= self.batch_size
+            self._next_zombie_scan_ms = 0 if full else now + max(1, self.lease_ms // 2)
+            if full:
+                return found
         shards = self._shards
         home = (_PROCESS_OFFSET + self._number) % shards
         # The worker's own shard first; the next ones only while its own has fewer due events
