@@ -35,9 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO, TypeVar
-
-from typing_extensions import ParamSpec
+from typing import Any, ParamSpec, TextIO, TypeVar
 
 from .errors import ConfigurationError
 

@@ -183,6 +183,23 @@ def test_import_is_cheap_and_optional_backends_not_imported():
     assert out.stdout.strip() == ""
 
 
+def test_a_lambda_cold_path_imports_nothing_it_does_not_use():
+    """``import dynacoord``, the DynamoDB backend and a first lock: typing_extensions (hundreds
+    of module-level objects, which tip a full garbage collection inside ``boto3.client()``) and
+    the modules of other primitives stay unloaded."""
+    code = (
+        "import sys, boto3, dynacoord; "
+        "c = boto3.client('dynamodb', region_name='us-east-1', aws_access_key_id='x', "
+        "aws_secret_access_key='x'); "
+        "dynacoord.DynamoDBBackend(c, table_name='tbl').locks; "
+        "bad = [m for m in ('typing_extensions', 'dynacoord.outbox', 'dynacoord.idempotency', "
+        "'dynacoord.cache', 'dynacoord.codec') if m in sys.modules]; "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
 def test_public_names_resolve_and_py_typed_ships():
     for name in dynacoord.__all__:
         assert getattr(dynacoord, name) is not None, name
