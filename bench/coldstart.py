@@ -113,6 +113,20 @@ def _on_gc(phase, info):
         _gc["ms"] += (time.perf_counter() - _gc_start[0]) * 1000
         _gc["full"] += info.get("generation") == 2
 gc.callbacks.append(_on_gc)
+def _to_full(count, threshold):
+    # CPython's generational trigger: each time gen0's count passes its threshold, gen2 is
+    # collected if its count is over threshold, else gen1 if its count is, else gen0 (the
+    # long-lived ratio that can postpone a full collection is left out)
+    c0, c1, c2 = count
+    th0, th1, th2 = threshold
+    allocations = th0 - c0 + 1  # until the next trigger
+    while c2 <= th2:
+        if c1 > th1:
+            c1, c2 = 0, c2 + 1
+        else:
+            c1 += 1
+        allocations += th0 + 1
+    return allocations
 t0 = time.perf_counter()
 mode, endpoint, table, ns = sys.argv[1:5]
 creds = dict(aws_access_key_id="dynacoord", aws_secret_access_key="dynacoord", region_name="us-east-1")
@@ -151,12 +165,14 @@ else:
 t2 = time.perf_counter()
 op("first")
 t3 = time.perf_counter()
+_count = gc.get_count()
 op("second")
 t4 = time.perf_counter()
 print(json.dumps({"import_ms": (t1 - t0) * 1000, "client_ms": (t2 - t1) * 1000,
                   "first_op_ms": (t3 - t2) * 1000, "second_op_ms": (t4 - t3) * 1000,
                   "to_first_result_ms": (t3 - t0) * 1000, "gc_ms": _gc["ms"],
-                  "gc_full_collections": _gc["full"]}))
+                  "gc_full_collections": _gc["full"],
+                  "allocations_to_full_gc": _to_full(_count, gc.get_threshold())}))
 """
 
 
@@ -216,6 +232,7 @@ def _first_op(env: BenchEnv, runs: int) -> list[dict[str, Any]]:
             "to_first_result_ms",
             "gc_ms",
             "gc_full_collections",
+            "allocations_to_full_gc",
         ):
             row[field] = round(statistics.median(s[field] for s in samples), 2)
         rows.append(row)

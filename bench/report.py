@@ -518,6 +518,7 @@ def _coldstart(s: dict[str, Any]) -> list[str]:
             "start to first result ms",
             "of it in GC ms",
             "full GCs",
+            "allocations left before a full GC",
         ],
         [
             [
@@ -530,6 +531,7 @@ def _coldstart(s: dict[str, Any]) -> list[str]:
                 r["to_first_result_ms"],
                 r.get("gc_ms", "-"),
                 r.get("gc_full_collections", "-"),
+                r.get("allocations_to_full_gc", "-"),
             ]
             for r in s["first_operation"]
         ],
@@ -543,6 +545,12 @@ def _coldstart(s: dict[str, Any]) -> list[str]:
             if "first_result_ratio_without_gc" in s
             else "."
         ),
+        "",
+        "*Allocations left before a full GC*: how many more container objects the process "
+        "could create after its first result before CPython's generational trigger runs a full "
+        "collection (from `gc.get_count()`). A side whose window ends a few hundred allocations "
+        "short of one is on a knife edge: any import or request that allocates a little more "
+        "pays the whole collection inside the window.",
     ]
     return lines
 
