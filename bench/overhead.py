@@ -4,7 +4,7 @@ For each operation that is one request, the floor is the same request (same API,
 expressions, return options) made directly on the same boto3 client, with the parameters written
 out by hand the way a careful raw-boto3 caller would. Samples are interleaved A/B in one run; the
 ratio is median(dynacoord) / median(raw), and that ratio of medians is what is judged against
-the target (<= 1.10, issue 8 section 2). The median of the per-pair ratios and its bootstrap
+the target (<= 1.05, issue 18; issue 8 section 2 asked for <= 1.10). The median of the per-pair ratios and its bootstrap
 interval are reported alongside as a steadier, informational view; they judge nothing.
 
 Every operation that section 1 counts at one request has a pair here, under the same name (the
@@ -30,7 +30,8 @@ __all__ = ["TARGET", "run"]
 
 logger = logging.getLogger(__name__)
 
-TARGET = 1.10
+#: every single-request operation's ratio of medians (issue 18; issue 8 asked for 1.10)
+TARGET = 1.05
 
 #: which operations of section 1 have no pair here, and why
 EXCLUSION_RULE = (

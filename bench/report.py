@@ -269,7 +269,7 @@ def _overhead(s: dict[str, Any], requests: dict[str, Any] | None = None) -> list
         "`execute_command`; scripts are EVALSHA) replayed with redis-py on the same client, key "
         "swapped, interleaved A/B. A loopback Redis round trip takes a fraction of a millisecond, so dynacoord's "
         "fixed Python cost per call (validation, codec, the script wrapper) shows as a large "
-        "ratio; the absolute extra microseconds are the useful number. The 1.10 target is for "
+        "ratio; the absolute extra microseconds are the useful number. The target is for "
         "DynamoDB.",
         "",
     ]

@@ -219,10 +219,11 @@ def test_overhead_report_judges_the_ratio_of_medians_and_checks_coverage() -> No
     }
     text = render({"meta": {}, "sections": {"requests": requests, "overhead": overhead}})
     assert "Could not" not in text
-    assert "1 of 2 within 1.10 (ratio of medians" in text  # the summary
-    assert "**Within the 1.10 target (ratio of medians): 1 of 2.**" in text
+    assert f"1 of 2 within {TARGET:.2f} (ratio of medians" in text  # the summary
+    assert f"**Within the {TARGET:.2f} target (ratio of medians): 1 of 2.**" in text
     assert "**1.107**" in text and "**1.020**" not in text
-    assert "p slow: ratio 1.107, 0.7 points over the 1.10 target" in text
+    over = (1.107 - TARGET) * 100
+    assert f"p slow: ratio 1.107, {over:.1f} points over the {TARGET:.2f} target" in text
     assert "p fast" not in text.split("Above it:")[1].split("**Coverage.**")[0]
     assert "Section 1 counts 4 operations at one request; 2 of them are paired" in text
     assert "* p skipped: no raw shape" in text
