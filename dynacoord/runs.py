@@ -79,6 +79,14 @@ class RunStatus(StrEnum):
         return self.value
 
 
+def _status(value: Any) -> RunStatus:
+    """``RunStatus(value)`` by a dict lookup first (an enum call per item read adds up)."""
+    return _STATUS_OF.get(value) or RunStatus(str(value))
+
+
+_STATUS_OF: dict[Any, RunStatus] = {s.value: s for s in RunStatus}
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """A snapshot of one workflow run."""
@@ -122,7 +130,7 @@ class Run:
         result = item.get("result")
         return cls(
             run_id=str(item["run_id"]),
-            status=RunStatus(str(item["status"])),
+            status=_status(item["status"]),
             context={str(name): codec.decode(str(text)) for name, text in context.items()},
             created_at_ms=int(item["created_ms"]),
             updated_at_ms=int(item["updated_ms"]),

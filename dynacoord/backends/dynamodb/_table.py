@@ -236,6 +236,17 @@ def unmarshal(item: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def unmarshal_only(item: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The attributes ``names`` of a DynamoDB item (those it has) as Python values: a reader
+    that needs a few attributes of a wide item skips converting the rest."""
+    out: dict[str, Any] = {}
+    for name in names:
+        av = item.get(name)
+        if av is not None:
+            out[name] = _deserialize(av)
+    return out
+
+
 def values(**kwargs: Any) -> dict[str, Any]:
     """``ExpressionAttributeValues`` from keyword arguments: ``values(now=1)`` -> ``{":now": ..}``."""
     return {f":{k}": _serialize(v) for k, v in kwargs.items()}

@@ -15,9 +15,32 @@ from typing import Any
 
 from ...checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
 from ...keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._table import DynamoTable, marshal, unmarshal, values
+from ._table import DynamoTable, marshal, unmarshal, unmarshal_only, values
+
+#: what StoredCheckpoint.from_item reads (pk, ttl and the request token are left as they are)
+_CHECKPOINT_ATTRIBUTES = ("sk", "data", "progress", "created_ms", "expires_at_ms")
 
 __all__ = ["DynamoDBCheckpointStore"]
+
+
+def _stored(task_id: str, raw: dict[str, Any]) -> StoredCheckpoint:
+    """A queried item as StoredCheckpoint.from_item reads it, straight from the attribute values
+    (a page holds up to 100 checkpoints: no dict of Python values is built for each)."""
+    data = raw.get("data")
+    progress = raw.get("progress")
+    created = raw.get("created_ms")
+    expires = raw.get("expires_at_ms")
+    try:
+        return StoredCheckpoint(
+            task_id,
+            parse_sk_sequence(raw["sk"]["S"]),
+            None if data is None else data["S"],
+            None if progress is None else float(decimal.Decimal(progress["N"])),
+            0 if created is None else int(decimal.Decimal(created["N"])),
+            None if expires is None else int(decimal.Decimal(expires["N"])),
+        )
+    except KeyError:  # an attribute of another type than dynacoord writes: the general path
+        return StoredCheckpoint.from_item(task_id, unmarshal_only(raw, _CHECKPOINT_ATTRIBUTES))
 
 
 class DynamoDBCheckpointStore:
@@ -77,9 +100,7 @@ class DynamoDBCheckpointStore:
         if keys_only:
             kwargs["ProjectionExpression"] = "sk, expires_at_ms"
         response = self._query(task_id, **kwargs)
-        items = [
-            StoredCheckpoint.from_item(task_id, unmarshal(raw)) for raw in response.get("Items", [])
-        ]
+        items = [_stored(task_id, raw) for raw in response.get("Items", [])]
         return CheckpointPage(items, response.get("LastEvaluatedKey") or None)
 
     def delete_batch(self, task_id: str, sequences: Sequence[int]) -> list[int]:

@@ -28,7 +28,7 @@ from ._table import (
     DynamoTable,
     primary,
     request_token,
-    unmarshal,
+    unmarshal_only,
     values,
     written_by,
 )
@@ -38,8 +38,28 @@ __all__ = ["DynamoDBRunStore"]
 _INDEX = "gsi1"
 
 
+#: what a Run is read from (the keys, index keys, request token and end TTLs are left as they are)
+_RUN_ATTRIBUTES = (
+    "run_id",
+    "status",
+    "ctx",
+    "created_ms",
+    "updated_ms",
+    "result",
+    "error",
+    "ended_ms",
+    "expires_at_ms",
+    "reconciles",
+)
+
+
 def _run(raw: Mapping[str, Any]) -> Run:
     return Run.from_item(raw, raw.get("ctx") or {})
+
+
+def _read(raw_item: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes of a marshalled run item that :func:`_run` reads."""
+    return unmarshal_only(raw_item, _RUN_ATTRIBUTES)
 
 
 class DynamoDBRunStore:
@@ -102,7 +122,7 @@ class DynamoDBRunStore:
             if written_by(failed.item, token):
                 return _run(failed.item)
             raise write_refused(run_id, failed.item, now_ms) from None
-        return _run(unmarshal(response["Attributes"]))
+        return _run(_read(response["Attributes"]))
 
     def update(
         self,
@@ -187,7 +207,7 @@ class DynamoDBRunStore:
         page = self._table.call("query", **kwargs)
         runs = []
         for raw_item in page.get("Items", []):
-            raw = unmarshal(raw_item)
+            raw = _read(raw_item)
             # The index item carries the whole run (projection ALL); drop runs that expired.
             if is_live(raw, now_ms) and raw.get("status") == status.value:
                 runs.append(_run(raw))
