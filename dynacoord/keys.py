@@ -200,6 +200,8 @@ def validate_namespace(namespace: Any) -> str:
 
 def validate_key(key: Any, what: str = "key") -> str:
     """Return ``key`` if it is a non-empty, encodable str, else raise :class:`InvalidKeyError`."""
+    if type(key) is str and key and key.isascii():  # the common case, nothing more to check
+        return key
     if not isinstance(key, str):
         raise InvalidKeyError(f"{what} must be a str, got {type(key).__name__}", key=key)
     if not key:
@@ -210,6 +212,10 @@ def validate_key(key: Any, what: str = "key") -> str:
 
 def _pk(prefix: str, namespace: str, key: Any, what: str) -> str:
     """``{prefix}#{namespace}#{key}`` after checking both parts (``prefix`` is a kind's value)."""
+    if type(key) is str and key and type(namespace) is str and namespace in _VALID_NAMESPACES:
+        pk = f"{prefix}#{namespace}#{key}"
+        if pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES:  # the common case: valid
+            return pk
     validate_namespace(namespace)
     validate_key(key, what)
     pk = f"{prefix}#{namespace}#{key}"

@@ -266,3 +266,19 @@ def test_codec_decode_refuses_what_json_refuses():
     for text in ("", "{", '{"a":1} x', "nan?"):
         with pytest.raises(json.JSONDecodeError):
             codec.decode(text)
+
+
+def test_key_length_limits_hold_on_the_fast_path_and_off_it():
+    from dynacoord import keys
+
+    for key_char in ("x", "é"):  # one byte, two bytes of UTF-8
+        room = keys.MAX_PARTITION_KEY_BYTES - len("LOCK#ns#".encode())
+        fits = key_char * (room // len(key_char.encode()))
+        assert keys.lock_pk("ns", fits) == f"LOCK#ns#{fits}"
+        with pytest.raises(InvalidKeyError, match="too long"):
+            keys.lock_pk("ns", fits + "x")
+    for namespace in (["ns"], None, "a#b", ""):
+        with pytest.raises(InvalidKeyError):
+            keys.lock_pk(namespace, "k")  # type: ignore[arg-type]
+    with pytest.raises(InvalidKeyError, match="surrogate"):
+        keys.lock_pk("ns", "\ud800")
