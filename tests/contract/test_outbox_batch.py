@@ -18,9 +18,17 @@ from dynacoord._clock import ManualClock
 from dynacoord.errors import InvalidValueError, NotSupportedError
 from dynacoord.outbox import Event, EventStatus
 
-from ..conftest import needs_atomic_store
+from ..conftest import _dynamodb_factory, needs_atomic_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+@pytest.fixture()
+def make_ddb(ddb_table: tuple[Any, str]) -> Any:
+    """Backends on DynamoDB Local only, for what only the DynamoDB backend has (shards,
+    caller transactions, IAM scoping)."""
+    client, table = ddb_table
+    return _dynamodb_factory(client, table)
 
 
 class Crash(BaseException):
@@ -178,11 +186,10 @@ def test_keep_going_gives_back_what_was_not_started(make_backend):
     assert all(r.attempts == 0 for r in outbox.pending())
 
 
-def test_a_publisher_with_more_shards_than_the_worker_strands_nothing(make_backend):
-    if make_backend.kind not in ("dynamodb", "moto"):
-        pytest.skip("only the DynamoDB backend spreads the outbox over shards")
-    publisher = make_backend(shards=8)
-    worker_backend = make_backend(namespace=publisher.namespace, shards=1)
+def test_a_publisher_with_more_shards_than_the_worker_strands_nothing(make_ddb):
+    # Only the DynamoDB backend spreads the outbox over shards.
+    publisher = make_ddb(shards=8)
+    worker_backend = make_ddb(namespace=publisher.namespace, shards=1)
     publisher.outbox.publish([Event("t", i) for i in range(40)])
     got: list[int] = []
     worker = worker_backend.outbox.worker(lambda e: got.append(e.payload), heartbeat=False)
@@ -368,10 +375,8 @@ def test_ordered_groups_under_four_workers_keep_their_order(make_backend):
     assert stats.pending == 0 and stats.in_flight == 0 and stats.failed == 0
 
 
-def test_an_ordered_event_cannot_join_a_caller_transaction(make_backend):
-    if make_backend.kind not in ("dynamodb", "moto"):
-        pytest.skip("caller transactions exist on the DynamoDB backend only")
-    backend = make_backend()
+def test_an_ordered_event_cannot_join_a_caller_transaction(make_ddb):
+    backend = make_ddb()  # caller transactions exist on the DynamoDB backend only
     with backend.transaction() as tx:
         with pytest.raises(NotSupportedError, match="ordered"):
             backend.outbox.publish(Event("t", 1, group="g", ordered=True), tx=tx)
@@ -475,14 +480,12 @@ def test_workers_of_one_process_never_claim_over_each_other(make_backend):
     assert refused["refused"] == 0, refused
 
 
-def test_every_outbox_item_is_inside_the_namespace_scoped_policy(make_backend):
-    if make_backend.kind not in ("dynamodb", "moto"):
-        pytest.skip("dynamodb:LeadingKeys scopes DynamoDB tables only")
+def test_every_outbox_item_is_inside_the_namespace_scoped_policy(make_ddb):
     import fnmatch
 
     from dynacoord.provision import iam_policy
 
-    backend = make_backend(shards=8)
+    backend = make_ddb(shards=8)  # dynamodb:LeadingKeys scopes DynamoDB tables only
     ns = backend.namespace
     backend.outbox.publish([Event("t", i, group="g-1", ordered=True) for i in range(3)])
     backend.outbox.publish(Event("t", "free"))
