@@ -188,6 +188,11 @@ def decode(text: str | bytes) -> Any:
 def _attribute_size(value: Any) -> int:
     # Sizes follow DynamoDB's documented item-size rules closely enough to refuse an oversize item
     # before sending it (the service would refuse it anyway, but only after a round trip).
+    cls = type(value)
+    if cls is str:  # the common cases first, by exact type
+        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    if cls is int:
+        return 1 + (len(str(abs(value))) + 1) // 2
     if value is None or isinstance(value, bool):
         return 1
     if isinstance(value, str):
@@ -206,7 +211,12 @@ def _attribute_size(value: Any) -> int:
 
 def estimate_item_size(item: Mapping[str, Any]) -> int:
     """Approximate DynamoDB size in bytes of an item given as plain Python values."""
-    return sum(len(name.encode("utf-8")) + _attribute_size(v) for name, v in item.items())
+    size = 0
+    for name, value in item.items():
+        size += (len(name) if name.isascii() else len(name.encode("utf-8"))) + _attribute_size(
+            value
+        )
+    return size
 
 
 def check_item_size(

@@ -82,6 +82,12 @@ class DynamoDBCacheStore:
         return primary(cache_pk(self._ns, key), CACHE_SK)
 
     def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        cache_key(self._ns, key, self.partitions)  # refuses a key the table cannot hold
+        # The key is in pk and gsi1sk, the namespace in pk and gsi1pk; at most 4 bytes of UTF-8
+        # per character, and the other attributes (names, two numbers, sk) take far less than
+        # 256 bytes: an entry within that bound fits and needs no estimate.
+        if 4 * (len(encoded) + 2 * (len(key) + len(self._ns))) + 256 <= codec.DYNAMODB_ITEM_LIMIT:
+            return
         codec.check_item_size(self._item(key, encoded, expires_at_ms), key=key)
 
     # -- single items ---------------------------------------------------------------------------
