@@ -127,18 +127,22 @@ class Run:
         ``context`` maps each context field name to its codec text; backends store it
         differently (a map, escaped names, prefixed hash fields), so they pass it unpacked.
         """
-        result = item.get("result")
+        get = item.get
+        result = get("result")
+        # positional, in field order: runs are read by the page, keywords cost per field
         return cls(
-            run_id=str(item["run_id"]),
-            status=_status(item["status"]),
-            context={str(name): codec.decode(str(text)) for name, text in context.items()},
-            created_at_ms=int(item["created_ms"]),
-            updated_at_ms=int(item["updated_ms"]),
-            result=None if result is None else codec.decode(str(result)),
-            error=optional_str(item, "error"),
-            ended_at_ms=optional_int(item, "ended_ms"),
-            expires_at_ms=optional_int(item, "expires_at_ms"),
-            reconciles=int(item.get("reconciles", 0)),
+            str(item["run_id"]),
+            _status(item["status"]),
+            {str(name): codec.decode(str(text)) for name, text in context.items()}
+            if context
+            else {},
+            int(item["created_ms"]),
+            int(item["updated_ms"]),
+            None if result is None else codec.decode(str(result)),
+            optional_str(item, "error"),
+            optional_int(item, "ended_ms"),
+            optional_int(item, "expires_at_ms"),
+            int(get("reconciles", 0)),
         )
 
 
