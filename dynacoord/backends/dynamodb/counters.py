@@ -12,6 +12,7 @@ plus ``expires_at_ms`` and ``ttl`` when the item expires. Every condition treats
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -46,9 +47,16 @@ _NAMES = {
 _LIVE_OR_ABSENT = f"attribute_not_exists(pk) OR (#kind = :kind AND {LIVE})"
 
 
-def _names(expression: str) -> dict[str, str]:
-    """Only the placeholders an expression uses (DynamoDB refuses unused ones)."""
-    return {k: v for k, v in _NAMES.items() if k in expression}
+@functools.lru_cache(maxsize=128)
+def _placeholders(expression: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The placeholders of :data:`_NAMES`, of a counting token's names and of its values that
+    ``expression`` uses (DynamoDB refuses unused ones). The expressions are a few fixed texts:
+    each is searched once."""
+    return (
+        tuple(k for k in _NAMES if k in expression),
+        tuple(k for k in ("#rqa", "#rqb", "#rqc") if k in expression),
+        tuple(k for k in ("rqt", "rqs") if f":{k}" in expression),
+    )
 
 
 def _ttl_s(expires_at_ms: int) -> int:
@@ -97,11 +105,13 @@ class DynamoDBCounterStore:
         token: CountingToken | None = None,
         **vals: Any,
     ) -> WriteOutcome:
-        names = _names(update + " " + condition)
+        used, token_names, token_values = _placeholders(update + " " + condition)
+        names = {k: _NAMES[k] for k in used}
         if token is not None:  # only the parts the expressions use (DynamoDB refuses others)
-            text = update + " " + condition
-            names.update({k: v for k, v in token.names.items() if k in text})
-            vals.update({k: v for k, v in token.values.items() if f":{k}" in text})
+            for k in token_names:
+                names[k] = token.names[k]
+            for k in token_values:
+                vals[k] = token.values[k]
         try:
             response = self._table.call(
                 "update_item",
