@@ -209,13 +209,14 @@ def _check_progress(progress: Any) -> float | None:
 def _to_checkpoint(stored: StoredCheckpoint) -> Checkpoint:
     if stored.data_text is None:  # pragma: no cover - keys-only reads never reach here
         raise DynacoordError("checkpoint was read without its data")
-    return Checkpoint(
-        task_id=stored.task_id,
-        sequence=stored.sequence,
-        data=codec.decode(stored.data_text),
-        progress=stored.progress,
-        created_at=stored.created_ms / 1000,
-        expires_at=None if stored.expires_at_ms is None else stored.expires_at_ms / 1000,
+    expires_ms = stored.expires_at_ms
+    return Checkpoint(  # positional, in field order: a listing makes one per checkpoint
+        stored.task_id,
+        stored.sequence,
+        codec.decode(stored.data_text),
+        stored.progress,
+        stored.created_ms / 1000,
+        None if expires_ms is None else expires_ms / 1000,
     )
 
 

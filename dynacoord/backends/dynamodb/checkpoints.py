@@ -23,6 +23,15 @@ _CHECKPOINT_ATTRIBUTES = ("sk", "data", "progress", "created_ms", "expires_at_ms
 __all__ = ["DynamoDBCheckpointStore"]
 
 
+def _int(number: str) -> int:
+    """The int a DynamoDB number holds: its plain digits as DynamoDB returns an integer, or
+    any other form through Decimal."""
+    try:
+        return int(number)
+    except ValueError:
+        return int(decimal.Decimal(number))
+
+
 def _stored(task_id: str, raw: dict[str, Any]) -> StoredCheckpoint:
     """A queried item as StoredCheckpoint.from_item reads it, straight from the attribute values
     (a page holds up to 100 checkpoints: no dict of Python values is built for each)."""
@@ -36,8 +45,8 @@ def _stored(task_id: str, raw: dict[str, Any]) -> StoredCheckpoint:
             parse_sk_sequence(raw["sk"]["S"]),
             None if data is None else data["S"],
             None if progress is None else float(decimal.Decimal(progress["N"])),
-            0 if created is None else int(decimal.Decimal(created["N"])),
-            None if expires is None else int(decimal.Decimal(expires["N"])),
+            0 if created is None else _int(created["N"]),
+            None if expires is None else _int(expires["N"]),
         )
     except KeyError:  # an attribute of another type than dynacoord writes: the general path
         return StoredCheckpoint.from_item(task_id, unmarshal_only(raw, _CHECKPOINT_ATTRIBUTES))
