@@ -15,6 +15,7 @@ from dynacoord import (
     RunNotFoundError,
     RunNotRunningError,
     RunStatus,
+    ValueTooLargeError,
 )
 from tests.conftest import needs_atomic_store
 
@@ -42,6 +43,16 @@ def test_start_and_get(make_backend):
     assert got.created_at == got.updated_at == clock.time()
     assert got.result is None and got.error is None and got.ended_at is None
     assert runs.get("missing") is None
+
+
+def test_start_refuses_a_context_over_the_item_limit_and_writes_nothing(make_backend):
+    runs = make_backend().runs
+    with pytest.raises(ValueTooLargeError):
+        runs.start("big", context={"blob": "x" * 300_000, "more": "é" * 60_000})
+    assert runs.get("big") is None
+    # just under the limit still starts (the size is estimated, not guessed from a bound)
+    started = runs.start("fits", context={"blob": "x" * 350_000})
+    assert len(started.context["blob"]) == 350_000
 
 
 def test_start_refuses_an_existing_run(make_backend):
