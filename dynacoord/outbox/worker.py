@@ -361,10 +361,10 @@ class OutboxWorker:
             # query instead of one per shard and status. A scan that fills a batch looks again
             # at the next poll (a dead worker's whole batch is drained at once). Workers of one
             # process take turns to scan, so they do not claim the same zombies.
-            turn = _poll_turn(self._store, _ZOMBIE_TURN) if turns is not None else None
-            if turn is not None:
-                turn.acquire()
-                turns.append(turn)  # type: ignore[union-attr]
+            if turns is not None:
+                scan_turn = _poll_turn(self._store, _ZOMBIE_TURN)
+                scan_turn.acquire()
+                turns.append(scan_turn)
             self._shards = max(1, self._store.refresh_shards())
             for shard in range(self._shards):
                 found.extend(self._query(EventStatus.IN_FLIGHT, shard, now, found))
