@@ -130,6 +130,8 @@ def _checked(value: Any, where: str) -> Any:
 
 
 def _n_size(text: str) -> int:
+    if text.isdigit() and text.isascii():  # a plain non-negative integer (what dynacoord writes)
+        return 1 + ((len(text.strip("0")) or 1) + 1) // 2
     mantissa = text.lstrip("+-").split("e")[0].split("E")[0].replace(".", "")
     digits = len(mantissa.strip("0")) or 1
     return 1 + (digits + 1) // 2
@@ -139,7 +141,7 @@ def _av_size(av: Mapping[str, Any]) -> int:
     """DynamoDB's size of one attribute value (its documented item-size rules)."""
     ((tag, raw),) = av.items()
     if tag == "S":
-        return len(raw.encode("utf-8", "surrogatepass"))
+        return len(raw) if raw.isascii() else len(raw.encode("utf-8", "surrogatepass"))
     if tag == "N":
         return _n_size(raw)
     if tag == "B":
@@ -164,7 +166,11 @@ def _av_size(av: Mapping[str, Any]) -> int:
 def _map_size(item: Mapping[str, Any] | None) -> int:
     if not item:
         return 0
-    return sum(len(k.encode("utf-8", "surrogatepass")) + _av_size(v) for k, v in item.items())
+    size = 0
+    for name, av in item.items():
+        size += len(name) if name.isascii() else len(name.encode("utf-8", "surrogatepass"))
+        size += _av_size(av)
+    return size
 
 
 def _entry_size(entry: Mapping[str, Any]) -> int:
@@ -177,9 +183,19 @@ def _entry_size(entry: Mapping[str, Any]) -> int:
     )
 
 
+def _key_part(av: Mapping[str, Any]) -> Any:
+    """A key attribute value as a comparable: (tag, value) for the key types S, N and B (equal
+    exactly when their repr is), the repr of anything else."""
+    if len(av) == 1:
+        ((tag, raw),) = av.items()
+        if tag in ("S", "N", "B"):
+            return tag, raw
+    return repr(av)
+
+
 def _identity(
     entry: Mapping[str, Any], key_names: Mapping[str, frozenset[str]]
-) -> tuple[str, str] | None:
+) -> tuple[str, Any] | None:
     """(table, key) of the item an entry touches; None for a Put into a table whose key
     attributes are not known here (DynamoDB itself then refuses a duplicate)."""
     ((_, op),) = entry.items()
@@ -191,7 +207,7 @@ def _identity(
         if not names or not names <= set(item):
             return None
         key = {name: item[name] for name in names}
-    return table, repr(sorted((name, repr(av)) for name, av in key.items()))
+    return table, tuple(sorted((name, _key_part(av)) for name, av in key.items()))
 
 
 def check_transaction_items(
@@ -234,7 +250,7 @@ def _check_distinct(
         ((_, op),) = entry.items()
         if "Key" in op:
             known.setdefault(str(op.get("TableName")), frozenset(op["Key"]))
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[tuple[str, Any], int] = {}
     for index, entry in enumerate(items):
         identity = _identity(entry, known)
         if identity is None:
