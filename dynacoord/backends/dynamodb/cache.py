@@ -107,7 +107,11 @@ class DynamoDBCacheStore:
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._primary(key), ReturnValues="ALL_OLD")
         old = response.get("Attributes")
-        return CacheEntry.from_item(unmarshal(old) if old else None, now_ms) is not None
+        if not old:
+            return False
+        # a live entry was removed (is_live, on the one attribute it reads)
+        expires = old.get("expires_at_ms")
+        return expires is None or int(Decimal(expires["N"])) > now_ms
 
     def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
         if expires_at_ms is None:
