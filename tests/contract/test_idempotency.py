@@ -733,3 +733,15 @@ def test_requests_per_call_first_two_writes_replay_one(make_backend):
         assert operations == ["PutItem"]
     finally:
         events.unregister("before-call.dynamodb.*", count)
+
+
+def test_a_completed_claim_cannot_be_completed_again_or_released(make_backend):
+    """Once completed, the claim's token is gone: a second completion (another result) and a
+    release by the same claim are refused and the first result stays."""
+    idem = _backend(make_backend, clock=ManualClock()).idempotency
+    claim = idem.try_claim("done-once", lease=30).claim
+    assert idem.complete(claim, {"n": 1}, ttl=60) is True
+    assert idem.complete(claim, {"n": 2}, ttl=60) is False
+    assert idem.release(claim) is False
+    record = idem.get("done-once")
+    assert record.completed and record.result == {"n": 1}

@@ -67,8 +67,10 @@ class DynamoDBIdempotencyStore:
                 "update_item",
                 Key=self._key(key),
                 # Only our own claim: a call that lost its lease must not overwrite the record of
-                # the call that took the key over.
-                ConditionExpression="#token = :token AND #status = :in_progress",
+                # the call that took the key over. A record carries a token only while in
+                # progress (the claim writes both, this completion removes the token), so the
+                # token alone says the claim is still ours and open.
+                ConditionExpression="#token = :token",
                 UpdateExpression=(
                     "SET #status = :completed, #result = :result, expires_at_ms = :exp, "
                     "#ttl = :ttl, completed_ms = :now REMOVE #token"
@@ -76,7 +78,6 @@ class DynamoDBIdempotencyStore:
                 ExpressionAttributeNames=_NAMES,
                 ExpressionAttributeValues=values(
                     token=token,
-                    in_progress=_IN_PROGRESS,
                     completed=_COMPLETED,
                     result=result_text,
                     exp=expires,
