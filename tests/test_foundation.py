@@ -272,7 +272,7 @@ def test_key_length_limits_hold_on_the_fast_path_and_off_it():
     from dynacoord import keys
 
     for key_char in ("x", "é"):  # one byte, two bytes of UTF-8
-        room = keys.MAX_PARTITION_KEY_BYTES - len("LOCK#ns#".encode())
+        room = keys.MAX_PARTITION_KEY_BYTES - len(b"LOCK#ns#")
         fits = key_char * (room // len(key_char.encode()))
         assert keys.lock_pk("ns", fits) == f"LOCK#ns#{fits}"
         with pytest.raises(InvalidKeyError, match="too long"):
