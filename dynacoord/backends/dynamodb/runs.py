@@ -69,9 +69,9 @@ def _int(av: Mapping[str, Any]) -> int:
 
 
 def _listed(raw_item: Mapping[str, Any]) -> Run:
-    """``_run(_read(raw_item))`` straight from the attribute values, as a listed page of up to
-    100 runs needs it; anything but the attribute types runs are written with takes the general
-    path."""
+    """``_run(_read(raw_item))`` straight from the attribute values (a listed page holds up to
+    100 runs, and every write reads its run back); anything but the attribute types runs are
+    written with takes the general path."""
     get = raw_item.get
     try:
         ctx = raw_item["ctx"]["M"] if "ctx" in raw_item else {}
@@ -164,7 +164,7 @@ class DynamoDBRunStore:
             if written_by(failed.item, token):
                 return _run(failed.item)
             raise write_refused(run_id, failed.item, now_ms) from None
-        return _run(_read(response["Attributes"]))
+        return _listed(response["Attributes"])
 
     def update(
         self,
