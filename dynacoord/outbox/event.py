@@ -128,7 +128,8 @@ class Event:
             )
         # Refuse values that cannot be stored now, not when the worker reads them back.
         codec.encode(payload)
-        codec.encode(meta)
+        if meta:
+            codec.encode(meta)
         object.__setattr__(self, "type", type)
         object.__setattr__(self, "payload", payload)
         object.__setattr__(self, "id", event_id)
