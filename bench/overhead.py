@@ -36,8 +36,8 @@ TARGET = 1.05
 #: which operations of section 1 have no pair here, and why
 EXCLUSION_RULE = (
     "Only operations that section 1 counts at exactly one request are paired: an operation of "
-    "several requests has no single raw boto3 call of the same shape to divide by (issue 8 "
-    "section 2 defines overhead for single-request operations)."
+    "several requests has no single raw boto3 call of the same shape to divide by (overhead "
+    "is defined for single-request operations)."
 )
 
 #: single-request operations of section 1 deliberately left without a pair: (primitive,

@@ -203,8 +203,8 @@ def _overhead(s: dict[str, Any], requests: dict[str, Any] | None = None) -> list
         f"*n* column says so), interleaved A/B (order alternating every sample). Both sides pay "
         f"the same request-counting hook.",
         "",
-        f"**Overhead is *ratio (median)* = median dynacoord latency / median raw latency, as "
-        f"issue 8 §2 defines it; it is the number judged against the target ≤ {target} (bold: "
+        f"**Overhead is *ratio (median)* = median dynacoord latency / median raw latency; "
+        f"it is the number judged against the target ≤ {target} (bold: "
         f"above).** *paired* = median of the per-sample ratios of back-to-back pairs, with its "
         f"95 % bootstrap interval: informational (the pairs share the machine's busy moments, so "
         f"it is steadier), it judges nothing.",
@@ -746,7 +746,7 @@ def summary(results: dict[str, Any]) -> list[str]:
                 [
                     "overhead over raw boto3 (single-request operations)",
                     f"{len(good) - len(above)} of {len(good)} within {ov['target']:.2f} (ratio of "
-                    f"medians, as issue 8 defines it); median ratio "
+                    f"medians); median ratio "
                     f"{medians[len(medians) // 2]:.3f}; highest {worst['ratio_median']:.3f} "
                     f"({worst['primitive']} {worst['operation']})"
                     + (
