@@ -508,3 +508,26 @@ def test_every_outbox_item_is_inside_the_namespace_scoped_policy(make_ddb):
     }
     outside = [pk for pk in mine if not any(fnmatch.fnmatchcase(pk, p) for p in patterns)]
     assert outside == []
+
+
+def test_the_per_event_design_keeps_ordered_groups_in_order(make_backend):
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish([Event("t", i, group="g", ordered=True, id=f"q{i}") for i in range(3)])
+    delivered: list[str] = []
+    fail_once = {"q0"}
+
+    def handle(event: Event) -> None:
+        if event.id in fail_once:
+            fail_once.discard(event.id)
+            raise RuntimeError("downstream down")
+        delivered.append(event.id)
+
+    worker = outbox.worker(handle, backoff=10, max_backoff=10, heartbeat=False, batch_claim=False)
+    worker.run_once()
+    assert delivered == []  # the head failed: its followers wait
+    clock.advance(11)
+    for _ in range(5):
+        worker.run_once()
+        clock.advance(2)
+    assert delivered == ["q0", "q1", "q2"]

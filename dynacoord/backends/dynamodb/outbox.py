@@ -364,6 +364,16 @@ class DynamoDBOutboxStore:
     def claim(
         self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
     ) -> EventRecord | None:
+        if seen.seq is not None:
+            # An ordered event is claimed with its group's gate (a transaction).
+            claimed = self.claim_many([seen], [token], lease_until_ms, now_ms)
+            return claimed[0] if claimed else None
+        return self._claim_one(seen, token, lease_until_ms, now_ms)
+
+    def _claim_one(
+        self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
+    ) -> EventRecord | None:
+        """One unordered event, one conditional UpdateItem returning the claimed item."""
         if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
             return None
         gpk, gsk = self._index(seen.id, EventStatus.IN_FLIGHT, lease_until_ms)
@@ -470,7 +480,7 @@ class DynamoDBOutboxStore:
                 claimable.append((record, token))
         if len(claimable) == 1 and claimable[0][0].seq is None:
             record, token = claimable[0]
-            got = self.claim(record, token, lease_until_ms, now_ms)
+            got = self._claim_one(record, token, lease_until_ms, now_ms)
             return [] if got is None else [got]
         # Items: one claim per event, one gate check per ordered group, a group's with its run.
         entries: list[_Entry] = []
@@ -593,21 +603,14 @@ class DynamoDBOutboxStore:
         """One request for ``chunk``; the entries to send again (cancelled, no fault of theirs)."""
         if not chunk:
             return []
-        if len(chunk) == 1 and "Update" in chunk[0].item:
-            op = dict(chunk[0].item["Update"])
+        single = _SINGLE_OPERATIONS.keys() & chunk[0].item.keys() if len(chunk) == 1 else None
+        if single:
+            # One item: the plain write (half the write units of a transaction).
+            (action,) = single
+            op = dict(chunk[0].item[action])
             op.pop("TableName", None)
             try:
-                self._table.call("update_item", **op)
-            except ConditionFailedError as failed:
-                refused(chunk[0], failed.item)
-                return []
-            written(chunk[0])
-            return []
-        if len(chunk) == 1 and "Delete" in chunk[0].item:
-            op = dict(chunk[0].item["Delete"])
-            op.pop("TableName", None)
-            try:
-                self._table.call("delete_item", **op)
+                self._table.call(_SINGLE_OPERATIONS[action], **op)
             except ConditionFailedError as failed:
                 refused(chunk[0], failed.item)
                 return []
@@ -1003,6 +1006,8 @@ class _Runs:
 
 
 _EVENT_SK = "EVENT"
+#: A transaction item's action and the plain request that writes it alone.
+_SINGLE_OPERATIONS = {"Update": "update_item", "Delete": "delete_item"}
 
 
 def _size_bound(item: Mapping[str, Any]) -> int:
