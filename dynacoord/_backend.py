@@ -65,7 +65,8 @@ class Backend(abc.ABC):
         )
 
     def _memo(self, name: str, build: Callable[[], _T]) -> _T:
-        """Build a primitive object once per backend (thread-safe)."""
+        """Build a primitive object once per backend (thread-safe). The properties look in
+        ``_facades`` first themselves: the lock, the import and the builder are paid once."""
         with self._facade_lock:
             if name not in self._facades:
                 self._facades[name] = build()
@@ -112,6 +113,9 @@ class Backend(abc.ABC):
     @property
     def locks(self) -> Locks:
         """Distributed locks with fencing tokens in this backend's namespace."""
+        facade = self._facades.get("_locks")
+        if facade is not None:
+            return facade  # type: ignore[no-any-return]
         from .locks import Locks
 
         return self._memo(
@@ -171,6 +175,9 @@ class Backend(abc.ABC):
     @property
     def checkpoints(self) -> Checkpoints:
         """Task checkpoints (save / load / load_latest / list / cleanup / task) in this namespace."""
+        facade = self._facades.get("_checkpoints")
+        if facade is not None:
+            return facade  # type: ignore[no-any-return]
         from .checkpoints import Checkpoints
 
         return self._memo(
@@ -181,6 +188,9 @@ class Backend(abc.ABC):
     @property
     def idempotency(self) -> Idempotency:
         """Idempotency records (try_claim / complete / release / get / delete) in this namespace."""
+        facade = self._facades.get("_idempotency")
+        if facade is not None:
+            return facade  # type: ignore[no-any-return]
         from .idempotency import Idempotency
 
         return self._memo(
@@ -226,6 +236,9 @@ class Backend(abc.ABC):
     @property
     def outbox(self) -> Outbox:
         """The transactional outbox of this backend's namespace (publish, workers, management)."""
+        facade = self._facades.get("_outbox")
+        if facade is not None:
+            return facade  # type: ignore[no-any-return]
         from .outbox import Outbox
 
         return self._memo(
@@ -238,6 +251,9 @@ class Backend(abc.ABC):
     @property
     def counters(self) -> Counters:
         """Atomic counters, set-if-absent flags and idempotent fan-in joins."""
+        facade = self._facades.get("_counters")
+        if facade is not None:
+            return facade  # type: ignore[no-any-return]
         from .counters import Counters
 
         return self._memo(
@@ -247,6 +263,9 @@ class Backend(abc.ABC):
     @property
     def runs(self) -> Runs:
         """Workflow-run state and the stalled-run reconciler (uses ``locks`` for reconcile)."""
+        facade = self._facades.get("_runs")
+        if facade is not None:
+            return facade  # type: ignore[no-any-return]
         from .runs import Runs
 
         locks = self.locks  # before _memo: building it takes the same (non-reentrant) lock

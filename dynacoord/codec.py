@@ -23,7 +23,7 @@ import base64
 import decimal
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 from .errors import InvalidValueError, ValueTooLargeError
@@ -64,51 +64,100 @@ _CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 _MAX_DEPTH = 64
 
 
-def _to_jsonable(value: Any, depth: int, path: str) -> Any:
+class _UnstorableError(Exception):
+    """Internal: a value the codec cannot store. The path to it is collected on the way out (the
+    containers add their keys), so a walk that finds nothing wrong formats no paths at all."""
+
+    def __init__(self, message: Callable[[str], str]) -> None:
+        super().__init__()
+        self.message = message
+        self.trail: list[Any] = []  # keys and indexes, innermost first
+
+    def error(self, root: str) -> InvalidValueError:
+        path = root + "".join(f"[{k!r}]" for k in reversed(self.trail))
+        return InvalidValueError(self.message(path))
+
+
+def _bad_key(key: Any) -> _UnstorableError:
+    return _UnstorableError(
+        lambda path: f"dict keys must be str, got {type(key).__name__} key {key!r} at {path}"
+    )
+
+
+def _to_jsonable(value: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
-        raise InvalidValueError(
-            f"value nests deeper than {_MAX_DEPTH} levels at {path} (recursive structure?)"
+        raise _UnstorableError(
+            lambda path: (
+                f"value nests deeper than {_MAX_DEPTH} levels at {path} (recursive structure?)"
+            )
         )
-    if value is None or isinstance(value, (bool, str)):
+    cls = type(value)
+    if cls is str or value is None or cls is bool:
+        return value
+    if cls is dict or (cls is not list and isinstance(value, Mapping)):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if type(k) is not str and not isinstance(k, str):
+                raise _bad_key(k)
+            try:
+                out[k] = _to_jsonable(v, depth + 1)
+            except _UnstorableError as bad:
+                bad.trail.append(k)
+                raise
+        if len(out) == 1 and next(iter(out)) in _TAGS:
+            return {"$$": out}
+        return out
+    if cls is list or isinstance(value, (list, tuple)):
+        items = []
+        for i, v in enumerate(value):
+            try:
+                items.append(_to_jsonable(v, depth + 1))
+            except _UnstorableError as bad:
+                bad.trail.append(i)
+                raise
+        return items
+    if isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
         if value.bit_length() > _INT_CHECK_BITS and not -_INT_LIMIT < value < _INT_LIMIT:
-            raise InvalidValueError(
-                f"int at {path} has more than {MAX_INT_DIGITS} digits ({value.bit_length()} "
-                "bits), over the codec's int range; store it as a str or a Decimal"
+            bits = value.bit_length()
+            raise _UnstorableError(
+                lambda path: (
+                    f"int at {path} has more than {MAX_INT_DIGITS} digits ({bits} "
+                    "bits), over the codec's int range; store it as a str or a Decimal"
+                )
             )
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidValueError(
-                f"value at {path} is {value!r}: NaN and infinity are not storable"
+            raise _UnstorableError(
+                lambda path: f"value at {path} is {value!r}: NaN and infinity are not storable"
             )
         return value
     if isinstance(value, decimal.Decimal):
         if not value.is_finite():
-            raise InvalidValueError(
-                f"value at {path} is {value!r}: NaN and infinity are not storable"
+            raise _UnstorableError(
+                lambda path: f"value at {path} is {value!r}: NaN and infinity are not storable"
             )
         return {"$d": str(value)}
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$b": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise InvalidValueError(
-                    f"dict keys must be str, got {type(k).__name__} key {k!r} at {path}"
-                )
-            out[k] = _to_jsonable(v, depth + 1, f"{path}[{k!r}]")
-        if len(out) == 1 and next(iter(out)) in _TAGS:
-            return {"$$": out}
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_to_jsonable(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
-    raise InvalidValueError(
-        f"value of type {type(value).__name__} at {path} is not storable: use int, float, str, "
-        "bool, None, bytes, Decimal, list or dict with str keys"
+    raise _UnstorableError(
+        lambda path: (
+            f"value of type {type(value).__name__} at {path} is not storable: use int, "
+            "float, str, bool, None, bytes, Decimal, list or dict with str keys"
+        )
     )
+
+
+def _tree(value: Any) -> Any:
+    """``value`` as a tree of JSON types, or :class:`InvalidValueError` naming where it is not."""
+    try:
+        return _to_jsonable(value, 0)
+    except _UnstorableError as bad:
+        raise bad.error("value") from None
+    except RecursionError as exc:  # pragma: no cover - depth check fires first
+        raise InvalidValueError("value is recursive") from exc
 
 
 def _from_jsonable(obj: Any) -> Any:
@@ -131,11 +180,7 @@ def _from_jsonable(obj: Any) -> Any:
 
 def encode(value: Any) -> str:
     """Encode ``value`` as JSON text; raise :class:`InvalidValueError` for unsupported values."""
-    try:
-        tree = _to_jsonable(value, 0, "value")
-    except RecursionError as exc:  # pragma: no cover - depth check fires first
-        raise InvalidValueError("value is recursive") from exc
-    return _text(_ENCODER, tree)
+    return _text(_ENCODER, _tree(value))
 
 
 def _text(encoder: json.JSONEncoder, tree: Any) -> str:
@@ -161,11 +206,7 @@ def canonical(value: Any) -> str:
     The same text as ``json.dumps(json.loads(encode(value)), sort_keys=True,
     ensure_ascii=False)``, without the round trip.
     """
-    try:
-        tree = _to_jsonable(value, 0, "value")
-    except RecursionError as exc:  # pragma: no cover - depth check fires first
-        raise InvalidValueError("value is recursive") from exc
-    return _text(_CANONICAL, tree)
+    return _text(_CANONICAL, _tree(value))
 
 
 def decode(text: str | bytes) -> Any:

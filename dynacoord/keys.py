@@ -329,18 +329,23 @@ def time_sk_bound(ms: int) -> str:
 
 def outbox_index_sk(due_ms: int, event_id: str) -> str:
     """The gsi1 sort key of an outbox event: ``{due_ms:015d}#{event_id}`` (due order)."""
-    return f"{time_sk_bound(due_ms)}#{event_id}"
+    return _sort_key(f"{due_ms:0{MS_WIDTH}d}#{event_id}", "event id", event_id)
+
+
+def outbox_pk(namespace: str, event_id: str) -> str:
+    """Only the pk of :func:`outbox_key` (the same for every status and due time)."""
+    return _pk(_OUTBOX, namespace, event_id, "event id")
 
 
 def outbox_key(
     namespace: str, event_id: str, *, status: str, due_ms: int, shards: int = 1
 ) -> ItemKey:
-    pk = _pk(_OUTBOX, namespace, event_id, "event id")
+    pk = outbox_pk(namespace, event_id)
     return ItemKey(
         pk,
         _SK_OUTBOX,
         outbox_index_pk(namespace, status, shard_of(event_id, shards)),
-        _sort_key(outbox_index_sk(due_ms, event_id), "event id", event_id),
+        outbox_index_sk(due_ms, event_id),
     )
 
 

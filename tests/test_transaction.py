@@ -235,3 +235,61 @@ def test_a_missing_business_table_is_named_not_the_dynacoord_table(env):
     assert "'no-such-orders-table'" in str(raised.value)
     assert raised.value.table_name == "no-such-orders-table"
     assert backend.outbox.get("evt-missing-table") is None  # nothing written
+
+
+def test_a_put_is_compared_again_once_its_tables_key_is_learned(env):
+    """Two Puts of one item into a table whose key the transaction learns only later (from a
+    keyed operation on another item of it): the later add that teaches the key finds the pair."""
+    backend, _, orders = env
+    first, other = unique_name("o"), unique_name("o")
+    with pytest.raises(InvalidValueError, match="twice"):
+        with backend.transaction() as tx:
+            tx.put(orders, {"pk": first, "v": 1})
+            tx.put(orders, {"pk": first, "v": 2})  # not comparable yet: key of orders unknown
+            tx.delete(orders, {"pk": other})
+    assert len(tx) == 2, "the add that found the pair added nothing"
+
+
+def test_after_a_refused_add_the_transaction_goes_on_as_before(env):
+    """An add refused for a duplicate leaves what was collected (and its identities) as it was."""
+    backend, client, orders = env
+    pk = unique_name("o")
+    event = Event("order.created", {"id": 1})
+    with backend.transaction() as tx:
+        tx.put(orders, {"pk": pk, "v": 1})
+        tx.publish(event)
+        with pytest.raises(InvalidValueError, match="twice"):
+            tx.publish([Event("order.other", {"id": 2}), event])
+        with pytest.raises(InvalidValueError, match="twice"):
+            tx.update(orders, {"pk": pk}, "SET v = :v", values={":v": 2})
+        assert len(tx) == 2
+    assert tx.committed
+    assert _order(client, orders, pk) == {"pk": pk, "v": 1}
+    assert backend.outbox.get(event.id) is not None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        "",
+        "é" * 300,
+        "\U0001f600" * 200,
+        {"nested": [1, 2.5, decimal.Decimal("1E+40"), b"\x00\xff" * 50, None, True]},
+        list(range(500)),
+        {f"k{i}" * 40: "v" * 40 for i in range(30)},
+    ],
+)
+def test_an_events_size_bound_is_never_below_its_estimate(moto_table, payload):
+    """The outbox hands the transaction an upper bound on an event's bytes (so the 4 MB check
+    need not estimate it): it must never be under DynamoDB's size of the entry."""
+    from dynacoord.backends.dynamodb.transaction import _entry_size
+
+    client, table = moto_table
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"))
+    store = backend.outbox._store
+    for metadata in (None, {"trace": "t" * 30, "n": 7}):
+        for group in (None, "g" * 20):
+            event = Event("t" * 10, payload, metadata=metadata, group=group)
+            entry, bound = store.transaction_entry(event, 1_700_000_000_000)
+            assert bound >= _entry_size(entry)

@@ -82,7 +82,7 @@ class Outbox:
             now = now_ms(self.clock)
             tx._add_entries(
                 [
-                    (f"publish event {e.id!r}", e.id, self._store.transaction_entry(e, now))
+                    (f"publish event {e.id!r}", e.id, *self._store.transaction_entry(e, now))
                     for e in items
                 ]
             )

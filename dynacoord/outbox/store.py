@@ -51,9 +51,10 @@ class Outcome:
 
 class TransactionEntries(Protocol):
     """What ``Outbox.publish(tx=...)`` needs of a transaction: a way to add prepared entries
-    (what, event id, the backend's entry). The DynamoDB backend's ``Transaction`` is one."""
+    (what, event id, the backend's entry, an upper bound on its bytes or None). The DynamoDB
+    backend's ``Transaction`` is one."""
 
-    def _add_entries(self, entries: list[tuple[str, str | None, Any]]) -> None: ...
+    def _add_entries(self, entries: list[tuple[str, str | None, Any, int | None]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +114,9 @@ class OutboxStore(Protocol):
         """
         ...
 
-    def transaction_entry(self, event: Event, now_ms: int) -> Any:
-        """The backend's transaction entry that stores ``event`` as pending (no request)."""
+    def transaction_entry(self, event: Event, now_ms: int) -> tuple[Any, int]:
+        """The backend's transaction entry that stores ``event`` as pending (no request), and an
+        upper bound on the bytes it adds to the transaction."""
         ...
 
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:

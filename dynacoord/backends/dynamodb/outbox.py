@@ -29,6 +29,7 @@ from ...keys import (
     outbox_index_pk,
     outbox_index_sk,
     outbox_key,
+    outbox_pk,
     shard_of,
     time_sk_bound,
     validate_key,
@@ -139,7 +140,7 @@ class DynamoDBOutboxStore:
         self, event: Event, due_ms: int, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
         """The stored item of a new event and a bound on its size (bytes)."""
-        pk = outbox_key(self._ns, event.id, status="", due_ms=0).pk
+        pk = outbox_pk(self._ns, event.id)
         gpk, gsk = self._record_index(event, EventStatus.PENDING, due_ms)
         item = {
             "pk": pk,
@@ -295,7 +296,7 @@ class DynamoDBOutboxStore:
             "ExpressionAttributeValues": values(**args),
         }
 
-    def transaction_entry(self, event: Event, now_ms: int) -> dict[str, Any]:
+    def transaction_entry(self, event: Event, now_ms: int) -> tuple[dict[str, Any], int]:
         if event.ordered:
             raise NotSupportedError(
                 "an ordered event takes its place in its group when published: publish it with "
@@ -303,7 +304,9 @@ class DynamoDBOutboxStore:
                 "backend.transaction()"
             )
         self._record_shards()
-        return {"Put": self._put(event, now_ms, stable=True)}
+        put, bound = self._put_and_bound(event, now_ms, stable=True)
+        # the item's bound, plus its one expression value (":now", a number)
+        return {"Put": put}, bound + _EXPRESSION_VALUE_BOUND
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -1006,6 +1009,8 @@ class _Runs:
 
 
 _EVENT_SK = "EVENT"
+#: An upper bound on the bytes of one number-valued expression value (name and number).
+_EXPRESSION_VALUE_BOUND = 64
 #: A transaction item's action and the plain request that writes it alone.
 _SINGLE_OPERATIONS = {"Update": "update_item", "Delete": "delete_item"}
 

@@ -204,10 +204,10 @@ def _identity(
     if key is None:
         names = key_names.get(table)
         item = op.get("Item") or {}
-        if not names or not names <= set(item):
+        if not names or not names <= item.keys():
             return None
-        key = {name: item[name] for name in names}
-    return table, tuple(sorted((name, _key_part(av)) for name, av in key.items()))
+        return table, tuple(sorted([(name, _key_part(item[name])) for name in names]))
+    return table, tuple(sorted([(name, _key_part(av)) for name, av in key.items()]))
 
 
 def check_transaction_items(
@@ -242,9 +242,18 @@ def _check_bytes(size: int, max_bytes: int) -> None:
         )
 
 
+def _twice(first: str, second: str, identity: tuple[str, Any]) -> InvalidValueError:
+    return InvalidValueError(
+        f"one item appears twice in one transaction ({first} and {second}, the same key in "
+        f"{identity[0]!r}): DynamoDB refuses a transaction with two operations on one item; "
+        "nothing was sent"
+    )
+
+
 def _check_distinct(
     items: list[dict[str, Any]], labels: list[str], key_names: Mapping[str, frozenset[str]]
-) -> None:
+) -> dict[tuple[str, Any], int]:
+    """The index of each item by its identity; :class:`InvalidValueError` if one is there twice."""
     known = dict(key_names)
     for entry in items:
         ((_, op),) = entry.items()
@@ -256,13 +265,9 @@ def _check_distinct(
         if identity is None:
             continue
         if identity in seen:
-            first = seen[identity]
-            raise InvalidValueError(
-                f"one item appears twice in one transaction ({labels[first]} and "
-                f"{labels[index]}, the same key in {identity[0]!r}): DynamoDB refuses a "
-                "transaction with two operations on one item; nothing was sent"
-            )
+            raise _twice(labels[seen[identity]], labels[index], identity)
         seen[identity] = index
+    return seen
 
 
 def _check_str(value: Any, name: str) -> str:
@@ -290,8 +295,16 @@ def _item(values: Any, what: str) -> dict[str, Any]:
         raise InvalidValueError(f"{what} must be a non-empty dict of attribute values")
     out: dict[str, Any] = {}
     for name, value in values.items():
-        _check_str(name, f"{what} attribute name")
-        out[name] = _serialize(value, f"{what} attribute {name!r}")
+        if type(name) is not str or not name:
+            _check_str(name, f"{what} attribute name")
+        cls = type(value)
+        # strings and ints of at most 38 digits directly: most attributes are one of them
+        if cls is str:
+            out[name] = {"S": value}
+        elif cls is int and -_INT_LIMIT < value < _INT_LIMIT:
+            out[name] = {"N": str(value)}
+        else:
+            out[name] = _serialize(value, f"{what} attribute {name!r}")
     return out
 
 
@@ -319,7 +332,10 @@ class Transaction:
         self._token = client_request_token
         self._max_items = max_items
         self._max_bytes = max_bytes
-        self._bytes = 0
+        # The 4 MB check sums cheap bounds until they no longer prove the items fit; from then on
+        # it sums exact estimates (``_exact_bytes``, None until needed).
+        self._bound_bytes = 0
+        self._exact_bytes: int | None = None
         self._items: list[dict[str, Any]] = []
         self._labels: list[str] = []
         self._event_ids: dict[int, str] = {}
@@ -329,6 +345,9 @@ class Transaction:
         self._key_names: dict[str, frozenset[str]] = (
             {name: frozenset({"pk", "sk"})} if isinstance(name, str) else {}
         )
+        # The identity (table, key) of each collected item whose key is known -> its index, so
+        # an add compares only its own entries with what is collected.
+        self._seen: dict[tuple[str, Any], int] = {}
         self._state = "new"  # new -> open -> committed | discarded
 
     # -- collecting -------------------------------------------------------------------------------
@@ -344,9 +363,13 @@ class Transaction:
         if self._state in ("committed", "discarded"):
             raise RuntimeError(f"this transaction is already {self._state}")
 
-    def _add_entries(self, entries: list[tuple[str, str | None, dict[str, Any]]]) -> None:
-        """Add (label, event id or None, TransactItem) entries, all or none (DynamoDB's limits
-        checked: item count, 4 MB, one item once)."""
+    def _add_entries(
+        self, entries: list[tuple[str, str | None, dict[str, Any], int | None]]
+    ) -> None:
+        """Add (label, event id or None, TransactItem, bound) entries, all or none (DynamoDB's
+        limits checked: item count, 4 MB, one item once). ``bound`` is an upper bound on the
+        entry's bytes when its maker knows one (the outbox does), else None: then the entry is
+        estimated exactly."""
         self._check_open()
         size = len(self._items) + len(entries)
         if size > self._max_items:
@@ -356,19 +379,58 @@ class Transaction:
                 size=size,
                 limit=self._max_items,
             )
-        sizes = [_entry_size(entry) for _, _, entry in entries]
-        _check_bytes(self._bytes + sum(sizes), self._max_bytes)
-        _check_distinct(
-            [*self._items, *(entry for _, _, entry in entries)],
-            [*self._labels, *(label for label, _, _ in entries)],
-            self._key_names,
+        bounds = sum(
+            _entry_size(entry) if bound is None else bound for _, _, entry, bound in entries
         )
-        self._bytes += sum(sizes)
-        for label, event_id, entry in entries:
+        exact = self._exact_bytes
+        if exact is not None or self._bound_bytes + bounds > self._max_bytes:
+            if exact is None:
+                exact = sum(_entry_size(entry) for entry in self._items)
+            exact += sum(_entry_size(entry) for _, _, entry, _ in entries)
+            _check_bytes(exact, self._max_bytes)
+        seen = self._distinct_after(entries)
+        self._bound_bytes += bounds
+        self._exact_bytes = exact
+        self._seen = seen
+        for label, event_id, entry, _ in entries:
             if event_id is not None:
                 self._event_ids[len(self._items)] = event_id
             self._items.append(entry)
             self._labels.append(label)
+
+    def _distinct_after(
+        self, entries: list[tuple[str, str | None, dict[str, Any], int | None]]
+    ) -> dict[tuple[str, Any], int]:
+        """The identities of the collected items and ``entries``, or :class:`InvalidValueError`
+        if one item would be there twice (the last check of an add: the key names of tables
+        first seen in ``entries`` are learned only once it passes)."""
+        learned = False
+        for _, _, entry, _ in entries:
+            ((_, op),) = entry.items()
+            if "Key" in op and str(op.get("TableName")) not in self._key_names:
+                learned = True
+        if learned:
+            # A table's key names learned now can make earlier Puts into it comparable: check
+            # everything again (rare: the first keyed operation on another table).
+            items = [*self._items, *(entry for _, _, entry, _ in entries)]
+            labels = [*self._labels, *(label for label, _, _, _ in entries)]
+            seen = _check_distinct(items, labels, self._key_names)
+            for entry in items:
+                ((_, op),) = entry.items()
+                if "Key" in op:
+                    self._key_names.setdefault(str(op.get("TableName")), frozenset(op["Key"]))
+            return seen
+        seen = dict(self._seen)
+        for offset, (label, _, entry, _) in enumerate(entries):
+            identity = _identity(entry, self._key_names)
+            if identity is None:
+                continue
+            if identity in seen:
+                first = seen[identity]
+                labels = [*self._labels, *(label for label, _, _, _ in entries)]
+                raise _twice(labels[first], label, identity)
+            seen[identity] = len(self._items) + offset
+        return seen
 
     @staticmethod
     def _expression_parts(
@@ -405,7 +467,7 @@ class Transaction:
     ) -> None:
         """Add one ``{action: op}`` item, with its condition expression parts, as ``label``."""
         op.update(self._expression_parts(condition, names, values))
-        self._add_entries([(label, None, {action: op})])
+        self._add_entries([(label, None, {action: op}, None)])
 
     def put(
         self,

@@ -219,7 +219,7 @@ class MongoOutboxStore:
             return self._clashes(events, now_ms) or {events[inserted].id: None}
         return {}
 
-    def transaction_entry(self, event: Event, now_ms: int) -> Any:
+    def transaction_entry(self, event: Event, now_ms: int) -> tuple[Any, int]:
         raise NotSupportedError(
             "the MongoDB backend has no transaction collector: use outbox.publish(...)"
         )

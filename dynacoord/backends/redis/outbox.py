@@ -365,7 +365,7 @@ class RedisOutboxStore:
             clashes[event.id] = EventRecord.from_item(pairs(reply[i + 1]), now_ms)
         return clashes
 
-    def transaction_entry(self, event: Event, now_ms: int) -> Any:
+    def transaction_entry(self, event: Event, now_ms: int) -> tuple[Any, int]:
         raise NotSupportedError(
             "the Redis backend has no transaction collector: use outbox.publish(...)"
         )
