@@ -58,6 +58,8 @@ class Scale:
     outbox_events: int
     import_runs: int
     first_op_runs: int
+    gc_phases: int  # cold start: points spread over one full-collection period of the GC
+    gc_phase_runs: int  # pairs of processes at each of those points
     peer_samples: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -74,6 +76,8 @@ FULL = Scale(
     outbox_events=2000,
     import_runs=9,
     first_op_runs=7,
+    gc_phases=48,  # a fine grid: one more full collection is a ~2k-allocation edge in ~85k
+    gc_phase_runs=1,
     peer_samples=300,
 )
 
@@ -88,6 +92,8 @@ TINY = Scale(
     outbox_events=12,
     import_runs=1,
     first_op_runs=1,
+    gc_phases=2,
+    gc_phase_runs=1,
     peer_samples=3,
 )
 

@@ -8,23 +8,22 @@ import sys
 __all__ = ["StrEnum"]
 
 
-class _StrEnum(str, enum.Enum):
-    """What :class:`enum.StrEnum` (3.11+) does that matters here: members are ``str`` and
-    ``str()``/``format()`` give the value (``"open"``, not ``"State.OPEN"``); ``auto()`` gives
-    the lower-cased member name."""
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-    def __format__(self, format_spec: str) -> str:
-        return str.__format__(str(self), format_spec)
-
-    @staticmethod
-    def _generate_next_value_(name: str, start: int, count: int, last_values: list[str]) -> str:
-        return name.lower()
-
-
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 else:
-    StrEnum = _StrEnum
+    # made only where it is needed: an enum class costs a millisecond of every cold start
+
+    class StrEnum(str, enum.Enum):
+        """What :class:`enum.StrEnum` (3.11+) does that matters here: members are ``str`` and
+        ``str()``/``format()`` give the value (``"open"``, not ``"State.OPEN"``); ``auto()``
+        gives the lower-cased member name."""
+
+        def __str__(self) -> str:
+            return str.__str__(self)
+
+        def __format__(self, format_spec: str) -> str:
+            return str.__format__(str(self), format_spec)
+
+        @staticmethod
+        def _generate_next_value_(name: str, start: int, count: int, last_values: list[str]) -> str:
+            return name.lower()

@@ -24,8 +24,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
@@ -38,9 +37,8 @@ __all__ = ["AcquireResult", "Lease", "LockInfo", "LockStore", "Locks", "default_
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class LockInfo:
-    """A snapshot of a held lock."""
+class LockInfo(NamedTuple):
+    """A snapshot of a held lock (a NamedTuple: cheap to define, which a cold start pays)."""
 
     key: str
     owner: str
@@ -53,8 +51,7 @@ class LockInfo:
         return self.expires_at_ms / 1000
 
 
-@dataclass(frozen=True, slots=True)
-class AcquireResult:
+class AcquireResult(NamedTuple):
     """What one acquisition attempt returned: the new lock, or who holds it now."""
 
     acquired: LockInfo | None

@@ -39,10 +39,22 @@ def test_states_are_str_enum():
         assert issubclass(BreakerState, enum.StrEnum)
 
 
-def test_str_enum_fallback_for_python_3_10_behaves_like_str_enum():
-    from dynacoord._compat import _StrEnum
+def test_str_enum_fallback_for_python_3_10_behaves_like_str_enum(monkeypatch):
+    # the fallback is made only on 3.10: run the module's source as 3.10 would
+    import importlib.util
 
-    class Color(_StrEnum):
+    spec = importlib.util.find_spec("dynacoord._compat")
+    assert spec is not None and spec.origin is not None
+    with open(spec.origin, encoding="utf-8") as file:
+        source = file.read()
+    namespace: dict[str, object] = {"__name__": "dynacoord_compat_as_3_10"}
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    exec(compile(source, spec.origin, "exec"), namespace)
+    monkeypatch.undo()
+    _StrEnum = namespace["StrEnum"]
+    assert _StrEnum is not getattr(enum, "StrEnum", None)
+
+    class Color(_StrEnum):  # type: ignore[misc,valid-type]
         RED = "red"
         DARK_BLUE = enum.auto()
 
