@@ -54,13 +54,41 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_INT_DIGITS = 4300
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _INT_CHECK_BITS = 14000  # below this bit length an int has fewer than 4300 digits
+_BITS = _INT_CHECK_BITS
 
 _TAGS = frozenset({"$b", "$d", "$$"})
-#: one encoder for every call (``json.dumps`` with options builds a new one each time)
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _DECODER = json.JSONDecoder()
+
+
+def _encoder(**options: Any) -> Callable[[Any], str]:
+    """A JSON encoder made once for every call. ``JSONEncoder.encode`` builds its C encoder
+    anew on each call; where the C accelerator exists it is built here once (with no
+    circular-reference markers: the codec's walk bounds the depth before anything is encoded)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, **options)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has the accelerator
+        return encoder.encode
+    chunks = make(
+        None,
+        encoder.default,
+        json.encoder.encode_basestring,
+        None,
+        encoder.key_separator,
+        encoder.item_separator,
+        encoder.sort_keys,
+        False,
+        False,
+    )
+
+    def encode(tree: Any) -> str:
+        return "".join(chunks(tree, 0))
+
+    return encode
+
+
+_ENCODE = _encoder(separators=(",", ":"))
 #: the canonical form of :func:`canonical` (the key of a ``@cached`` call: keep it stable)
-_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+_CANONICAL = _encoder(sort_keys=True)
 _MAX_DEPTH = 64
 
 
@@ -94,7 +122,53 @@ def _to_jsonable(value: Any, depth: int) -> Any:
     cls = type(value)
     if cls is str or value is None or cls is bool:
         return value
-    if cls is dict or (cls is not list and isinstance(value, Mapping)):
+    # A container comes back as it is unless something in it had to change (a Decimal, bytes, a
+    # tag-like key, a Mapping that is not a dict): most values are plain JSON already, and the
+    # encoder takes them without a copy. str, bool, None and ints inside are checked in place
+    # rather than by a call each.
+    inline = depth < _MAX_DEPTH
+    if cls is dict:
+        changed: dict[str, Any] | None = None
+        for k, v in value.items():
+            if type(k) is not str and not isinstance(k, str):
+                raise _bad_key(k)
+            t = type(v)
+            if inline and (
+                t is str or v is None or t is bool or (t is int and v.bit_length() <= _BITS)
+            ):
+                continue
+            try:
+                converted = _to_jsonable(v, depth + 1)
+            except _UnstorableError as bad:
+                bad.trail.append(k)
+                raise
+            if converted is not v:
+                if changed is None:
+                    changed = dict(value)
+                changed[k] = converted
+        result = value if changed is None else changed
+        if len(result) == 1 and next(iter(result)) in _TAGS:
+            return {"$$": result}
+        return result
+    if cls is list or cls is tuple or isinstance(value, (list, tuple)):
+        replaced: list[Any] | None = None
+        for i, v in enumerate(value):
+            t = type(v)
+            if inline and (
+                t is str or v is None or t is bool or (t is int and v.bit_length() <= _BITS)
+            ):
+                continue
+            try:
+                converted = _to_jsonable(v, depth + 1)
+            except _UnstorableError as bad:
+                bad.trail.append(i)
+                raise
+            if converted is not v:
+                if replaced is None:
+                    replaced = list(value)
+                replaced[i] = converted
+        return value if replaced is None else replaced
+    if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
             if type(k) is not str and not isinstance(k, str):
@@ -107,15 +181,6 @@ def _to_jsonable(value: Any, depth: int) -> Any:
         if len(out) == 1 and next(iter(out)) in _TAGS:
             return {"$$": out}
         return out
-    if cls is list or isinstance(value, (list, tuple)):
-        items = []
-        for i, v in enumerate(value):
-            try:
-                items.append(_to_jsonable(v, depth + 1))
-            except _UnstorableError as bad:
-                bad.trail.append(i)
-                raise
-        return items
     if isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -180,12 +245,12 @@ def _from_jsonable(obj: Any) -> Any:
 
 def encode(value: Any) -> str:
     """Encode ``value`` as JSON text; raise :class:`InvalidValueError` for unsupported values."""
-    return _text(_ENCODER, _tree(value))
+    return _text(_ENCODE, _tree(value))
 
 
-def _text(encoder: json.JSONEncoder, tree: Any) -> str:
+def _text(encode: Callable[[Any], str], tree: Any) -> str:
     try:
-        text = encoder.encode(tree)
+        text = encode(tree)
     except ValueError as exc:  # an int over a lower sys.set_int_max_str_digits() of this process
         raise InvalidValueError(f"value cannot be encoded: {exc}") from exc
     if not text.isascii():

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dynacoord
 from dynacoord import (
@@ -106,6 +108,68 @@ def test_codec_round_trips_type_and_value(value):
     assert type(decoded) is type(value)
     if isinstance(value, float):
         assert repr(decoded) == repr(value)
+
+
+def _reference_tree(value):
+    """The codec's JSON tree by its plain definition: every container copied, every value
+    converted (what the encoder must produce whatever shortcuts it takes)."""
+    if isinstance(value, dict):
+        out = {k: _reference_tree(v) for k, v in value.items()}
+        return {"$$": out} if len(out) == 1 and next(iter(out)) in ("$b", "$d", "$$") else out
+    if isinstance(value, (list, tuple)):
+        return [_reference_tree(v) for v in value]
+    if isinstance(value, decimal.Decimal):
+        return {"$d": str(value)}
+    if isinstance(value, bytes):
+        import base64
+
+        return {"$b": base64.b64encode(value).decode("ascii")}
+    return value
+
+
+_json_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(), st.binary(max_size=8), st.decimals(allow_nan=False, allow_infinity=False),
+)
+_json_keys = st.one_of(st.sampled_from(["$b", "$d", "$$", "a"]), st.text(max_size=4))
+_json_values = st.recursive(
+    _json_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(_json_keys, inner, max_size=4),
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_codec_text_is_that_of_the_plain_conversion_and_the_value_is_untouched(value):
+    import copy
+    import json
+
+    before = copy.deepcopy(value)
+    expected = json.dumps(_reference_tree(value), ensure_ascii=False, separators=(",", ":"))
+    assert codec.encode(value) == expected
+    assert codec.canonical(value) == json.dumps(
+        _reference_tree(value), ensure_ascii=False, sort_keys=True
+    )
+    assert value == before  # the walk changed nothing it was given
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ({"a": [1, {"b": float("nan")}]}, "value['a'][1]['b']"),
+        ([0, (1, {"k": object()})], "value[1][1]['k']"),
+        ({"ok": 1, "bad": {3: "x"}}, "value['bad']"),
+    ],
+)
+def test_codec_errors_name_the_path_to_the_bad_value(value, where):
+    with pytest.raises(InvalidValueError) as info:
+        codec.encode(value)
+    assert f" at {where}" in str(info.value)
 
 
 def test_codec_tuple_becomes_list():

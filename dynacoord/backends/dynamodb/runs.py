@@ -22,7 +22,7 @@ from ... import codec
 from ..._items import is_live
 from ...errors import RunExistsError
 from ...keys import RUN_SK, run_index_pk, run_index_sk, run_key, run_pk, time_sk_bound
-from ...runs import Run, RunPage, RunStatus, new_run_fields, write_refused
+from ...runs import Run, RunPage, RunStatus, _status, new_run_fields, write_refused
 from ._table import (
     REQUEST_TOKEN,
     ConditionFailedError,
@@ -79,7 +79,7 @@ def _listed(raw_item: Mapping[str, Any]) -> Run:
         ended, expires, reconciles = get("ended_ms"), get("expires_at_ms"), get("reconciles")
         return Run(
             raw_item["run_id"]["S"],
-            RunStatus(raw_item["status"]["S"]),
+            _status(raw_item["status"]["S"]),
             {name: codec.decode(text["S"]) for name, text in ctx.items()},
             _int(raw_item["created_ms"]),
             _int(raw_item["updated_ms"]),
