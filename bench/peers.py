@@ -8,7 +8,7 @@ reported with its error instead of a number.
 * locks: ``python-dynamodb-lock`` (``DynamoDBLockClient`` on its own table, created with its own
   ``create_dynamodb_table``) vs ``backend.locks``: acquire + release of a free key.
 * idempotency: Powertools for AWS Lambda (``idempotent_function`` + ``DynamoDBPersistenceLayer``
-  on its own table, partition key ``id``) vs ``@backend.idempotent``: first call and replay.
+  on a table of the same shape as dynacoord's: pk/sk, the gsi1 index, TTL on) vs ``@backend.idempotent``: first call and replay.
 * circuit breaker on Redis: ``pybreaker`` with ``CircuitRedisStorage`` vs dynacoord's breaker on
   the Redis backend: one protected call while the circuit is closed.
 """
