@@ -346,3 +346,44 @@ def test_key_length_limits_hold_on_the_fast_path_and_off_it():
             keys.lock_pk(namespace, "k")  # type: ignore[arg-type]
     with pytest.raises(InvalidKeyError, match="surrogate"):
         keys.lock_pk("ns", "\ud800")
+
+
+# -- the idempotency record's size check ---------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    chars=st.sampled_from(["x", "é", "€", "😀"]),
+    length=st.integers(min_value=0, max_value=450 * 1024),
+    key=st.text(min_size=1, max_size=40).filter(str.strip),
+)
+def test_the_idempotency_size_check_agrees_with_the_full_estimate(chars, length, key):
+    # The check's cheap bound skips the estimate only where the estimate would pass too: a record
+    # is refused exactly when the full estimate of the largest record it can become refuses it.
+    from dynacoord.idempotency import Claim, Idempotency
+
+    text = chars * (length // len(chars.encode()))
+    claim = Claim(key, "t" * 32, 0, "h" * 64)
+    try:
+        codec.check_item_size(
+            {
+                "pk": f"IDEMP#{'x' * keys.MAX_NAMESPACE_CHARS}#{key}",
+                "sk": "IDEMP",
+                "status": "COMPLETED",
+                "result": text,
+                "payload_hash": "h" * 64,
+                "expires_at_ms": 10**15,
+                "ttl": 10**12,
+                "created_ms": 10**15,
+                "completed_ms": 10**15,
+            },
+            key=key,
+        )
+        fits = True
+    except ValueTooLargeError:
+        fits = False
+    if fits:
+        Idempotency._check_size(claim, text)
+    else:
+        with pytest.raises(ValueTooLargeError):
+            Idempotency._check_size(claim, text)
