@@ -45,7 +45,7 @@ from ...outbox import (
     pending_fields,
 )
 from ...outbox._runs import group_runs
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import FREE, ConditionFailedError, DynamoTable, marshal, to_av, unmarshal, values
 from .transaction import MAX_TRANSACTION_BYTES, MAX_TRANSACTION_ITEMS, check_transaction_items
 
 __all__ = ["DynamoDBOutboxStore"]
@@ -139,7 +139,7 @@ class DynamoDBOutboxStore:
     def _item(
         self, event: Event, due_ms: int, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
-        """The stored item of a new event and a bound on its size (bytes)."""
+        """The stored item of a new event, marshalled, and a bound on its size (bytes)."""
         pk = outbox_pk(self._ns, event.id)
         gpk, gsk = self._record_index(event, EventStatus.PENDING, due_ms)
         item = {
@@ -149,10 +149,10 @@ class DynamoDBOutboxStore:
             "gsi1sk": gsk,
             **pending_fields(event, due_ms, seq),
         }
-        bound = _size_bound(item)
+        marshalled, bound = _marshal_bounded(item)
         if bound > codec.DYNAMODB_ITEM_LIMIT:  # else it fits for certain: no estimate needed
             codec.check_item_size(item, key=event.id)
-        return item, bound
+        return marshalled, bound
 
     def _put(
         self, event: Event, now_ms: int, *, stable: bool = False, seq: int | None = None
@@ -167,7 +167,7 @@ class DynamoDBOutboxStore:
         item, bound = self._item(event, due, seq)
         return {
             "TableName": self._table.name,
-            "Item": marshal(item),
+            "Item": item,
             # An expired completed event (retention over, not swept yet) counts as absent. In a
             # caller's transaction (``stable``) expiry is judged at ``due`` instead of now, so the
             # request does not depend on the publishing moment and a retry with the same
@@ -1011,22 +1011,33 @@ class _Runs:
 _EVENT_SK = "EVENT"
 #: An upper bound on the bytes of one number-valued expression value (name and number).
 _EXPRESSION_VALUE_BOUND = 64
+#: ints below this in magnitude are marshalled directly (a number of at most 21 digits)
+_SMALL_INT = 10**21
 #: A transaction item's action and the plain request that writes it alone.
 _SINGLE_OPERATIONS = {"Update": "update_item", "Delete": "delete_item"}
 
 
-def _size_bound(item: Mapping[str, Any]) -> int:
-    """An upper bound on an item's stored size: at most 4 bytes of UTF-8 per character of a
-    name or string, at most 21 bytes per number, 256 for the rest. Cheaper than the estimate."""
+def _marshal_bounded(item: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """``marshal(item)`` and an upper bound on the item's stored size, in one pass: at most 4
+    bytes of UTF-8 per character of a name or string, at most 21 bytes per number (an event's
+    other attributes are ints), 256 for the rest. Cheaper than the estimate."""
+    out: dict[str, Any] = {}
     chars = 0
     numbers = 0
     for name, value in item.items():
         chars += len(name)
-        if type(value) is str:
+        cls = type(value)
+        # what an event's item holds (str, and ints far below the 38-digit limit) directly
+        if cls is str:
             chars += len(value)
-        else:
+            out[name] = {"S": value}
+        elif cls is int and -_SMALL_INT < value < _SMALL_INT:
             numbers += 1
-    return 4 * chars + 21 * numbers + 256
+            out[name] = {"N": str(value)}
+        elif value is not None:
+            numbers += 1
+            out[name] = to_av(value)
+    return out, 4 * chars + 21 * numbers + 256
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
