@@ -229,6 +229,8 @@ def _pk(prefix: str, namespace: str, key: Any, what: str) -> str:
 
 
 def _sort_key(value: str, what: str, key: object) -> str:
+    if value.isascii() and len(value) <= MAX_SORT_KEY_BYTES:  # the common case: valid
+        return value
     size = _utf8_len(value, what, key)
     if size > MAX_SORT_KEY_BYTES:
         raise InvalidKeyError(
@@ -316,7 +318,8 @@ def idempotency_pk(namespace: str, key: str) -> str:
 
 def outbox_index_pk(namespace: str, status: str, shard: int) -> str:
     """The gsi1 partition that lists outbox events of one status and shard."""
-    validate_namespace(namespace)
+    if type(namespace) is not str or namespace not in _VALID_NAMESPACES:
+        validate_namespace(namespace)
     return f"{_OUTBOX}#{namespace}#{status}#{shard}"
 
 

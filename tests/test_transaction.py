@@ -293,3 +293,22 @@ def test_an_events_size_bound_is_never_below_its_estimate(moto_table, payload):
             event = Event("t" * 10, payload, metadata=metadata, group=group)
             entry, bound = store.transaction_entry(event, 1_700_000_000_000)
             assert bound >= _entry_size(entry)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"pk": "a", "sk": "b"},
+        {"pk": "é" * 100, "n": 10**37, "neg": -(10**37), "zero": 0},
+        {"\U0001f600" * 10: "\U0001f600" * 50, "d": decimal.Decimal("1.5E+100")},
+        {"m": {"nested": [1, "x" * 40, None, True, b"\x00" * 30]}, "s": {"a", "b"}},
+        {"big": decimal.Decimal("1E+40"), "f": decimal.Decimal("-0.000001")},
+    ],
+)
+def test_a_marshalled_items_bound_is_never_below_its_size(values):
+    """A Put's or key's bytes are bounded while marshalling (so the 4 MB check need not
+    estimate them): the bound must never be under DynamoDB's size of what was marshalled."""
+    from dynacoord.backends.dynamodb.transaction import _item, _map_size
+
+    marshalled, bound = _item(values, "item")
+    assert bound >= _map_size(marshalled)

@@ -42,6 +42,8 @@ def test_start_and_get(make_backend):
     assert isinstance(got.context["amount"], float)
     assert got.created_at == got.updated_at == clock.time()
     assert got.result is None and got.error is None and got.ended_at is None
+    assert started == got  # start returns the run as stored, without reading it back
+    assert runs.start("r2") == runs.get("r2")
     assert runs.get("missing") is None
 
 

@@ -126,7 +126,14 @@ class DynamoDBRunStore:
         # A finished run past its TTL is absent even if the sweeper has not removed it.
         if not self._table.put_if_free(item, now_ms):
             raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id)
-        return _run(item)
+        # what _run(item) reads back, without reading it: a new run has only these fields
+        return Run(
+            run_id,
+            RunStatus.RUNNING,
+            {name: codec.decode(text) for name, text in ctx.items()} if ctx else {},
+            now_ms,
+            now_ms,
+        )
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
         raw = self._table.get_item(self._primary(run_id))

@@ -206,8 +206,15 @@ def _identity(
         item = op.get("Item") or {}
         if not names or not names <= item.keys():
             return None
-        return table, tuple(sorted([(name, _key_part(item[name])) for name in names]))
-    return table, tuple(sorted([(name, _key_part(av)) for name, av in key.items()]))
+        pairs = [(name, item[name]) for name in names]
+    else:
+        pairs = list(key.items())
+    parts = []
+    for name, av in pairs:
+        # a string key part (the usual kind) without the call
+        parts.append((name, ("S", av["S"]) if len(av) == 1 and "S" in av else _key_part(av)))
+    parts.sort()
+    return table, tuple(parts)
 
 
 def check_transaction_items(
@@ -290,22 +297,30 @@ def _serialize(value: Any, where: str) -> dict[str, Any]:
         ) from exc
 
 
-def _item(values: Any, what: str) -> dict[str, Any]:
+def _item(values: Any, what: str) -> tuple[dict[str, Any], int]:
+    """``values`` marshalled, and an upper bound on their bytes (4 a character of a name or
+    string, 21 a number: so the 4 MB check need not estimate them; other values exactly)."""
     if not isinstance(values, Mapping) or not values:
         raise InvalidValueError(f"{what} must be a non-empty dict of attribute values")
     out: dict[str, Any] = {}
+    chars = 0
+    exact = 0
     for name, value in values.items():
         if type(name) is not str or not name:
             _check_str(name, f"{what} attribute name")
+        chars += len(name)
         cls = type(value)
         # strings and ints of at most 38 digits directly: most attributes are one of them
         if cls is str:
             out[name] = {"S": value}
+            chars += len(value)
         elif cls is int and -_INT_LIMIT < value < _INT_LIMIT:
             out[name] = {"N": str(value)}
+            exact += 21
         else:
-            out[name] = _serialize(value, f"{what} attribute {name!r}")
-    return out
+            av = out[name] = _serialize(value, f"{what} attribute {name!r}")
+            exact += _av_size(av)
+    return out, 4 * chars + exact
 
 
 class Transaction:
@@ -464,10 +479,15 @@ class Transaction:
         condition: str | None,
         names: Mapping[str, str] | None,
         values: Mapping[str, Any] | None,
+        bound: int,
     ) -> None:
-        """Add one ``{action: op}`` item, with its condition expression parts, as ``label``."""
-        op.update(self._expression_parts(condition, names, values))
-        self._add_entries([(label, None, {action: op}, None)])
+        """Add one ``{action: op}`` item, with its condition expression parts, as ``label``;
+        ``bound`` is an upper bound on the bytes of its item or key."""
+        if condition is not None or names or values:
+            parts = self._expression_parts(condition, names, values)
+            op.update(parts)
+            bound += _map_size(parts.get("ExpressionAttributeValues"))
+        self._add_entries([(label, None, {action: op}, bound)])
 
     def put(
         self,
@@ -480,8 +500,9 @@ class Transaction:
     ) -> None:
         """Add a PutItem of ``item`` (a whole item, key attributes included) to ``table``."""
         _check_str(table, "table")
-        op = {"TableName": table, "Item": _item(item, "item")}
-        self._add_operation("Put", f"put into {table!r}", op, condition, names, values)
+        marshalled, bound = _item(item, "item")
+        op = {"TableName": table, "Item": marshalled}
+        self._add_operation("Put", f"put into {table!r}", op, condition, names, values, bound)
 
     def update(
         self,
@@ -495,12 +516,13 @@ class Transaction:
     ) -> None:
         """Add an UpdateItem of the item with ``key`` in ``table``."""
         _check_str(table, "table")
+        marshalled, bound = _item(key, "key")
         op = {
             "TableName": table,
-            "Key": _item(key, "key"),
+            "Key": marshalled,
             "UpdateExpression": _check_str(update_expression, "update_expression"),
         }
-        self._add_operation("Update", f"update in {table!r}", op, condition, names, values)
+        self._add_operation("Update", f"update in {table!r}", op, condition, names, values, bound)
 
     def delete(
         self,
@@ -513,8 +535,9 @@ class Transaction:
     ) -> None:
         """Add a DeleteItem of the item with ``key`` in ``table``."""
         _check_str(table, "table")
-        op = {"TableName": table, "Key": _item(key, "key")}
-        self._add_operation("Delete", f"delete from {table!r}", op, condition, names, values)
+        marshalled, bound = _item(key, "key")
+        op = {"TableName": table, "Key": marshalled}
+        self._add_operation("Delete", f"delete from {table!r}", op, condition, names, values, bound)
 
     def condition_check(
         self,
@@ -527,9 +550,10 @@ class Transaction:
     ) -> None:
         """Add a check that ``condition`` holds for the item with ``key`` (nothing is written)."""
         _check_str(table, "table")
-        op = {"TableName": table, "Key": _item(key, "key")}
+        marshalled, bound = _item(key, "key")
+        op = {"TableName": table, "Key": marshalled}
         label = f"condition check in {table!r}"
-        self._add_operation("ConditionCheck", label, op, condition, names, values)
+        self._add_operation("ConditionCheck", label, op, condition, names, values, bound)
 
     def publish(self, events: Event | Iterable[Event]) -> list[str]:
         """Add outbox events (of the backend this transaction came from); return their ids."""
