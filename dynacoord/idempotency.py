@@ -34,6 +34,7 @@ import importlib
 import json
 import logging
 import random
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -334,11 +335,36 @@ def compile_jmespath(spec: str, what: str) -> Callable[[Any], Any]:
     return search
 
 
+#: a JMESPath expression that is one unquoted field name: evaluated without jmespath
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _field_selector(name: str, what: str) -> Selector:
+    """The selector of the JMESPath expression ``name`` (a bare field): what JMESPath gives,
+    the field of a mapping, else None, without its parser and interpreter on every call."""
+
+    def field(*args: Any, **kwargs: Any) -> Any:
+        if not args:
+            raise TypeError(
+                f"idempotency {what} {name!r} is a JMESPath expression on the event, but the "
+                "function was called without a positional argument"
+            )
+        try:
+            return args[0].get(name)
+        except AttributeError:
+            return None
+
+    field.__name__ = f"jmespath({name!r})"
+    return field
+
+
 def _selector(spec: Any, what: str) -> Selector:
     """A callable over the function's arguments from a callable or a JMESPath expression."""
     if callable(spec):
         return spec  # type: ignore[no-any-return]
     if isinstance(spec, str):
+        if _FIELD_NAME.fullmatch(spec):
+            return _field_selector(spec, what)
         compiled = compile_jmespath(spec, what)
 
         def search(*args: Any, **kwargs: Any) -> Any:

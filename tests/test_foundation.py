@@ -387,3 +387,38 @@ def test_the_idempotency_size_check_agrees_with_the_full_estimate(chars, length,
     else:
         with pytest.raises(ValueTooLargeError):
             Idempotency._check_size(claim, text)
+
+
+# -- idempotency key selectors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["order_id", "_x", "A1", "true", "null"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"order_id": "o-1", "_x": 0, "A1": [1], "true": False, "null": {"a": 1}},
+        {"order_id": None},
+        {},
+        ["order_id"],
+        "order_id",
+        7,
+        None,
+    ],
+)
+def test_a_bare_field_selector_gives_what_jmespath_gives(spec, event):
+    # a JMESPath expression that is one field name is evaluated without jmespath: same answer
+    import jmespath
+
+    from dynacoord.idempotency import _selector, jmespath_options
+
+    assert _selector(spec, "key")(event) == jmespath.search(
+        spec, event, options=jmespath_options()
+    )
+    assert _selector(spec, "key").__name__ == f"jmespath({spec!r})"
+
+
+def test_a_bare_field_selector_needs_the_event():
+    from dynacoord.idempotency import _selector
+
+    with pytest.raises(TypeError, match="without a positional argument"):
+        _selector("order_id", "key")(order_id="o-1")

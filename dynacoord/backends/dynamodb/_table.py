@@ -217,7 +217,17 @@ def to_av(value: Any) -> dict[str, Any]:
 
 def marshal(item: Mapping[str, Any]) -> dict[str, Any]:
     """A dict of Python values to a DynamoDB item (None values are dropped)."""
-    return {k: _serialize(v) for k, v in item.items() if v is not None}
+    out: dict[str, Any] = {}
+    for name, value in item.items():
+        # str and int inline (most attributes): no call per attribute, no comprehension frame
+        cls = type(value)
+        if cls is str:
+            out[name] = {"S": value}
+        elif cls is int and -_N_LIMIT < value < _N_LIMIT:
+            out[name] = {"N": str(value)}
+        elif value is not None:
+            out[name] = _serialize(value)
+    return out
 
 
 def unmarshal(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +259,16 @@ def unmarshal_only(item: Mapping[str, Any], names: tuple[str, ...]) -> dict[str,
 
 def values(**kwargs: Any) -> dict[str, Any]:
     """``ExpressionAttributeValues`` from keyword arguments: ``values(now=1)`` -> ``{":now": ..}``."""
-    return {f":{k}": _serialize(v) for k, v in kwargs.items()}
+    out: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        cls = type(value)
+        if cls is str:
+            out[":" + name] = {"S": value}
+        elif cls is int and -_N_LIMIT < value < _N_LIMIT:
+            out[":" + name] = {"N": str(value)}
+        else:
+            out[":" + name] = _serialize(value)
+    return out
 
 
 class DynamoTable:
