@@ -286,6 +286,9 @@ class EventRecord:
         }
 
 
+_PENDING = EventStatus.PENDING.value
+
+
 def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:
     """The stored fields (keys aside) of a newly published event, pending and due at ``due_ms``:
     the same field names on every backend, read back by :meth:`EventRecord.from_item`. ``seq``
@@ -295,7 +298,7 @@ def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[st
         "event_type": event.type,
         "payload": codec.encode(event.payload),
         "occurred_at_ms": event.occurred_at_ms,
-        "status": EventStatus.PENDING.value,
+        "status": _PENDING,
         "attempts": 0,
         "due_ms": due_ms,
     }

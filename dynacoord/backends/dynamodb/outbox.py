@@ -72,6 +72,7 @@ class DynamoDBOutboxStore:
         self._own_shards = shards
         self._recorded_shards: int | None = None  # the namespace's count, once read
         self._shards_written = shards <= 1  # one shard needs no record: every worker reads it
+        self._pending_index_pks: dict[int, str] = {}  # shard -> gsi1pk of its pending events
 
     # -- the namespace's shard count ----------------------------------------------------------------
     # Publishers record the most shards they use on one item; workers read it and poll that many,
@@ -123,25 +124,28 @@ class DynamoDBOutboxStore:
     def _record_index(self, event: Event, status: EventStatus, due_ms: int) -> tuple[str, str]:
         """The index entry of ``event``: ordered events are sharded by their group, so the
         events of a group share one queue and one worker sees them together."""
-        shard = shard_of(order_key(event), self._own_shards)
+        shard = 0 if self._own_shards <= 1 else shard_of(order_key(event), self._own_shards)
         return (
             outbox_index_pk(self._ns, status.value, shard),
             outbox_index_sk(due_ms, event.id),
         )
 
-    @staticmethod
-    def _publish_due(event: Event, now_ms: int) -> int:
-        # Due when it occurred (never later than now). The stored item then depends only on the
-        # event, not on the moment of publishing, so a retried TransactWriteItems with the same
-        # ClientRequestToken is the identical request DynamoDB recognises.
-        return min(event.occurred_at_ms, now_ms)
+    def _pending_index(self, event: Event, due_ms: int) -> tuple[str, str]:
+        """:meth:`_record_index` of a new (pending) event, its partition built once per shard."""
+        shard = 0 if self._own_shards <= 1 else shard_of(order_key(event), self._own_shards)
+        gpk = self._pending_index_pks.get(shard)
+        if gpk is None:
+            gpk = self._pending_index_pks[shard] = outbox_index_pk(
+                self._ns, EventStatus.PENDING.value, shard
+            )
+        return gpk, outbox_index_sk(due_ms, event.id)
 
     def _item(
         self, event: Event, due_ms: int, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
         """The stored item of a new event, marshalled, and a bound on its size (bytes)."""
         pk = outbox_pk(self._ns, event.id)
-        gpk, gsk = self._record_index(event, EventStatus.PENDING, due_ms)
+        gpk, gsk = self._pending_index(event, due_ms)
         item = {
             "pk": pk,
             "sk": _EVENT_SK,
@@ -163,7 +167,10 @@ class DynamoDBOutboxStore:
     def _put_and_bound(
         self, event: Event, now_ms: int, *, stable: bool = False, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
-        due = self._publish_due(event, now_ms)
+        # Due when it occurred (never later than now). The stored item then depends only on the
+        # event, not on the moment of publishing, so a retried TransactWriteItems with the same
+        # ClientRequestToken is the identical request DynamoDB recognises.
+        due = min(event.occurred_at_ms, now_ms)
         item, bound = self._item(event, due, seq)
         return {
             "TableName": self._table.name,
@@ -173,7 +180,7 @@ class DynamoDBOutboxStore:
             # request does not depend on the publishing moment and a retry with the same
             # ClientRequestToken is the identical request DynamoDB expects.
             "ConditionExpression": FREE,
-            "ExpressionAttributeValues": values(now=due if stable else now_ms),
+            "ExpressionAttributeValues": {":now": {"N": str(due if stable else now_ms)}},
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }, bound
 
