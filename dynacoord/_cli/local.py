@@ -96,7 +96,7 @@ def _start(ctx: Context) -> Any:
         )
     except DynamoDBLocalUnavailableError as exc:
         raise CommandFailed(str(exc)) from exc
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         ctx.progress("stopping DynamoDB Local")
         return None
     finally:
@@ -106,12 +106,19 @@ def _start(ctx: Context) -> Any:
             signal.signal(signal.SIGTERM, previous)
 
 
+class _Terminated(BaseException):
+    """Raised by SIGTERM while the server runs. Not a KeyboardInterrupt: CPython remembers a
+    KeyboardInterrupt that passes through code it compiles at run time (a namedtuple or a
+    dataclass made during a lazy import) and then ends the process by SIGINT even though we
+    caught it; a BaseException passes the library's ``except Exception`` unchanged, too."""
+
+
 def _interrupt_on_sigterm() -> Any:
-    """SIGTERM raises KeyboardInterrupt from now on; the previous handler, or None when signals
-    cannot be handled here (not the main thread)."""
+    """SIGTERM raises :class:`_Terminated` from now on; the previous handler, or None when
+    signals cannot be handled here (not the main thread)."""
 
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        raise _Terminated
 
     try:
         return signal.signal(signal.SIGTERM, interrupt)
