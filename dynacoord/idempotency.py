@@ -94,6 +94,9 @@ class IdempotencyStatus(StrEnum):
     COMPLETED = "COMPLETED"
 
 
+_STATUS_OF = {status.value: status for status in IdempotencyStatus}
+
+
 @dataclass(frozen=True, slots=True)
 class IdempotencyRecord:
     """A stored idempotency record. ``result_text`` is codec-encoded (COMPLETED only)."""
@@ -148,10 +151,14 @@ class IdempotencyRecord:
         there is none (or its status is unknown). Expiry is the caller's to judge."""
         if not item or "status" not in item:
             return None
-        try:
-            status = IdempotencyStatus(str(item["status"]))
-        except ValueError:
-            return None
+        raw = item["status"]
+        # a dict lookup first: an enum call costs a few frames a read
+        status = _STATUS_OF.get(raw) if type(raw) is str else None
+        if status is None:
+            try:
+                status = IdempotencyStatus(str(raw))
+            except ValueError:
+                return None
         return cls(
             key=key,
             status=status,

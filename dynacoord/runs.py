@@ -81,7 +81,7 @@ class RunStatus(StrEnum):
 
 def _status(value: Any) -> RunStatus:
     """``RunStatus(value)`` by a dict lookup first (an enum call per item read adds up)."""
-    return _STATUS_OF.get(value) or RunStatus(str(value))
+    return (_STATUS_OF.get(value) if type(value) is str else None) or RunStatus(str(value))
 
 
 _STATUS_OF: dict[Any, RunStatus] = {s.value: s for s in RunStatus}

@@ -259,7 +259,7 @@ class EventRecord:
         due = item.get("due_ms", item.get("completed_ms", 0))
         return cls(
             event=event,
-            status=EventStatus(str(item["status"])),
+            status=_status(item["status"]),
             attempts=attempts,
             due_at_ms=int(due),
             lease_token=str(item["lease_token"]) if item.get("lease_token") else None,
@@ -287,6 +287,12 @@ class EventRecord:
 
 
 _PENDING = EventStatus.PENDING.value
+#: EventStatus by value: a dict lookup per item read instead of an enum call
+_STATUS_OF = {status.value: status for status in EventStatus}
+
+
+def _status(value: Any) -> EventStatus:
+    return (_STATUS_OF.get(value) if type(value) is str else None) or EventStatus(str(value))
 
 
 def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:
