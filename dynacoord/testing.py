@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -325,6 +326,18 @@ def user_data_dir() -> Path:
     return Path(base) / "dynacoord" / "dynamodb-local"
 
 
+def _defer_interrupts() -> Any:
+    """Block SIGINT and SIGTERM in this thread (they stay pending); the mask to restore, or None
+    where signal masks do not exist or this is not the thread that handles signals."""
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 class DynamoDBLocal:
     """Run Amazon DynamoDB Local on 127.0.0.1 for the life of a ``with`` block (or between
     :meth:`start` and :meth:`stop`): in memory on a free port unless told otherwise.
@@ -425,10 +438,20 @@ class DynamoDBLocal:
         # A file, not a pipe: nothing reads stderr while the server runs, and a full pipe buffer
         # would block it.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
-        self._process = subprocess.Popen(
-            self.command(java), cwd=self.jar_dir, stdout=subprocess.DEVNULL, stderr=self._stderr
-        )
+        # Ctrl-C or SIGTERM while Popen runs would raise after Java started but before we hold
+        # its process, leaving it running: both wait until we do (then the except stops it).
+        deferred = _defer_interrupts()
         try:
+            try:
+                self._process = subprocess.Popen(
+                    self.command(java),
+                    cwd=self.jar_dir,
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._stderr,
+                )
+            finally:
+                if deferred is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, deferred)
             self._wait_ready(java)
         except BaseException:  # Ctrl-C while waiting too: never leave Java running behind us
             self.stop()

@@ -319,3 +319,43 @@ def test_a_sigterm_while_starting_leaves_no_java_behind(tmp_path: Path) -> None:
     assert process.returncode == 0, stderr
     assert "stopping DynamoDB Local" in stderr
     assert _java_serving(port) == []
+
+
+class _Stop(BaseException):
+    pass
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_a_signal_while_java_is_being_launched_leaves_no_java_behind(monkeypatch) -> None:
+    # The signal lands while subprocess.Popen runs: Java exists, the Popen has not returned. It
+    # must wait until the launcher holds the process, so the launcher can stop it.
+    real = find_dynamodb_local()
+    if real is None or find_java() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("DynamoDB Local and Java are required under CI=true")
+        pytest.skip("DynamoDB Local or Java not installed")
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        process = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # an undeferred signal is handled here, before the process is returned
+        return process  # type: ignore[no-any-return]
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(testing.subprocess, "Popen", popen_then_signal)
+    port = free_port()
+    server = testing.DynamoDBLocal(port=port, in_memory=True, jar_dir=real)
+    try:
+        with pytest.raises(_Stop):
+            server.start()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.undo()
+    left = _java_serving(port)
+    for pid in left:  # not ours to keep: end it whatever the verdict
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
