@@ -68,7 +68,7 @@ class Scale:
 
 FULL = Scale(
     name="full",
-    samples=500,
+    samples=300,
     warmup=40,
     count_reps=5,
     contention_seconds=10.0,
@@ -78,7 +78,7 @@ FULL = Scale(
     first_op_runs=7,
     gc_phases=48,  # a fine grid: one more full collection is a ~2k-allocation edge in ~85k
     gc_phase_runs=1,
-    peer_samples=500,
+    peer_samples=300,
 )
 
 #: a run of every section in a few seconds (the smoke test); its numbers mean nothing
