@@ -896,6 +896,94 @@ def summary(results: dict[str, Any]) -> list[str]:
     return _table(["measure", "result"], rows)
 
 
+def headline_figures(results: dict[str, Any]) -> dict[str, str]:
+    """The few figures a run is compared on with the previous committed run, by measure."""
+    sections = results.get("sections", {})
+    figures: dict[str, str] = {}
+    ov = _ok(sections, "overhead")
+    good = [r for r in ov["rows"] if "ratio_median" in r] if ov else []
+    if ov and good:
+        medians = sorted(r["ratio_median"] for r in good)
+        figures["overhead: rows within the target; median ratio; highest"] = (
+            f"{len(good) - len(_above(ov))} of {len(good)}; {medians[len(medians) // 2]:.3f}; "
+            f"{medians[-1]:.3f}"
+        )
+    cs = _ok(sections, "coldstart")
+    if cs and cs.get("first_result_ratio") is not None:
+        how = "over the GC cycle" if "bare_first_result_ratio" in cs else "bare pair"
+        figures["cold start, start to first lock vs raw boto3"] = (
+            f"{_fmt(cs['first_result_ratio'], 3)} ({how})"
+            + (
+                f"; bare pair {_fmt(cs['bare_first_result_ratio'], 3)}"
+                if cs.get("bare_first_result_ratio") is not None
+                else ""
+            )
+        )
+    pe = _ok(sections, "peers")
+    for peer in pe["rows"] if pe else []:
+        if peer.get("status") == "ok" and peer.get("rows"):
+            figures[f"{peer['name']}, ratio to the peer"] = "; ".join(
+                f"{c['case']} {c['ratio_median']:.3f}" for c in peer["rows"]
+            )
+    ct = _ok(sections, "contention")
+    if ct:
+        figures[f"lock contention ({ct['threads']} threads): acquisitions/s, fairness"] = (
+            f"{_fmt(ct['acquisitions_per_s'], 0)}, {_fmt(ct['fairness_min_max'])}"
+        )
+    ob = _ok(sections, "outbox")
+    for row in ob["rows"] if ob else []:
+        if row.get("workers") == "4 threads" and row.get("design", "batched") == "batched":
+            figures["outbox delivery, 4 threads (events/s)"] = _fmt(row.get("events_per_s"), 0)
+    return figures
+
+
+def _beside_previous(results: dict[str, Any]) -> list[str]:
+    """This run's headline figures beside those of the previous committed run, if known."""
+    previous = results.get("previous")
+    if not previous or not previous.get("figures"):
+        return []
+    now = headline_figures(results)
+    names = list(now) + [name for name in previous["figures"] if name not in now]
+    return [
+        "",
+        f"Beside the previous committed report (run of {previous.get('generated_at', '?')}), "
+        "where the design has changed since:",
+        "",
+        *_table(
+            ["measure", "this run", "previous committed run"],
+            [[n, now.get(n, "—"), previous["figures"].get(n, "—")] for n in names],
+        ),
+    ]
+
+
+def previous_committed(path: Path) -> dict[str, Any] | None:
+    """``previous`` for a run about to replace ``path``: the headline figures of the version of
+    it committed in git (else of the file as it is), None if there is none."""
+    import subprocess
+
+    text: str | None = None
+    try:
+        text = subprocess.run(
+            ["git", "show", f"HEAD:./{path.name}"],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        text = path.read_text() if path.exists() else None
+    if not text:
+        return None
+    try:
+        old = json.loads(text)
+    except ValueError:
+        return None
+    return {
+        "generated_at": old.get("meta", {}).get("generated_at"),
+        "figures": headline_figures(old),
+    }
+
+
 def render(results: dict[str, Any]) -> str:
     meta = results.get("meta", {})
     lines = [
@@ -918,6 +1006,7 @@ def render(results: dict[str, Any]) -> str:
     lines += ["", "## Summary", ""]
     try:
         lines += summary(results)
+        lines += _beside_previous(results)
     except (KeyError, TypeError, ValueError) as exc:
         lines += [f"**Could not summarise**: `{type(exc).__name__}: {exc}`"]
     sections = results.get("sections", {})
@@ -941,6 +1030,10 @@ def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "REPORT.md"
     data = out_dir / "results.json"
+    if "previous" not in results:
+        previous = previous_committed(data)
+        if previous and previous.get("generated_at") != results.get("meta", {}).get("generated_at"):
+            results["previous"] = previous
     data.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
     report.write_text(render(results))
     return report, data

@@ -232,9 +232,16 @@ def test_overhead_report_judges_the_ratio_of_medians_and_checks_coverage() -> No
 
 
 def test_tiny_run_writes_every_section(dynamodb_local: DynamoDBLocal, tmp_path: Path) -> None:
+    # the run it replaces (outside git: the file as it is) is shown beside it
+    committed = Path(__file__).parents[1] / "bench" / "results" / "results.json"
+    (tmp_path / "results.json").write_text(committed.read_text())
+    before = json.loads(committed.read_text())["meta"]["generated_at"]
     results = run_all(TINY, out_dir=tmp_path, ddb=dynamodb_local, command="test")
     report = (tmp_path / "REPORT.md").read_text()
     data = json.loads((tmp_path / "results.json").read_text())
+    assert data["previous"]["generated_at"] == before
+    assert f"Beside the previous committed report (run of {before})" in report
+    assert "| overhead: rows within the target; median ratio; highest |" in report
     assert set(data["sections"]) == set(SECTION_TITLES)
     for title in SECTION_TITLES.values():
         assert f"## {title}" in report
