@@ -6,10 +6,26 @@ hash fields), so the rules that turn one into a value live here once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, TypeVar
 
-__all__ = ["is_live", "optional_int", "optional_str"]
+__all__ = ["is_live", "member_reader", "optional_int", "optional_str"]
+
+E = TypeVar("E", bound=Enum)
+
+
+def member_reader(cls: type[E]) -> Callable[[Any], E]:
+    """A reader of a stored status as a member of ``cls``: a dict lookup by value first (an
+    enum call costs a few Python frames on every item read), ``cls(str(value))`` otherwise (so
+    an unknown value raises the enum's ValueError)."""
+    by_value = {member.value: member for member in cls}
+
+    def member(value: Any) -> E:
+        found = by_value.get(value) if type(value) is str else None
+        return found if found is not None else cls(str(value))
+
+    return member
 
 
 def is_live(item: Mapping[str, Any] | None, now_ms: int) -> bool:

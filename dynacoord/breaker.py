@@ -51,7 +51,7 @@ from typing import Any, Protocol, TypeVar
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
-from ._items import optional_int
+from ._items import member_reader, optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import CircuitOpenError
 from .metrics import NO_SCOPE, MetricsScope
@@ -88,12 +88,7 @@ _TRANSITION_METRICS = {
 }
 
 
-_STATE_OF = {state.value: state for state in State}
-
-
-def _state(value: Any) -> State:
-    """``State(value)`` by a dict lookup first (an enum call costs a few frames a read)."""
-    return (_STATE_OF.get(value) if type(value) is str else None) or State(str(value))
+_state = member_reader(State)
 
 
 @dataclass(frozen=True, slots=True)

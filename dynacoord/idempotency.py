@@ -47,6 +47,7 @@ from typing_extensions import ParamSpec
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
+from ._items import member_reader
 from ._typed import OutputType
 from ._typed import output_type as output_type_of
 from ._validate import check_bool, check_int, check_str, non_negative_seconds, ttl_to_ms
@@ -94,7 +95,7 @@ class IdempotencyStatus(StrEnum):
     COMPLETED = "COMPLETED"
 
 
-_STATUS_OF = {status.value: status for status in IdempotencyStatus}
+_status = member_reader(IdempotencyStatus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +152,10 @@ class IdempotencyRecord:
         there is none (or its status is unknown). Expiry is the caller's to judge."""
         if not item or "status" not in item:
             return None
-        raw = item["status"]
-        # a dict lookup first: an enum call costs a few frames a read
-        status = _STATUS_OF.get(raw) if type(raw) is str else None
-        if status is None:
-            try:
-                status = IdempotencyStatus(str(raw))
-            except ValueError:
-                return None
+        try:
+            status = _status(item["status"])
+        except ValueError:
+            return None
         return cls(
             key=key,
             status=status,
@@ -342,6 +339,13 @@ def compile_jmespath(spec: str, what: str) -> Callable[[Any], Any]:
     return search
 
 
+def _without_event(what: str, spec: str) -> TypeError:
+    return TypeError(
+        f"idempotency {what} {spec!r} is a JMESPath expression on the event, but the function "
+        "was called without a positional argument"
+    )
+
+
 #: a JMESPath expression that is one unquoted field name: evaluated without jmespath
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -352,10 +356,7 @@ def _field_selector(name: str, what: str) -> Selector:
 
     def field(*args: Any, **kwargs: Any) -> Any:
         if not args:
-            raise TypeError(
-                f"idempotency {what} {name!r} is a JMESPath expression on the event, but the "
-                "function was called without a positional argument"
-            )
+            raise _without_event(what, name)
         try:
             return args[0].get(name)
         except AttributeError:
@@ -376,10 +377,7 @@ def _selector(spec: Any, what: str) -> Selector:
 
         def search(*args: Any, **kwargs: Any) -> Any:
             if not args:
-                raise TypeError(
-                    f"idempotency {what} {spec!r} is a JMESPath expression on the event, but the "
-                    "function was called without a positional argument"
-                )
+                raise _without_event(what, spec)
             return compiled(args[0])
 
         search.__name__ = f"jmespath({spec!r})"

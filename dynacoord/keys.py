@@ -318,8 +318,7 @@ def idempotency_pk(namespace: str, key: str) -> str:
 
 def outbox_index_pk(namespace: str, status: str, shard: int) -> str:
     """The gsi1 partition that lists outbox events of one status and shard."""
-    if type(namespace) is not str or namespace not in _VALID_NAMESPACES:
-        validate_namespace(namespace)
+    validate_namespace(namespace)
     return f"{_OUTBOX}#{namespace}#{status}#{shard}"
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
-from ._items import is_live, optional_int, optional_str
+from ._items import is_live, member_reader, optional_int, optional_str
 from ._validate import (
     check_int,
     check_iterable,
@@ -79,12 +79,7 @@ class RunStatus(StrEnum):
         return self.value
 
 
-def _status(value: Any) -> RunStatus:
-    """``RunStatus(value)`` by a dict lookup first (an enum call per item read adds up)."""
-    return (_STATUS_OF.get(value) if type(value) is str else None) or RunStatus(str(value))
-
-
-_STATUS_OF: dict[Any, RunStatus] = {s.value: s for s in RunStatus}
+_status = member_reader(RunStatus)
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,7 +308,7 @@ def test_an_events_size_bound_is_never_below_its_estimate(moto_table, payload):
 def test_a_marshalled_items_bound_is_never_below_its_size(values):
     """A Put's or key's bytes are bounded while marshalling (so the 4 MB check need not
     estimate them): the bound must never be under DynamoDB's size of what was marshalled."""
-    from dynacoord.backends.dynamodb.transaction import _item, _map_size
+    from dynacoord.backends.dynamodb.transaction import _map_size, marshal_with_bound
 
-    marshalled, bound = _item(values, "item")
+    marshalled, bound = marshal_with_bound(values, "item")
     assert bound >= _map_size(marshalled)

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import codec, keys
 from .._compat import StrEnum
-from .._items import is_live, optional_int, optional_str
+from .._items import is_live, member_reader, optional_int, optional_str
 from .._validate import (
     check_int,
     check_utf8,
@@ -287,12 +287,7 @@ class EventRecord:
 
 
 _PENDING = EventStatus.PENDING.value
-#: EventStatus by value: a dict lookup per item read instead of an enum call
-_STATUS_OF = {status.value: status for status in EventStatus}
-
-
-def _status(value: Any) -> EventStatus:
-    return (_STATUS_OF.get(value) if type(value) is str else None) or EventStatus(str(value))
+_status = member_reader(EventStatus)
 
 
 def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:

@@ -45,8 +45,13 @@ from ...outbox import (
     pending_fields,
 )
 from ...outbox._runs import group_runs
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, to_av, unmarshal, values
-from .transaction import MAX_TRANSACTION_BYTES, MAX_TRANSACTION_ITEMS, check_transaction_items
+from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from .transaction import (
+    MAX_TRANSACTION_BYTES,
+    MAX_TRANSACTION_ITEMS,
+    check_transaction_items,
+    marshal_with_bound,
+)
 
 __all__ = ["DynamoDBOutboxStore"]
 
@@ -72,7 +77,7 @@ class DynamoDBOutboxStore:
         self._own_shards = shards
         self._recorded_shards: int | None = None  # the namespace's count, once read
         self._shards_written = shards <= 1  # one shard needs no record: every worker reads it
-        self._pending_index_pks: dict[int, str] = {}  # shard -> gsi1pk of its pending events
+        self._index_pks: dict[tuple[EventStatus, int], str] = {}  # (status, shard) -> gsi1pk
 
     # -- the namespace's shard count ----------------------------------------------------------------
     # Publishers record the most shards they use on one item; workers read it and poll that many,
@@ -125,19 +130,10 @@ class DynamoDBOutboxStore:
         """The index entry of ``event``: ordered events are sharded by their group, so the
         events of a group share one queue and one worker sees them together."""
         shard = 0 if self._own_shards <= 1 else shard_of(order_key(event), self._own_shards)
-        return (
-            outbox_index_pk(self._ns, status.value, shard),
-            outbox_index_sk(due_ms, event.id),
-        )
-
-    def _pending_index(self, event: Event, due_ms: int) -> tuple[str, str]:
-        """:meth:`_record_index` of a new (pending) event, its partition built once per shard."""
-        shard = 0 if self._own_shards <= 1 else shard_of(order_key(event), self._own_shards)
-        gpk = self._pending_index_pks.get(shard)
+        # each partition is built (and its namespace checked) once: a few statuses and shards
+        gpk = self._index_pks.get((status, shard))
         if gpk is None:
-            gpk = self._pending_index_pks[shard] = outbox_index_pk(
-                self._ns, EventStatus.PENDING.value, shard
-            )
+            gpk = self._index_pks[(status, shard)] = outbox_index_pk(self._ns, status.value, shard)
         return gpk, outbox_index_sk(due_ms, event.id)
 
     def _item(
@@ -145,7 +141,7 @@ class DynamoDBOutboxStore:
     ) -> tuple[dict[str, Any], int]:
         """The stored item of a new event, marshalled, and a bound on its size (bytes)."""
         pk = outbox_pk(self._ns, event.id)
-        gpk, gsk = self._pending_index(event, due_ms)
+        gpk, gsk = self._record_index(event, EventStatus.PENDING, due_ms)
         item = {
             "pk": pk,
             "sk": _EVENT_SK,
@@ -153,7 +149,7 @@ class DynamoDBOutboxStore:
             "gsi1sk": gsk,
             **pending_fields(event, due_ms, seq),
         }
-        marshalled, bound = _marshal_bounded(item)
+        marshalled, bound = marshal_with_bound(item, "event item")
         if bound > codec.DYNAMODB_ITEM_LIMIT:  # else it fits for certain: no estimate needed
             codec.check_item_size(item, key=event.id)
         return marshalled, bound
@@ -182,7 +178,7 @@ class DynamoDBOutboxStore:
             "ConditionExpression": FREE,
             "ExpressionAttributeValues": {":now": {"N": str(due if stable else now_ms)}},
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }, bound
+        }, bound + _EXPRESSION_VALUE_BOUND  # the item's bound, plus ":now" (a number)
 
     def _key(self, event_id: str) -> dict[str, Any]:
         return marshal(outbox_key(self._ns, event_id, status="", due_ms=0).primary)
@@ -312,8 +308,7 @@ class DynamoDBOutboxStore:
             )
         self._record_shards()
         put, bound = self._put_and_bound(event, now_ms, stable=True)
-        # the item's bound, plus its one expression value (":now", a number)
-        return {"Put": put}, bound + _EXPRESSION_VALUE_BOUND
+        return {"Put": put}, bound
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -1018,33 +1013,8 @@ class _Runs:
 _EVENT_SK = "EVENT"
 #: An upper bound on the bytes of one number-valued expression value (name and number).
 _EXPRESSION_VALUE_BOUND = 64
-#: ints below this in magnitude are marshalled directly (a number of at most 21 digits)
-_SMALL_INT = 10**21
 #: A transaction item's action and the plain request that writes it alone.
 _SINGLE_OPERATIONS = {"Update": "update_item", "Delete": "delete_item"}
-
-
-def _marshal_bounded(item: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-    """``marshal(item)`` and an upper bound on the item's stored size, in one pass: at most 4
-    bytes of UTF-8 per character of a name or string, at most 21 bytes per number (an event's
-    other attributes are ints), 256 for the rest. Cheaper than the estimate."""
-    out: dict[str, Any] = {}
-    chars = 0
-    numbers = 0
-    for name, value in item.items():
-        chars += len(name)
-        cls = type(value)
-        # what an event's item holds (str, and ints far below the 38-digit limit) directly
-        if cls is str:
-            chars += len(value)
-            out[name] = {"S": value}
-        elif cls is int and -_SMALL_INT < value < _SMALL_INT:
-            numbers += 1
-            out[name] = {"N": str(value)}
-        elif value is not None:
-            numbers += 1
-            out[name] = to_av(value)
-    return out, 4 * chars + 21 * numbers + 256
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:

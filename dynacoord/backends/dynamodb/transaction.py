@@ -297,7 +297,7 @@ def _serialize(value: Any, where: str) -> dict[str, Any]:
         ) from exc
 
 
-def _item(values: Any, what: str) -> tuple[dict[str, Any], int]:
+def marshal_with_bound(values: Any, what: str) -> tuple[dict[str, Any], int]:
     """``values`` marshalled, and an upper bound on their bytes (4 a character of a name or
     string, 21 a number: so the 4 MB check need not estimate them; other values exactly)."""
     if not isinstance(values, Mapping) or not values:
@@ -500,7 +500,7 @@ class Transaction:
     ) -> None:
         """Add a PutItem of ``item`` (a whole item, key attributes included) to ``table``."""
         _check_str(table, "table")
-        marshalled, bound = _item(item, "item")
+        marshalled, bound = marshal_with_bound(item, "item")
         op = {"TableName": table, "Item": marshalled}
         self._add_operation("Put", f"put into {table!r}", op, condition, names, values, bound)
 
@@ -516,7 +516,7 @@ class Transaction:
     ) -> None:
         """Add an UpdateItem of the item with ``key`` in ``table``."""
         _check_str(table, "table")
-        marshalled, bound = _item(key, "key")
+        marshalled, bound = marshal_with_bound(key, "key")
         op = {
             "TableName": table,
             "Key": marshalled,
@@ -535,7 +535,7 @@ class Transaction:
     ) -> None:
         """Add a DeleteItem of the item with ``key`` in ``table``."""
         _check_str(table, "table")
-        marshalled, bound = _item(key, "key")
+        marshalled, bound = marshal_with_bound(key, "key")
         op = {"TableName": table, "Key": marshalled}
         self._add_operation("Delete", f"delete from {table!r}", op, condition, names, values, bound)
 
@@ -550,7 +550,7 @@ class Transaction:
     ) -> None:
         """Add a check that ``condition`` holds for the item with ``key`` (nothing is written)."""
         _check_str(table, "table")
-        marshalled, bound = _item(key, "key")
+        marshalled, bound = marshal_with_bound(key, "key")
         op = {"TableName": table, "Key": marshalled}
         label = f"condition check in {table!r}"
         self._add_operation("ConditionCheck", label, op, condition, names, values, bound)
