@@ -36,8 +36,28 @@ def _number(value: Any, name: str) -> float:
     return as_float
 
 
+#: float TTLs already converted (callers pass the same few values on every call); bounded
+_FLOAT_TTL_MS: dict[float, int] = {}
+
+
 def ttl_to_ms(value: Any, name: str = "ttl") -> int:
     """Validate a TTL in seconds (int or float) and return whole milliseconds (at least 1)."""
+    cls = type(value)
+    if cls is int and 0 < value <= MAX_TTL_SECONDS:  # whole seconds: nothing to round
+        return int(value) * 1000
+    if cls is float:
+        known = _FLOAT_TTL_MS.get(value)
+        if known is not None:
+            return known
+    ms = _ttl_to_ms(value, name)
+    if cls is float:
+        if len(_FLOAT_TTL_MS) >= 256:
+            _FLOAT_TTL_MS.clear()
+        _FLOAT_TTL_MS[value] = ms
+    return ms
+
+
+def _ttl_to_ms(value: Any, name: str) -> int:
     seconds = _number(value, name)
     if seconds <= 0:
         raise InvalidValueError(f"{name} must be > 0 seconds, got {value!r}")

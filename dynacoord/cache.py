@@ -212,14 +212,15 @@ class Cache:
         ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)
         return None if ttl_ms is None else now + ttl_ms
 
-    def _prepare(self, key: str, value: Any, ttl: float | None) -> tuple[str, int | None]:
-        """Validate key, TTL and value, and size-check the entry; nothing is sent."""
+    def _prepare(self, key: str, value: Any, ttl: float | None) -> tuple[str, int | None, int]:
+        """Validate key, TTL and value, and size-check the entry; nothing is sent. Returns the
+        encoded value, the expiry and the time it was computed from."""
         keys.validate_key(key, "cache key")
         now = now_ms(self.clock)
         expires = self._expiry(ttl, now)
         encoded = codec.encode(value)
         self._store.check_entry(key, encoded, expires)
-        return encoded, expires
+        return encoded, expires, now
 
     def _sleep(self, delay: float, deadline: float | None = None) -> float:
         """Sleep a fully jittered ``delay`` (never past ``deadline``); return the next delay."""
@@ -251,13 +252,13 @@ class Cache:
         for an entry over the item limit, :class:`InvalidValueError` (a ``ValueError``) for a
         ``ttl`` out of range and ``TypeError`` for one that is not a number.
         """
-        encoded, expires = self._prepare(key, value, ttl)
+        encoded, expires, _ = self._prepare(key, value, ttl)
         self._store.set(key, encoded, expires)
 
     def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key`` is absent or expired (atomic); True if it was stored."""
-        encoded, expires = self._prepare(key, value, ttl)
-        return self._store.add(key, encoded, expires, now_ms(self.clock))
+        encoded, expires, now = self._prepare(key, value, ttl)
+        return self._store.add(key, encoded, expires, now)
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; True if a live entry was removed."""

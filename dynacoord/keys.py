@@ -277,13 +277,18 @@ def cache_pk(namespace: str, key: str) -> str:
     return _pk(_CACHE, namespace, key, "cache key")
 
 
+def cache_sort_key(key: str) -> str:
+    """The gsi1sk of a cache entry: the key itself, checked against the sort-key limit."""
+    return _sort_key(key, "cache key", key)
+
+
 def cache_key(namespace: str, key: str, shards: int = 1) -> ItemKey:
     pk = cache_pk(namespace, key)
     return ItemKey(
         pk,
         _SK_CACHE,
         cache_index_pk(namespace, shard_of(key, shards)),
-        _sort_key(key, "cache key", key),
+        cache_sort_key(key),
     )
 
 

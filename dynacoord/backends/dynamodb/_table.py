@@ -393,13 +393,18 @@ class DynamoTable:
         that item carrying this call's token means the first attempt applied: True, as the
         lost response would have said.
         """
+        return self.put_item_if_free(marshal(item), now_ms)
+
+    def put_item_if_free(self, item: dict[str, Any], now_ms: int) -> bool:
+        """:meth:`put_if_free` of an item already marshalled (``item`` gains the token)."""
         token = request_token()
+        item[REQUEST_TOKEN] = {"S": token}
         try:
             self.call(
                 "put_item",
-                Item=marshal({**item, REQUEST_TOKEN: token}),
+                Item=item,
                 ConditionExpression=FREE,
-                ExpressionAttributeValues=values(now=now_ms),
+                ExpressionAttributeValues={":now": {"N": str(now_ms)}},
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:

@@ -26,7 +26,7 @@ from typing import Any
 from ... import codec
 from ...cache import CacheEntry, KeyPage
 from ...errors import InvalidValueError
-from ...keys import CACHE_SK, cache_index_pk, cache_key, cache_pk
+from ...keys import CACHE_SK, cache_index_pk, cache_key, cache_pk, cache_sort_key, shard_of
 from ._table import (
     LIVE,
     ConditionFailedError,
@@ -56,6 +56,19 @@ def _check_range(key: str, item: Any, by: int) -> None:
         )
 
 
+def _entry(raw: dict[str, Any], now_ms: int) -> CacheEntry | None:
+    """The live entry of a stored item as DynamoDB returns it (attribute values, not unmarshalled:
+    an entry needs three of them), or None if it has expired."""
+    exp = raw.get("expires_at_ms")
+    expires = int(exp["N"]) if exp is not None else None
+    if expires is not None and expires <= now_ms:
+        return None
+    number = raw.get("n")
+    if number is not None:
+        return CacheEntry(str(int(Decimal(number["N"]))), expires)
+    return CacheEntry(raw["v"]["S"] if "v" in raw else "null", expires)
+
+
 class DynamoDBCacheStore:
     max_batch_get = 100
     max_batch_write = 25
@@ -64,42 +77,52 @@ class DynamoDBCacheStore:
         self._table = table
         self._ns = namespace
         self.partitions = shards
+        # the gsi1 partition of each shard, built once (the namespace was checked by the backend)
+        self._index_pks = tuple(cache_index_pk(namespace, shard) for shard in range(shards))
 
     # -- item layout ----------------------------------------------------------------------------
 
     def _item(self, key: str, encoded: str, expires_at_ms: int | None) -> dict[str, Any]:
-        item: dict[str, Any] = cache_key(self._ns, key, self.partitions).as_dict()
+        """The entry as a marshalled item (built directly: this is every write's hot path)."""
+        item: dict[str, Any] = {
+            "pk": {"S": cache_pk(self._ns, key)},
+            "sk": {"S": _CACHE_SK},
+            "gsi1pk": {"S": self._index_pks[shard_of(key, self.partitions)]},
+            "gsi1sk": {"S": cache_sort_key(key)},
+        }
         if _INT_TEXT.fullmatch(encoded):
-            item["n"] = int(encoded)
+            item["n"] = {"N": str(int(encoded))}
         else:
-            item["v"] = encoded
+            item["v"] = {"S": encoded}
         if expires_at_ms is not None:
-            item["expires_at_ms"] = expires_at_ms
-            item["ttl"] = math.ceil(expires_at_ms / 1000)
+            item["expires_at_ms"] = {"N": str(expires_at_ms)}
+            item["ttl"] = {"N": str(math.ceil(expires_at_ms / 1000))}
         return item
 
     def _primary(self, key: str) -> dict[str, Any]:
         return primary(cache_pk(self._ns, key), CACHE_SK)
 
     def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
-        cache_key(self._ns, key, self.partitions)  # refuses a key the table cannot hold
+        cache_pk(self._ns, key)  # refuses a key the table cannot hold, as pk
+        cache_sort_key(key)  # and as gsi1sk
         # The key is in pk and gsi1sk, the namespace in pk and gsi1pk; at most 4 bytes of UTF-8
         # per character, and the other attributes (names, two numbers, sk) take far less than
         # 256 bytes: an entry within that bound fits and needs no estimate.
         if 4 * (len(encoded) + 2 * (len(key) + len(self._ns))) + 256 <= codec.DYNAMODB_ITEM_LIMIT:
             return
-        codec.check_item_size(self._item(key, encoded, expires_at_ms), key=key)
+        codec.check_item_size(unmarshal(self._item(key, encoded, expires_at_ms)), key=key)
 
     # -- single items ---------------------------------------------------------------------------
 
     def get(self, key: str, now_ms: int) -> CacheEntry | None:
-        return CacheEntry.from_item(self._table.get_item(self._primary(key)), now_ms)
+        raw = self._table.call("get_item", Key=self._primary(key), ConsistentRead=True).get("Item")
+        return _entry(raw, now_ms) if raw else None
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
-        self._table.call("put_item", Item=marshal(self._item(key, encoded, expires_at_ms)))
+        self._table.call("put_item", Item=self._item(key, encoded, expires_at_ms))
 
     def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
-        return self._table.put_if_free(self._item(key, encoded, expires_at_ms), now_ms)
+        return self._table.put_item_if_free(self._item(key, encoded, expires_at_ms), now_ms)
 
     def create_counter(self, key: str, value: int, expires_at_ms: int | None, now_ms: int) -> bool:
         return self.add(key, str(value), expires_at_ms, now_ms)
@@ -271,16 +294,9 @@ class DynamoDBCacheStore:
         )
         found: dict[str, CacheEntry] = {}
         for raw in response.get("Responses", {}).get(name, []):
-            exp = raw.get("expires_at_ms")
-            expires = int(exp["N"]) if exp is not None else None
-            if expires is not None and expires <= now_ms:
-                continue
-            number = raw.get("n")
-            if number is not None:
-                encoded = str(int(Decimal(number["N"])))
-            else:
-                encoded = raw["v"]["S"] if "v" in raw else "null"
-            found[requested[raw["pk"]["S"]]] = CacheEntry(encoded, expires)
+            entry = _entry(raw, now_ms)
+            if entry is not None:
+                found[requested[raw["pk"]["S"]]] = entry
         unprocessed = response.get("UnprocessedKeys", {}).get(name, {}).get("Keys", [])
         return found, [requested[k["pk"]["S"]] for k in unprocessed]
 
@@ -303,8 +319,9 @@ class DynamoDBCacheStore:
         requests: dict[str, dict[str, Any]] = {}
         for entry in entries:
             item = self._item(*entry)
-            by_pk[item["pk"]] = entry
-            requests[item["pk"]] = {"PutRequest": {"Item": marshal(item)}}
+            pk = item["pk"]["S"]
+            by_pk[pk] = entry
+            requests[pk] = {"PutRequest": {"Item": item}}
         return [by_pk[pk] for pk in self._batch_write(requests)]
 
     def delete_batch(self, keys: list[str]) -> list[str]:
