@@ -32,7 +32,6 @@ from typing import Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
-from ._items import is_live, optional_int
 from ._validate import check_int, ttl_to_ms
 from .errors import (
     BackendError,
@@ -67,6 +66,10 @@ _MAX_RESTARTS = 8
 #: DynamoDB numbers hold 38 significant digits: a larger int would fail inside boto3's serializer.
 MAX_COUNTER_VALUE = 10**38 - 1
 
+#: what a flag's item adds to its key and encoded value in codec.estimate_item_size (the names
+#: "pk" and "v", and a byte to spare)
+_FLAG_SIZE_OVERHEAD = 4
+
 COUNTER = "counter"
 FLAG = "flag"
 JOIN = "join"
@@ -98,11 +101,15 @@ class CounterItem:
         """The live item a store read (the same field names on every backend), or None if it is
         missing or expired. ``members`` overrides the item's ``members`` field (Redis keeps a
         join's members as separate hash fields)."""
-        if not is_live(item, now_ms):
+        if not item:
             return None
-        assert item is not None
+        # is_live and optional_int in one read: the expiry is converted once
+        expires_at_ms = item.get("expires_at_ms")
+        if expires_at_ms is not None:
+            expires_at_ms = int(expires_at_ms)
+            if expires_at_ms <= now_ms:
+                return None
         kind = str(item.get("kind", COUNTER))
-        expires_at_ms = optional_int(item, "expires_at_ms")
         if kind == FLAG:
             return cls(kind, codec.decode(str(item["value"])), expires_at_ms)
         if kind == JOIN:
@@ -111,9 +118,7 @@ class CounterItem:
                 int(item.get("n", 0)),
                 expires_at_ms,
                 int(item["expected"]),
-                frozenset(
-                    str(m) for m in (item.get("members", ()) if members is None else members)
-                ),
+                frozenset(map(str, item.get("members", ()) if members is None else members)),
                 None if item.get("last") is None else str(item["last"]),
             )
         return cls(kind, int(item.get("n", 0)), expires_at_ms)
@@ -265,7 +270,9 @@ class Counters:
             check_int(value, "value", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
             return self._store.put_if_absent(key, COUNTER, value, ttl_ms, now_ms(self.clock))
         encoded = codec.encode(value)  # refuses unsupported values before anything is written
-        codec.check_item_size({"pk": key, "v": encoded}, key=key)
+        # A UTF-8 character takes at most 4 bytes: a short flag fits without the exact estimate.
+        if 4 * (len(key) + len(encoded)) + _FLAG_SIZE_OVERHEAD > codec.DYNAMODB_ITEM_LIMIT:
+            codec.check_item_size({"pk": key, "v": encoded}, key=key)
         return self._store.put_if_absent(key, FLAG, value, ttl_ms, now_ms(self.clock))
 
     def get(self, key: str) -> Any:
@@ -306,9 +313,12 @@ class Counters:
         """
         keys.validate_key(key, "join key")
         check_int(expected, "expected", minimum=1, maximum=MAX_JOIN_EXPECTED)
-        if not isinstance(member, str) or not member:
-            raise InvalidKeyError("join member must be a non-empty str", key=member)
-        size = len(keys.validate_key(member, "join member").encode("utf-8"))
+        if type(member) is str and member and member.isascii():  # valid, a byte per character
+            size = len(member)
+        else:
+            if not isinstance(member, str) or not member:
+                raise InvalidKeyError("join member must be a non-empty str", key=member)
+            size = len(keys.validate_key(member, "join member").encode("utf-8"))
         if size > MAX_JOIN_MEMBER_BYTES:
             raise InvalidKeyError(
                 f"join member is {size} bytes, the limit is {MAX_JOIN_MEMBER_BYTES} bytes of UTF-8 "
@@ -327,7 +337,8 @@ class Counters:
                 return JoinResult(count, count >= expected, count == expected, expected)
             current = outcome.current
             if current is not None:
-                self._refuse_other_kind(key, current, JOIN)
+                if current.kind != JOIN:  # checked here: a redelivery is a hot path
+                    self._refuse_other_kind(key, current, JOIN)
                 stored = current.expected if current.expected is not None else expected
                 if stored != expected:
                     raise JoinMismatchError(

@@ -14,9 +14,20 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ...counters import COUNTER, JOIN, MAX_COUNTER_VALUE, CounterItem, WriteOutcome, value_fields
+from ... import codec
+from ...counters import (
+    COUNTER,
+    FLAG,
+    JOIN,
+    MAX_COUNTER_VALUE,
+    CounterItem,
+    WriteOutcome,
+    value_fields,
+)
 from ...keys import COUNTER_SK, counter_pk
 from ._table import (
     FREE,
@@ -25,10 +36,8 @@ from ._table import (
     CountingToken,
     DynamoTable,
     exact_sum,
-    primary,
     sum_limit,
     unmarshal,
-    values,
 )
 
 __all__ = ["DynamoDBCounterStore"]
@@ -45,45 +54,168 @@ _NAMES = {
 
 #: live or absent: the condition of every write that updates a live item in place
 _LIVE_OR_ABSENT = f"attribute_not_exists(pk) OR (#kind = :kind AND {LIVE})"
+#: the SET part that gives an expiry to an item that has none yet: a live item keeps its own
+#: (fixed windows)
+_KEEP_EXPIRY = (
+    ", expires_at_ms = if_not_exists(expires_at_ms, :exp), #ttl = if_not_exists(#ttl, :ttl)"
+)
+_JOIN_LIVE = "#kind = :kind AND #expected = :expected AND " + LIVE
+_EXTEND_CONDITION = f"attribute_exists(pk) AND {LIVE}"
 
 
-@functools.lru_cache(maxsize=128)
-def _placeholders(expression: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The placeholders of :data:`_NAMES`, of a counting token's names and of its values that
-    ``expression`` uses (DynamoDB refuses unused ones). The expressions are a few fixed texts:
-    each is searched once."""
-    return (
-        tuple(k for k in _NAMES if k in expression),
-        tuple(k for k in ("#rqa", "#rqb", "#rqc") if k in expression),
-        tuple(k for k in ("rqt", "rqs") if f":{k}" in expression),
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """The expressions of one variant of a write and the placeholders they use (DynamoDB refuses
+    unused ones): built once per variant, not on every call."""
+
+    update: str
+    condition: str
+    #: the names of :data:`_NAMES` the expressions use
+    names: dict[str, str]
+    #: the counting token's names they use, and whether they use its ``:rqt`` and ``:rqs``
+    token_names: tuple[str, ...]
+    uses_rqt: bool
+    uses_rqs: bool
+
+
+def _write(update: str, condition: str) -> _Write:
+    text = update + " " + condition
+    return _Write(
+        update,
+        condition,
+        {k: v for k, v in _NAMES.items() if k in text},
+        tuple(k for k in ("#rqa", "#rqb", "#rqc") if k in text),
+        ":rqt" in text,
+        ":rqs" in text,
     )
+
+
+@functools.cache
+def _add_write(with_ttl: bool, in_range: str) -> _Write:
+    """:meth:`DynamoDBCounterStore.add`: ``in_range`` is the condition part of ``sum_limit``."""
+    sets = "SET #kind = :kind" + (_KEEP_EXPIRY if with_ttl else "")
+    return _write(
+        f"{sets} ADD #n :by, {CountingToken.add} REMOVE {CountingToken.remove}",
+        f"({_LIVE_OR_ABSENT}) AND {CountingToken.condition}{in_range}",
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _add_variant(with_ttl: bool, by: int) -> tuple[_Write, str | None]:
+    """The write of an add of ``by`` and its ``:lim`` (None for ``by == 0``): callers add the
+    same few amounts, so sum_limit runs once per amount."""
+    in_range, bounds = sum_limit("#n", by)
+    return _add_write(with_ttl, in_range), (str(bounds["lim"]) if bounds else None)
+
+
+def _replacing(sets: str, removes: str, with_ttl: bool) -> str:
+    """The update of a write that replaces the item: ``sets`` and ``removes`` plus the new expiry,
+    or without a TTL the removal of the old one."""
+    if not with_ttl:
+        return f"{sets} {removes}, expires_at_ms, #ttl"
+    return f"{sets}, expires_at_ms = :exp, #ttl = :ttl {removes}"
+
+
+@functools.cache
+def _restart_write(with_ttl: bool) -> _Write:
+    update = _replacing(
+        "SET #kind = :kind, #n = :by, #rqa = :rqs",
+        "REMOVE #value, #members, #expected, #rqb, #rqc",
+        with_ttl,
+    )
+    return _write(update, FREE)
+
+
+@functools.cache
+def _join_add_write(with_ttl: bool) -> _Write:
+    sets = "SET #kind = :kind, #expected = :expected, #last = :member"
+    return _write(
+        f"{sets}{_KEEP_EXPIRY if with_ttl else ''} ADD #members :mset, #n :one",
+        f"attribute_not_exists(pk) OR ({_JOIN_LIVE} AND NOT contains(#members, :member) "
+        "AND #n < :expected)",
+    )
+
+
+#: the second request of an arrival beyond ``expected``: it leaves ``last`` alone
+_JOIN_BEYOND = _write(
+    "ADD #members :mset, #n :one", f"{_JOIN_LIVE} AND NOT contains(#members, :member)"
+)
+
+
+@functools.cache
+def _join_restart_write(with_ttl: bool) -> _Write:
+    update = _replacing(
+        "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one, #last = :member",
+        "REMOVE #value",
+        with_ttl,
+    )
+    return _write(update, FREE)
 
 
 def _ttl_s(expires_at_ms: int) -> int:
     return math.ceil(expires_at_ms / 1000)
 
 
-def _expiry(ttl_ms: int, now_ms: int) -> dict[str, Any]:
-    return {"exp": now_ms + ttl_ms, "ttl": _ttl_s(now_ms + ttl_ms)}
+def _expiry_values(values: dict[str, Any], ttl_ms: int, now_ms: int) -> dict[str, Any]:
+    """``values`` (already marshalled) with the ``:exp`` and ``:ttl`` of an expiry ``ttl_ms``
+    from now."""
+    expires = now_ms + ttl_ms
+    values[":exp"] = {"N": str(expires)}
+    values[":ttl"] = {"N": str(_ttl_s(expires))}
+    return values
 
 
-def _keep_expiry(sets: str, ttl_ms: int | None, now_ms: int) -> tuple[str, dict[str, Any]]:
-    """``sets`` plus an expiry for an item that has none yet: a live item keeps its own (fixed
-    windows). Returns the SET clause and its values."""
-    if ttl_ms is None:
-        return sets, {}
-    sets += ", expires_at_ms = if_not_exists(expires_at_ms, :exp), #ttl = if_not_exists(#ttl, :ttl)"
-    return sets, _expiry(ttl_ms, now_ms)
+def _join_values(member: str, expected: int, now_ms: int) -> dict[str, Any]:
+    """The marshalled values of a join write (the ints are small: plain N strings)."""
+    return {
+        ":kind": {"S": JOIN},
+        ":expected": {"N": str(expected)},
+        ":mset": {"SS": [member]},
+        ":member": {"S": member},
+        ":one": {"N": "1"},
+        ":now": {"N": str(now_ms)},
+    }
 
 
-def _new_expiry(
-    sets: str, removes: str, ttl_ms: int | None, now_ms: int
-) -> tuple[str, dict[str, Any]]:
-    """The update of a write that replaces the item: ``sets`` and ``removes`` plus the new expiry,
-    or without a TTL the removal of the old one. Returns the update and its values."""
-    if ttl_ms is None:
-        return f"{sets} {removes}, expires_at_ms, #ttl", {}
-    return f"{sets}, expires_at_ms = :exp, #ttl = :ttl {removes}", _expiry(ttl_ms, now_ms)
+def _read(raw: Mapping[str, Any] | None, now_ms: int) -> CounterItem | None:
+    """``CounterItem.from_item(unmarshal(raw), now_ms)`` read straight from the attribute values.
+
+    Every write stores the attribute types read here; an item with another type (or a number
+    that is not a plain integer) raises KeyError or ValueError on the way and takes the
+    unmarshal path, so the result is the same (a flag whose value does not decode raises its
+    error again there).
+    """
+    if not raw:
+        return None
+    try:
+        av = raw.get("expires_at_ms")
+        expires_at_ms = None
+        if av is not None:
+            expires_at_ms = int(av["N"])
+            if expires_at_ms <= now_ms:
+                return None
+        av = raw.get("kind")
+        kind = COUNTER if av is None else av["S"]
+        if kind == FLAG:
+            return CounterItem(kind, codec.decode(raw["value"]["S"]), expires_at_ms)
+        av = raw.get("n")
+        n = 0 if av is None else int(av["N"])
+        if kind == COUNTER:
+            return CounterItem(kind, n, expires_at_ms)
+        if kind == JOIN:
+            members = raw.get("members")
+            last = raw.get("last")
+            return CounterItem(
+                kind,
+                n,
+                expires_at_ms,
+                int(raw["expected"]["N"]),
+                frozenset(() if members is None else members["SS"]),
+                None if last is None else last["S"],
+            )
+    except (KeyError, ValueError):
+        pass
+    return CounterItem.from_item(unmarshal(raw), now_ms)  # an unusual item
 
 
 class DynamoDBCounterStore:
@@ -92,35 +224,35 @@ class DynamoDBCounterStore:
         self._ns = namespace
 
     def _key(self, key: str) -> dict[str, Any]:
-        return primary(counter_pk(self._ns, key), COUNTER_SK)
+        # primary()'s dict, without its call
+        return {"pk": {"S": counter_pk(self._ns, key)}, "sk": {"S": COUNTER_SK}}
 
     def _update(
         self,
         key: str,
-        *,
-        update: str,
-        condition: str,
+        write: _Write,
+        values: dict[str, Any],
         now_ms: int,
-        return_values: str = "ALL_NEW",
         token: CountingToken | None = None,
-        **vals: Any,
     ) -> WriteOutcome:
-        used, token_names, token_values = _placeholders(update + " " + condition)
-        names = {k: _NAMES[k] for k in used}
-        if token is not None:  # only the parts the expressions use (DynamoDB refuses others)
-            for k in token_names:
+        """Send ``write`` with ``values`` (marshalled) and, of ``token``, the parts it uses."""
+        names = dict(write.names)  # a copy: no request holds the cached variant's dict
+        if token is not None:
+            for k in write.token_names:
                 names[k] = token.names[k]
-            for k in token_values:
-                vals[k] = token.values[k]
+            if write.uses_rqt:
+                values[":rqt"] = {"S": token.token}
+            if write.uses_rqs:  # the token set as _serialize marshals it
+                values[":rqs"] = {"SS": [token.token]}
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._key(key),
-                UpdateExpression=update,
-                ConditionExpression=condition,
+                UpdateExpression=write.update,
+                ConditionExpression=write.condition,
                 ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values(**vals),
-                ReturnValues=return_values,
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
@@ -128,30 +260,20 @@ class DynamoDBCounterStore:
                 # A retry of this very write whose first response was lost: it applied once.
                 return WriteOutcome(True, item=CounterItem.from_item(failed.item, now_ms))
             return WriteOutcome(False, current=CounterItem.from_item(failed.item, now_ms))
-        return WriteOutcome(
-            True, item=CounterItem.from_item(unmarshal(response["Attributes"]), now_ms)
-        )
+        return WriteOutcome(True, item=_read(response["Attributes"], now_ms))
 
     # -- counters --------------------------------------------------------------------------------
 
     def add(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
         # A live counter keeps its expiry (fixed windows); only one without an expiry gets it.
-        sets, expiry = _keep_expiry("SET #kind = :kind", ttl_ms, now_ms)
-        token = CountingToken(now_ms)
         # DynamoDB would store a sum past 38 digits rounded: refuse it in the condition instead.
-        in_range, bounds = sum_limit("#n", by)
-        outcome = self._update(
-            key,
-            update=f"{sets} ADD #n :by, {token.add} REMOVE {token.remove}",
-            condition=f"({_LIVE_OR_ABSENT}) AND {token.condition}{in_range}",
-            now_ms=now_ms,
-            token=token,
-            kind=COUNTER,
-            by=by,
-            now=now_ms,
-            **bounds,
-            **expiry,
-        )
+        write, lim = _add_variant(ttl_ms is not None, by)
+        values = {":kind": {"S": COUNTER}, ":by": {"N": str(by)}, ":now": {"N": str(now_ms)}}
+        if lim is not None:
+            values[":lim"] = {"N": lim}
+        if ttl_ms is not None:
+            _expiry_values(values, ttl_ms, now_ms)
+        outcome = self._update(key, write, values, now_ms, CountingToken(now_ms))
         current = outcome.current
         if (
             not outcome.ok
@@ -163,23 +285,11 @@ class DynamoDBCounterStore:
         return outcome
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:
-        token = CountingToken(now_ms)
-        update, expiry = _new_expiry(
-            "SET #kind = :kind, #n = :by, #rqa = :rqs",
-            "REMOVE #value, #members, #expected, #rqb, #rqc",
-            ttl_ms,
-            now_ms,
-        )
+        values = {":kind": {"S": COUNTER}, ":by": {"N": str(by)}, ":now": {"N": str(now_ms)}}
+        if ttl_ms is not None:
+            _expiry_values(values, ttl_ms, now_ms)
         return self._update(
-            key,
-            update=update,
-            condition=FREE,
-            now_ms=now_ms,
-            token=token,
-            kind=COUNTER,
-            by=by,
-            now=now_ms,
-            **expiry,
+            key, _restart_write(ttl_ms is not None), values, now_ms, CountingToken(now_ms)
         )
 
     def put_if_absent(
@@ -191,28 +301,30 @@ class DynamoDBCounterStore:
             **value_fields(kind, value),
         }
         if ttl_ms is not None:
-            item["expires_at_ms"] = now_ms + ttl_ms
-            item["ttl"] = _ttl_s(now_ms + ttl_ms)
+            expires = now_ms + ttl_ms
+            item["expires_at_ms"] = expires
+            item["ttl"] = _ttl_s(expires)
         return self._table.put_if_free(item, now_ms)
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        return CounterItem.from_item(self._table.get_item(self._key(key)), now_ms)
+        response = self._table.call("get_item", Key=self._key(key), ConsistentRead=True)
+        return _read(response.get("Item"), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")
-        old = response.get("Attributes")
-        return CounterItem.from_item(unmarshal(old) if old else None, now_ms) is not None
+        return _read(response.get("Attributes"), now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
-        expires = now_ms + ttl_ms
         try:
             self._table.call(
                 "update_item",
                 Key=self._key(key),
-                ConditionExpression=f"attribute_exists(pk) AND {LIVE}",
+                ConditionExpression=_EXTEND_CONDITION,
                 UpdateExpression="SET expires_at_ms = :exp, #ttl = :ttl",
                 ExpressionAttributeNames={"#ttl": "ttl"},
-                ExpressionAttributeValues=values(now=now_ms, exp=expires, ttl=_ttl_s(expires)),
+                ExpressionAttributeValues=_expiry_values(
+                    {":now": {"N": str(now_ms)}}, ttl_ms, now_ms
+                ),
             )
         except ConditionFailedError:
             return False
@@ -229,26 +341,10 @@ class DynamoDBCounterStore:
         # ``last`` names the member that completed the join: every arrival before completion
         # sets it (``#n < :expected``), so once complete it is the completer's, and arrivals
         # beyond ``expected`` (a second request, only for them) leave it alone.
-        common = "#kind = :kind AND #expected = :expected AND " + LIVE
-        sets, expiry = _keep_expiry(
-            "SET #kind = :kind, #expected = :expected, #last = :member", ttl_ms, now_ms
-        )
-        outcome = self._update(
-            key,
-            update=f"{sets} ADD #members :mset, #n :one",
-            condition=(
-                f"attribute_not_exists(pk) OR ({common} AND NOT contains(#members, :member) "
-                "AND #n < :expected)"
-            ),
-            now_ms=now_ms,
-            kind=JOIN,
-            expected=expected,
-            mset={member},
-            member=member,
-            one=1,
-            now=now_ms,
-            **expiry,
-        )
+        values = _join_values(member, expected, now_ms)
+        if ttl_ms is not None:
+            _expiry_values(values, ttl_ms, now_ms)
+        outcome = self._update(key, _join_add_write(ttl_ms is not None), values, now_ms)
         current = outcome.current
         if outcome.ok or current is None or current.kind != JOIN:
             return outcome
@@ -256,39 +352,12 @@ class DynamoDBCounterStore:
             return outcome
         if int(current.value) < expected:  # pragma: no cover - nothing else fails the condition
             return outcome
-        return self._update(
-            key,
-            update="ADD #members :mset, #n :one",
-            condition=f"{common} AND NOT contains(#members, :member)",
-            now_ms=now_ms,
-            kind=JOIN,
-            expected=expected,
-            mset={member},
-            member=member,
-            one=1,
-            now=now_ms,
-        )
+        return self._update(key, _JOIN_BEYOND, _join_values(member, expected, now_ms), now_ms)
 
     def join_restart(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
-        update, expiry = _new_expiry(
-            "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one, "
-            "#last = :member",
-            "REMOVE #value",
-            ttl_ms,
-            now_ms,
-        )
-        return self._update(
-            key,
-            update=update,
-            condition=FREE,
-            now_ms=now_ms,
-            kind=JOIN,
-            expected=expected,
-            mset={member},
-            member=member,
-            one=1,
-            now=now_ms,
-            **expiry,
-        )
+        values = _join_values(member, expected, now_ms)
+        if ttl_ms is not None:
+            _expiry_values(values, ttl_ms, now_ms)
+        return self._update(key, _join_restart_write(ttl_ms is not None), values, now_ms)
