@@ -40,6 +40,10 @@ def _as_events(events: Event | Iterable[Event]) -> list[Event]:
         if isinstance(events, Event)
         else check_iterable(events, "events", "Event objects", hint="pass one Event or a list")
     )
+    if len(items) == 1:  # the common case: nothing to compare
+        if not isinstance(items[0], Event):
+            raise TypeError(f"publish takes Event objects, got {type(items[0]).__name__}")
+        return items
     for item in items:
         if not isinstance(item, Event):
             raise TypeError(f"publish takes Event objects, got {type(item).__name__}")
