@@ -250,16 +250,31 @@ def _check_field(name: Any) -> str:
     return name
 
 
-def _check_context(context: Any, what: str) -> dict[str, Any]:
+class CheckedFields(dict[str, Any]):
+    """Context fields :class:`Runs` checked before a write: the values as given, and ``texts``,
+    the codec text of each. Checking a value is encoding it, so a store that stores the text
+    takes it from ``texts`` rather than encoding every value a second time."""
+
+    __slots__ = ("texts",)
+    texts: dict[str, str]
+
+
+def _check_context(context: Any, what: str) -> CheckedFields:
+    checked = CheckedFields()
+    checked.texts = texts = {}
     if context is None:
-        return {}
-    if not isinstance(context, Mapping):
+        return checked
+    if type(context) is not dict and not isinstance(context, Mapping):
         raise TypeError(f"{what} must be a mapping of field names to values")
-    out: dict[str, Any] = {}
     for name, value in context.items():
-        codec.encode(value)  # refuses unsupported values before anything is written
-        out[_check_field(name)] = value
-    return out
+        text = codec.encode(value)  # refuses unsupported values before anything is written
+        if type(name) is not str or not (
+            0 < len(name) <= MAX_CONTEXT_FIELD_BYTES and name.isascii()
+        ):
+            _check_field(name)  # a short ASCII name needs no more checks
+        checked[name] = value
+        texts[name] = text
+    return checked
 
 
 class Runs:
@@ -303,8 +318,11 @@ class Runs:
         return self._store.get(run_id, now_ms(self.clock))
 
     def set(self, run_id: str, key: str, value: Any) -> Run:
-        """Set one context field of a running run (one request)."""
-        return self.patch(run_id, set={key: value})
+        """Set one context field of a running run (one request): ``patch(run_id, set={key:
+        value})``, without the checks of a removal list it does not have."""
+        keys.validate_key(run_id, "run id")
+        checked = _check_context({key: value}, "set")
+        return self._store.update(run_id, now_ms(self.clock), set_fields=checked)
 
     def patch(
         self,
@@ -345,7 +363,9 @@ class Runs:
 
     def list(self, status: RunStatus | str, *, limit: int | None = None) -> Iterator[Run]:
         """Runs in ``status``, least recently updated first (paginated index Query)."""
-        return self._iterate(RunStatus(status), None, limit)
+        # a str is looked up by value (an enum call costs more than the rest of the setup)
+        member = _status(status) if type(status) is str else RunStatus(status)
+        return self._iterate(member, None, limit)
 
     def stalled(self, older_than: float, *, limit: int | None = None) -> Iterator[Run]:
         """Running runs with no update for ``older_than`` seconds, oldest first.
