@@ -46,12 +46,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
-from ._items import member_reader, optional_int
+from ._items import member_reader
 from ._validate import check_int, ttl_to_ms
 from .errors import CircuitOpenError
 from .metrics import NO_SCOPE, MetricsScope
@@ -89,6 +89,8 @@ _TRANSITION_METRICS = {
 
 
 _state = member_reader(State)
+#: the stored value of a closed breaker (an enum member's ``.value`` is a descriptor call)
+_CLOSED = State.CLOSED.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +111,18 @@ class BreakerRecord:
         item is closed with no failures."""
         if not item:
             return cls()
+        # positional, and optional_int's rule inline: this runs on every protected call
+        get = item.get
+        opened_at_ms = get("opened_at_ms")
+        trial_started_ms = get("trial_started_ms")
         return cls(
-            state=_state(item.get("state", State.CLOSED.value)),
-            failures=int(item.get("failures", 0)),
-            successes=int(item.get("successes", 0)),
-            opened_at_ms=optional_int(item, "opened_at_ms"),
-            trial_calls=int(item.get("trial_calls", 0)),
-            trial_round=int(item.get("trial_round", 0)),
-            trial_started_ms=optional_int(item, "trial_started_ms"),
+            _state(get("state", _CLOSED)),
+            int(get("failures", 0)),
+            int(get("successes", 0)),
+            None if opened_at_ms is None else int(opened_at_ms),
+            int(get("trial_calls", 0)),
+            int(get("trial_round", 0)),
+            None if trial_started_ms is None else int(trial_started_ms),
         )
 
 
@@ -206,9 +212,9 @@ class BreakerStore(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Ticket:
-    """Why a call was let through: as a closed call (and the failures seen) or as a trial."""
+class _Ticket(NamedTuple):
+    """Why a call was let through: as a closed call (and the failures seen) or as a trial.
+    (A NamedTuple: made on every protected call, and cheaper to make than a dataclass.)"""
 
     trial_round: int | None
     failures_seen: int = 0
@@ -349,11 +355,11 @@ class CircuitBreaker:
         raise self._rejected(record, now_ms(self.clock))
 
     def _on_success(self, ticket: _Ticket) -> None:
-        now = now_ms(self.clock)
         if ticket.trial_round is None:
             if ticket.failures_seen > 0:
-                self._store.reset_failures(self.name, now)
+                self._store.reset_failures(self.name, now_ms(self.clock))
             return
+        now = now_ms(self.clock)
         if self.success_threshold > 1:
             record = self._store.trial_success(self.name, ticket.trial_round, now)
             if record is None or record.successes < self.success_threshold:
@@ -399,7 +405,7 @@ class CircuitBreaker:
         except BaseException as exc:
             self._finish(ticket, exc)
             raise
-        self._finish(ticket, None)
+        self._on_success(ticket)  # what _finish does without an exception
         return result
 
     def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:

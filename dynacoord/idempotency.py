@@ -33,10 +33,10 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 import random
 import re
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -156,13 +156,15 @@ class IdempotencyRecord:
             status = _status(item["status"])
         except ValueError:
             return None
+        payload_hash = item.get("payload_hash")
+        # positional: a frozen dataclass's keyword call costs more on every record read
         return cls(
-            key=key,
-            status=status,
-            expires_at_ms=int(item.get("expires_at_ms", 0)),
-            payload_hash=str(item["payload_hash"]) if item.get("payload_hash") else None,
-            result_text=str(item["result"]) if "result" in item else None,
-            token=str(item["token"]) if "token" in item else None,
+            key,
+            status,
+            int(item.get("expires_at_ms", 0)),
+            str(payload_hash) if payload_hash else None,
+            str(item["result"]) if "result" in item else None,
+            str(item["token"]) if "token" in item else None,
         )
 
 
@@ -387,6 +389,12 @@ def _selector(spec: Any, what: str) -> Selector:
     )
 
 
+def _claim_token() -> str:
+    """A claim token: 128 random bits as 32 hex digits (the form of ``uuid.uuid4().hex``, without
+    building a UUID object on every claim)."""
+    return os.urandom(16).hex()
+
+
 def _check_claim(claim: Any) -> None:
     if not isinstance(claim, Claim):
         raise TypeError(
@@ -494,7 +502,7 @@ class Idempotency:
         return self._claim(key, lease_ms, payload_hash)
 
     def _claim(self, key: str, lease_ms: int, payload_hash: str | None) -> ClaimResult:
-        token = uuid.uuid4().hex
+        token = _claim_token()
         outcome = self._store.claim(key, token, payload_hash, lease_ms, now_ms(self.clock))
         existing = outcome.existing
         if (
@@ -674,10 +682,8 @@ class Idempotency:
 
         return decorator
 
-    def _key_of(
-        self, func: Callable[..., Any], options: _Options, args: tuple[Any, ...], kwargs: Any
-    ) -> str | None:
-        raw = options.key(*args, **kwargs)
+    def _key_of(self, func: Callable[..., Any], options: _Options, raw: Any) -> str | None:
+        """The idempotency key of the selected value ``raw`` (None: run without idempotency)."""
         if _is_empty(raw):
             message = (
                 f"idempotency key {options.key_spec!r} of {getattr(func, '__qualname__', func)!r} "
@@ -701,9 +707,12 @@ class Idempotency:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> R:
-        key = self._key_of(func, options, args, kwargs)
-        if key is None:
-            return func(*args, **kwargs)
+        key = options.key(*args, **kwargs)
+        # A non-empty ASCII str (the usual key) passes every check of _key_of as it is.
+        if type(key) is not str or not key or not key.isascii():
+            key = self._key_of(func, options, key)
+            if key is None:
+                return func(*args, **kwargs)
         payload_hash = (
             None if options.payload is None else hash_payload(options.payload(*args, **kwargs))
         )
@@ -713,14 +722,15 @@ class Idempotency:
                 self._check_payload(cached, payload_hash)
                 self._metrics.count("IdempotencyLocalHit")
                 return self._replay(options, cached)  # type: ignore[no-any-return]
-        own_context = _lambda_context(args)
-        context = own_context if own_context is not None else lambda_context()
+        own_context = _lambda_context(args) if len(args) >= 2 else None
         if own_context is None:
+            # the registered context, if any (lambda_context() also checks its remaining time)
+            context = None if _CURRENT_CONTEXT.get() is None else lambda_context()
             return self._claim_and_run(func, options, args, kwargs, key, payload_hash, context)
         # A decorated handler: the idempotent functions it calls share its invocation's deadline.
         registered = _CURRENT_CONTEXT.set(own_context)
         try:
-            return self._claim_and_run(func, options, args, kwargs, key, payload_hash, context)
+            return self._claim_and_run(func, options, args, kwargs, key, payload_hash, own_context)
         finally:
             _CURRENT_CONTEXT.reset(registered)
 
@@ -743,7 +753,9 @@ class Idempotency:
             wait_timeout = min(wait_timeout, remaining_ms / 1000)
         if lease_ms is None:
             lease_ms = ttl_to_ms(DEFAULT_IN_PROGRESS_TTL)
-        deadline = self.clock.monotonic() + wait_timeout
+        wait = options.wait
+        # Only a waiting call has a deadline (without wait a duplicate in progress raises at once).
+        deadline = self.clock.monotonic() + wait_timeout if wait else 0.0
         delay = self.backoff_initial
         refusals = 0
         while True:
@@ -760,14 +772,15 @@ class Idempotency:
                     continue  # freed in between: claim again
             while True:
                 if record is not None:
-                    self._check_payload(record, payload_hash)
-                    if record.completed:
+                    if payload_hash is not None:
+                        self._check_payload(record, payload_hash)
+                    if record.status is IdempotencyStatus.COMPLETED:
                         logger.debug("idempotency key %r replayed", key)
                         if options.local is not None and record.unstorable is None:
                             options.local.put(record)
                         return self._replay(options, record)  # type: ignore[no-any-return]
-                remaining = deadline - self.clock.monotonic()
-                if not options.wait or remaining <= 0:
+                remaining = deadline - self.clock.monotonic() if wait else 0.0
+                if remaining <= 0:
                     self._metrics.count("IdempotencyInProgress")
                     raise IdempotencyInProgressError(
                         f"a call with idempotency key {key!r} is already in progress"
@@ -789,8 +802,10 @@ class Idempotency:
     def _replay(self, options: _Options, record: IdempotencyRecord) -> Any:
         """The result a duplicate gets from a completed record."""
         self._metrics.count("IdempotencyReplay")
-        kind = record.unstorable
-        if kind is not None:
+        # record.unstorable and record.result, read once
+        text = record.result_text
+        if text is not None and text.startswith(UNSTORABLE_PREFIX):
+            kind = text[len(UNSTORABLE_PREFIX) :]
             raise IdempotencyValueError(
                 f"the first call with idempotency key {record.key!r} ran, but its result (a "
                 f"{kind}) could not be stored, so this duplicate cannot be replayed; it is not run "
@@ -798,7 +813,7 @@ class Idempotency:
                 f"then free the key: backend.idempotency.delete({record.key!r})",
                 key=record.key,
             )
-        data = record.result
+        data = None if text is None else codec.decode(text)
         if options.output is not None:
             try:
                 data = options.output.from_store(data)

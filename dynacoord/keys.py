@@ -335,7 +335,7 @@ def time_sk_bound(ms: int) -> str:
 
 def outbox_index_sk(due_ms: int, event_id: str) -> str:
     """The gsi1 sort key of an outbox event: ``{due_ms:015d}#{event_id}`` (due order)."""
-    return _sort_key(f"{due_ms:0{MS_WIDTH}d}#{event_id}", "event id", event_id)
+    return _sort_key(f"{due_ms:015d}#{event_id}", "event id", event_id)  # MS_WIDTH digits
 
 
 def outbox_pk(namespace: str, event_id: str) -> str:
@@ -372,7 +372,7 @@ def run_index_pk(namespace: str, status: str) -> str:
 
 def run_index_sk(updated_ms: int, run_id: str) -> str:
     """The gsi1 sort key of a workflow run: ``{updated_ms:015d}#{run_id}`` (update order)."""
-    return f"{time_sk_bound(updated_ms)}#{run_id}"
+    return f"{updated_ms:015d}#{run_id}"  # time_sk_bound's form (MS_WIDTH), in one format
 
 
 def run_pk(namespace: str, run_id: str) -> str:

@@ -19,7 +19,6 @@ import os
 import random
 import socket
 import threading
-import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -91,7 +90,9 @@ class LockStore(Protocol):
 
 def default_owner() -> str:
     """A unique owner id that still tells a human where the lock came from."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:12]}"
+    # os.urandom(6).hex() is what uuid.uuid4().hex[:12] was (its first 48 bits are all random)
+    # without building a UUID object on every acquire that names no owner
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{os.urandom(6).hex()}"
 
 
 class Lease:
@@ -282,7 +283,10 @@ class Locks:
         """
         keys.validate_key(key, "lock key")
         ttl_ms = ttl_to_ms(ttl)
-        wait = non_negative_seconds(timeout, "timeout")
+        if type(timeout) is float and timeout == 0.0:
+            wait = 0.0  # the default, one attempt: nothing to check
+        else:
+            wait = non_negative_seconds(timeout, "timeout")
         owner = default_owner() if owner is None else check_str(owner, "owner")
         if wait == 0:
             return self._attempt(key, owner, ttl_ms)[0]

@@ -13,6 +13,7 @@ several processes race for the same transition exactly one write succeeds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ...breaker import BreakerRecord, StartTrialResult, State
@@ -22,7 +23,6 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
-    primary,
     request_token,
     unmarshal,
     values,
@@ -32,6 +32,10 @@ from ._table import (
 __all__ = ["DynamoDBBreakerStore"]
 
 _NAMES = {"#st": "state"}
+#: the stored states as plain str (an enum member's ``.value`` is a descriptor call)
+_CLOSED = State.CLOSED.value
+_OPEN = State.OPEN.value
+_HALF = State.HALF_OPEN.value
 #: what trip and a failed trial round write: open now, the trial state cleared
 _OPEN_UPDATE = (
     "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
@@ -44,10 +48,51 @@ _CLOSED_UPDATE = (
 )
 
 
+_STATES = {state.value: state for state in State}
+
+
+def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:
+    """``BreakerRecord.from_item(unmarshal(raw))`` of a raw DynamoDB item, read straight from
+    the attribute values the store writes (state an S, integer Ns): no Decimal on every
+    protected call. Any other form goes the general way (which decides, or raises, alike)."""
+    if not raw:
+        return BreakerRecord()
+    get = raw.get
+    try:
+        state = get("state")
+        failures = get("failures")
+        successes = get("successes")
+        opened_at_ms = get("opened_at_ms")
+        trial_calls = get("trial_calls")
+        trial_round = get("trial_round")
+        trial_started_ms = get("trial_started_ms")
+        return BreakerRecord(
+            State.CLOSED if state is None else _STATES[state["S"]],
+            0 if failures is None else int(failures["N"]),
+            0 if successes is None else int(successes["N"]),
+            None if opened_at_ms is None else int(opened_at_ms["N"]),
+            0 if trial_calls is None else int(trial_calls["N"]),
+            0 if trial_round is None else int(trial_round["N"]),
+            None if trial_started_ms is None else int(trial_started_ms["N"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return BreakerRecord.from_item(unmarshal(raw))
+
+
 class DynamoDBBreakerStore:
     def __init__(self, table: DynamoTable, namespace: str) -> None:
         self._table = table
         self._ns = namespace
+        #: the pk of each name (a store serves one breaker, or a few): built and checked once
+        self._pks: dict[str, str] = {}
+
+    def _key(self, name: str) -> dict[str, Any]:
+        pk = self._pks.get(name) if type(name) is str else None
+        if pk is None:
+            pk = breaker_pk(self._ns, name)
+            if type(name) is str and len(self._pks) < 64:
+                self._pks[name] = pk
+        return {"pk": {"S": pk}, "sk": {"S": BREAKER_SK}}
 
     def _update(
         self,
@@ -58,17 +103,18 @@ class DynamoDBBreakerStore:
         return_values: str = "NONE",
         old_on_failure: bool = False,
         names: dict[str, str] | None = None,
-        **attr_values: Any,
+        attr_values: dict[str, Any],
     ) -> dict[str, Any] | None:
-        """One UpdateItem; the returned attributes (or {}), or None if the condition failed.
+        """One UpdateItem with ``attr_values`` (marshalled, as :func:`values` makes them); the
+        returned attributes, raw (or {}), or None if the condition failed.
 
         With ``old_on_failure`` a failed condition raises ConditionFailedError carrying the item.
         """
         kwargs: dict[str, Any] = {
-            "Key": primary(breaker_pk(self._ns, name), BREAKER_SK),
+            "Key": self._key(name),
             "UpdateExpression": update,
             "ExpressionAttributeNames": _NAMES if names is None else {**_NAMES, **names},
-            "ExpressionAttributeValues": values(**attr_values),
+            "ExpressionAttributeValues": attr_values,
             "ReturnValues": return_values,
         }
         if condition is not None:
@@ -81,12 +127,13 @@ class DynamoDBBreakerStore:
                 response = self._table.call("update_item", **kwargs)
             except ConditionFailedError:
                 return None
-        return unmarshal(response.get("Attributes", {}))
+        attributes: dict[str, Any] = response.get("Attributes", {})
+        return attributes
 
     def get(self, name: str) -> BreakerRecord:
-        return BreakerRecord.from_item(
-            self._table.get_item(primary(breaker_pk(self._ns, name), BREAKER_SK))
-        )
+        # the request of DynamoTable.get_item, its item read by _record
+        response = self._table.call("get_item", Key=self._key(name), ConsistentRead=True)
+        return _record(response.get("Item"))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write. The
@@ -103,47 +150,40 @@ class DynamoDBBreakerStore:
                 return_values="ALL_NEW",
                 old_on_failure=True,
                 names=token.names,
-                closed=State.CLOSED.value,
-                now=now_ms,
-                one=1,
-                **token.values,
+                attr_values=values(closed=_CLOSED, now=now_ms, one=1, **token.values),
             )
         except ConditionFailedError as failed:
             if token.applied(failed.item):
                 return BreakerRecord.from_item(failed.item)
             return None
-        return None if attrs is None else BreakerRecord.from_item(attrs)
+        return None if attrs is None else _record(attrs)
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         attrs = self._update(
             name,
             condition="#st = :closed AND failures > :zero",
             update="SET failures = :zero, updated_ms = :now",
-            closed=State.CLOSED.value,
-            zero=0,
-            now=now_ms,
+            attr_values=values(closed=_CLOSED, zero=0, now=now_ms),
         )
         return attrs is not None
 
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
         condition = None
-        extra: dict[str, Any] = {}
+        # what values(open=, now=, zero=[, closed=, min=]) makes of them
+        attr_values = {":open": {"S": _OPEN}, ":now": {"N": str(now_ms)}, ":zero": {"N": "0"}}
         if min_failures is not None:
             # Closes the race "many callers saw failures >= threshold": the first write changes
             # the state to open, so every later one fails this condition and does not re-trip.
             condition = "#st = :closed AND failures >= :min"
-            extra = {"closed": State.CLOSED.value, "min": min_failures}
+            attr_values.update(values(closed=_CLOSED, min=min_failures))
         attrs = self._update(
             name,
             condition=condition,
             update=_OPEN_UPDATE,
             return_values="ALL_OLD",
-            open=State.OPEN.value,
-            now=now_ms,
-            zero=0,
-            **extra,
+            attr_values=attr_values,
         )
-        return None if attrs is None else BreakerRecord.from_item(attrs)
+        return None if attrs is None else _record(attrs)
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
         token = request_token()
@@ -165,20 +205,22 @@ class DynamoDBBreakerStore:
                 return_values="ALL_NEW",
                 old_on_failure=True,
                 names={"#req": REQUEST_TOKEN},
-                req=token,
-                open=State.OPEN.value,
-                half=State.HALF_OPEN.value,
-                cutoff=cutoff_ms,
-                now=now_ms,
-                one=1,
-                zero=0,
+                attr_values=values(
+                    req=token,
+                    open=_OPEN,
+                    half=_HALF,
+                    cutoff=cutoff_ms,
+                    now=now_ms,
+                    one=1,
+                    zero=0,
+                ),
             )
         except ConditionFailedError as failed:
             if written_by(failed.item, token):
                 # A retry of this very write whose first response was lost: the slot is ours.
                 return StartTrialResult(BreakerRecord.from_item(failed.item))
             return StartTrialResult(None, BreakerRecord.from_item(failed.item))
-        return StartTrialResult(BreakerRecord.from_item(attrs))
+        return StartTrialResult(_record(attrs))
 
     def join_trial(
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
@@ -191,14 +233,11 @@ class DynamoDBBreakerStore:
             ),
             update="SET trial_started_ms = :now, updated_ms = :now ADD trial_calls :one",
             return_values="ALL_NEW",
-            half=State.HALF_OPEN.value,
-            round=trial_round,
-            max=max_calls,
-            cutoff=cutoff_ms,
-            now=now_ms,
-            one=1,
+            attr_values=values(
+                half=_HALF, round=trial_round, max=max_calls, cutoff=cutoff_ms, now=now_ms, one=1
+            ),
         )
-        return None if attrs is None else BreakerRecord.from_item(attrs)
+        return None if attrs is None else _record(attrs)
 
     def _in_round(
         self,
@@ -216,10 +255,7 @@ class DynamoDBBreakerStore:
             condition="#st = :half AND trial_round = :round",
             update=update,
             return_values=return_values,
-            half=State.HALF_OPEN.value,
-            round=trial_round,
-            now=now_ms,
-            **attr_values,
+            attr_values=values(half=_HALF, round=trial_round, now=now_ms, **attr_values),
         )
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
@@ -232,18 +268,14 @@ class DynamoDBBreakerStore:
             one=1,
             minus=-1,
         )
-        return None if attrs is None else BreakerRecord.from_item(attrs)
+        return None if attrs is None else _record(attrs)
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
-        attrs = self._in_round(
-            name, trial_round, now_ms, _CLOSED_UPDATE, closed=State.CLOSED.value, zero=0
-        )
+        attrs = self._in_round(name, trial_round, now_ms, _CLOSED_UPDATE, closed=_CLOSED, zero=0)
         return attrs is not None
 
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
-        attrs = self._in_round(
-            name, trial_round, now_ms, _OPEN_UPDATE, open=State.OPEN.value, zero=0
-        )
+        attrs = self._in_round(name, trial_round, now_ms, _OPEN_UPDATE, open=_OPEN, zero=0)
         return attrs is not None
 
     def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
@@ -254,8 +286,11 @@ class DynamoDBBreakerStore:
             condition="attribute_exists(pk)",  # an absent breaker is already closed: write nothing
             update=_CLOSED_UPDATE,
             return_values="ALL_OLD",
-            closed=State.CLOSED.value,
-            zero=0,
-            now=now_ms,
+            # what values(closed=, zero=, now=) makes of them
+            attr_values={
+                ":closed": {"S": _CLOSED},
+                ":zero": {"N": "0"},
+                ":now": {"N": str(now_ms)},
+            },
         )
-        return BreakerRecord.from_item(attrs) if attrs else None
+        return _record(attrs) if attrs else None

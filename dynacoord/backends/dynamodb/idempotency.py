@@ -14,13 +14,14 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
 from ...keys import IDEMPOTENCY_SK, idempotency_pk
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, primary, values
+from ._table import FREE, ConditionFailedError, DynamoTable, to_av, unmarshal, values
 
 __all__ = ["DynamoDBIdempotencyStore"]
 
 _NAMES = {"#status": "status", "#token": "token", "#result": "result", "#ttl": "ttl"}
 _IN_PROGRESS = IdempotencyStatus.IN_PROGRESS.value
 _COMPLETED = IdempotencyStatus.COMPLETED.value
+_STATUSES = {status.value: status for status in IdempotencyStatus}
 
 
 class DynamoDBIdempotencyStore:
@@ -29,30 +30,34 @@ class DynamoDBIdempotencyStore:
         self._ns = namespace
 
     def _key(self, key: str) -> dict[str, Any]:
-        return primary(idempotency_pk(self._ns, key), IDEMPOTENCY_SK)
+        # primary()'s dict, built here: a frame less on every request
+        return {"pk": {"S": idempotency_pk(self._ns, key)}, "sk": {"S": IDEMPOTENCY_SK}}
 
     def claim(
         self, key: str, token: str, payload_hash: str | None, lease_ms: int, now_ms: int
     ) -> ClaimResult:
         expires = now_ms + lease_ms
+        # Marshalled as it is built (what marshal() makes of it): the strs and the ints of the
+        # clock, attribute by attribute in the same order.
         item = {
-            "pk": idempotency_pk(self._ns, key),
-            "sk": IDEMPOTENCY_SK,
-            "status": _IN_PROGRESS,
-            "token": token,
-            "expires_at_ms": expires,
-            "ttl": math.ceil(expires / 1000),
-            "payload_hash": payload_hash,  # None is dropped by marshal
-            "created_ms": now_ms,
+            "pk": {"S": idempotency_pk(self._ns, key)},
+            "sk": {"S": IDEMPOTENCY_SK},
+            "status": {"S": _IN_PROGRESS},
+            "token": {"S": token},
+            "expires_at_ms": {"N": str(expires)},
+            "ttl": {"N": str(math.ceil(expires / 1000))},
         }
+        if payload_hash is not None:
+            item["payload_hash"] = {"S": payload_hash}
+        item["created_ms"] = {"N": str(now_ms)}
         try:
             self._table.call(
                 "put_item",
-                Item=marshal(item),
+                Item=item,
                 # Free means: never claimed, released, swept, or expired (a completed result past
                 # its TTL, or the lease of a crashed call). Exactly one of two racing claims wins.
                 ConditionExpression=FREE,
-                ExpressionAttributeValues=values(now=now_ms),
+                ExpressionAttributeValues={":now": {"N": str(now_ms)}},
                 # A refused claim returns the record that refused it: a replay is one request.
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -76,14 +81,16 @@ class DynamoDBIdempotencyStore:
                     "#ttl = :ttl, completed_ms = :now REMOVE #token"
                 ),
                 ExpressionAttributeNames=_NAMES,
-                ExpressionAttributeValues=values(
-                    token=token,
-                    completed=_COMPLETED,
-                    result=result_text,
-                    exp=expires,
-                    ttl=math.ceil(expires / 1000),
-                    now=now_ms,
-                ),
+                # what values() makes of them: the codec's text, the ints of the clock and (from
+                # a Claim anyone can build) the token, which values() marshals unless a str
+                ExpressionAttributeValues={
+                    ":token": {"S": token} if type(token) is str else to_av(token),
+                    ":completed": {"S": _COMPLETED},
+                    ":result": {"S": result_text},
+                    ":exp": {"N": str(expires)},
+                    ":ttl": {"N": str(math.ceil(expires / 1000))},
+                    ":now": {"N": str(now_ms)},
+                },
             )
         except ConditionFailedError:
             return False
@@ -103,7 +110,29 @@ class DynamoDBIdempotencyStore:
         return True
 
     def get(self, key: str) -> IdempotencyRecord | None:
-        return IdempotencyRecord.from_item(key, self._table.get_item(self._key(key)))
+        # the request of DynamoTable.get_item; the raw item read as from_item reads its unmarshal
+        raw = self._table.call("get_item", Key=self._key(key), ConsistentRead=True).get("Item")
+        if not raw:
+            return None
+        try:
+            status = raw.get("status")
+            if status is None:
+                return None
+            expires_at_ms = raw.get("expires_at_ms")
+            payload_hash = raw.get("payload_hash")
+            result = raw.get("result")
+            token = raw.get("token")
+            return IdempotencyRecord(
+                key,
+                _STATUSES[status["S"]],
+                0 if expires_at_ms is None else int(expires_at_ms["N"]),
+                None if payload_hash is None else payload_hash["S"] or None,
+                None if result is None else result["S"],
+                None if token is None else token["S"],
+            )
+        except (KeyError, TypeError, ValueError):
+            # not the attribute types the store writes: the general reader decides (or raises)
+            return IdempotencyRecord.from_item(key, unmarshal(raw))
 
     def delete(self, key: str) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...keys import LOCK_SK, lock_pk
 from ...locks import AcquireResult, LockInfo
-from ._table import FREE, ConditionFailedError, DynamoTable, primary, unmarshal, values
+from ._table import FREE, ConditionFailedError, DynamoTable, unmarshal, values
 
 __all__ = ["DynamoDBLockStore"]
 
@@ -30,15 +30,19 @@ class DynamoDBLockStore:
         self._grace_s = fence_grace_s
 
     def _key(self, key: str) -> dict[str, Any]:
-        return primary(lock_pk(self._ns, key), LOCK_SK)
+        # primary()'s dict, built here: a frame less on every request
+        return {"pk": {"S": lock_pk(self._ns, key)}, "sk": {"S": LOCK_SK}}
 
     def _ttl(self, expires_at_ms: int) -> int:
         return math.ceil(expires_at_ms / 1000) + self._grace_s
 
     def _info(self, key: str, item: dict[str, Any] | None, now_ms: int) -> LockInfo | None:
-        if not item or "owner" not in item or int(item.get("expires_at_ms", 0)) <= now_ms:
+        if not item or "owner" not in item:
             return None
-        return LockInfo(key, str(item["owner"]), int(item["fence"]), int(item["expires_at_ms"]))
+        expires = int(item.get("expires_at_ms", 0))
+        if expires <= now_ms:
+            return None
+        return LockInfo(key, str(item["owner"]), int(item["fence"]), expires)
 
     def try_acquire(self, key: str, owner: str, ttl_ms: int, now_ms: int) -> AcquireResult:
         expires = now_ms + ttl_ms
@@ -53,14 +57,15 @@ class DynamoDBLockStore:
                     "fence = if_not_exists(fence, :base) + :one"
                 ),
                 ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
-                ExpressionAttributeValues=values(
-                    now=now_ms,
-                    owner=owner,
-                    exp=expires,
-                    ttl=self._ttl(expires),
-                    base=now_ms * 1000,
-                    one=1,
-                ),
+                # what values() makes of them (the owner is a str, the rest ints of the clock)
+                ExpressionAttributeValues={
+                    ":now": {"N": str(now_ms)},
+                    ":owner": {"S": owner},
+                    ":exp": {"N": str(expires)},
+                    ":ttl": {"N": str(self._ttl(expires))},
+                    ":base": {"N": str(now_ms * 1000)},
+                    ":one": {"N": "1"},
+                },
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -72,9 +77,26 @@ class DynamoDBLockStore:
         )
 
     def _if_held(
-        self, key: str, owner: str, fence: int, now_ms: int, update: str, **attr_values: Any
+        self,
+        key: str,
+        owner: str,
+        fence: int,
+        now_ms: int,
+        update: str,
+        ttl: int,
+        exp: int | None = None,
     ) -> bool:
-        """One UpdateItem, made only while ``owner`` holds the unexpired lock with ``fence``."""
+        """One UpdateItem, made only while ``owner`` holds the unexpired lock with ``fence``;
+        ``update`` uses ``:ttl`` and ``:exp`` (if given)."""
+        # what values(owner=, fence=, now=, [exp=,] ttl=) makes of them, in that order
+        attr_values = {
+            ":owner": {"S": owner},
+            ":fence": {"N": str(fence)},
+            ":now": {"N": str(now_ms)},
+        }
+        if exp is not None:
+            attr_values[":exp"] = {"N": str(exp)}
+        attr_values[":ttl"] = {"N": str(ttl)}
         try:
             self._table.call(
                 "update_item",
@@ -82,9 +104,7 @@ class DynamoDBLockStore:
                 ConditionExpression="#owner = :owner AND fence = :fence AND expires_at_ms > :now",
                 UpdateExpression=update,
                 ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
-                ExpressionAttributeValues=values(
-                    owner=owner, fence=fence, now=now_ms, **attr_values
-                ),
+                ExpressionAttributeValues=attr_values,
             )
         except ConditionFailedError:
             return False
@@ -94,7 +114,7 @@ class DynamoDBLockStore:
         expires = now_ms + ttl_ms
         update = "SET expires_at_ms = :exp, #ttl = :ttl"
         if not self._if_held(
-            key, owner, fence, now_ms, update, exp=expires, ttl=self._ttl(expires)
+            key, owner, fence, now_ms, update, ttl=self._ttl(expires), exp=expires
         ):
             return None
         return LockInfo(key, owner, fence, expires)
@@ -121,4 +141,19 @@ class DynamoDBLockStore:
         return self._info(key, old, now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
-        return self._info(key, self._table.get_item(self._key(key)), now_ms)
+        # the request of DynamoTable.get_item; the raw item read as _info reads its unmarshal
+        raw = self._table.call("get_item", Key=self._key(key), ConsistentRead=True).get("Item")
+        if not raw:
+            return None
+        try:
+            owner = raw.get("owner")
+            if owner is None:
+                return None
+            expires_at_ms = raw.get("expires_at_ms")
+            expires = 0 if expires_at_ms is None else int(expires_at_ms["N"])
+            if expires <= now_ms:
+                return None
+            return LockInfo(key, owner["S"], int(raw["fence"]["N"]), expires)
+        except (KeyError, TypeError, ValueError):
+            # not the attribute types the store writes: the general reader decides (or raises)
+            return self._info(key, unmarshal(raw), now_ms)
