@@ -1,7 +1,8 @@
 """Task checkpoints: numbered snapshots of a long job's progress, so a restarted job resumes.
 
 Policy lives here (sequence assignment, expiry, pagination, batched cleanup); a backend supplies a
-:class:`CheckpointStore` whose methods are one round trip each.
+:class:`CheckpointStore` whose methods are one round trip each, and may add :class:`CheckpointRows`
+(the same requests, without a StoredCheckpoint per checkpoint written or read).
 
 Every checkpoint of a task shares one partition (``CHECKPOINT#{ns}#{task_id}``) and has the sort
 key ``SEQ#{sequence:020d}``, so string order is numeric order (9 < 10) and "the latest" is one
@@ -32,7 +33,7 @@ import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
@@ -143,6 +144,70 @@ class CheckpointStore(Protocol):
         ...
 
 
+#: A checkpoint's fields in :class:`StoredCheckpoint`'s order after the task id:
+#: ``(sequence, data_text, progress, created_ms, expires_at_ms)``.
+CheckpointFields = tuple[int, str | None, float | None, int, int | None]
+
+
+@runtime_checkable
+class CheckpointRows(Protocol):
+    """Optional on a :class:`CheckpointStore`: the same requests without a StoredCheckpoint.
+
+    ``insert_fields``, ``get_row`` and ``page_rows`` make the requests of ``insert``, ``get`` and
+    ``page``; the rows read are the store's own, and ``live_checkpoint`` turns one into its
+    :class:`Checkpoint` (None once expired). A store that has them (the DynamoDB store) spares
+    each checkpoint written or read a StoredCheckpoint made only to be taken apart again; any
+    other store is used through ``insert``, ``get`` and ``page``.
+    """
+
+    def insert_fields(self, task_id: str, fields: CheckpointFields, now_ms: int) -> bool:
+        """:meth:`CheckpointStore.insert` of the checkpoint with these fields."""
+        ...
+
+    def get_row(self, task_id: str, sequence: int) -> Any | None:
+        """The row of one checkpoint, read consistently, or None."""
+        ...
+
+    def page_rows(
+        self, task_id: str, *, newest_first: bool, limit: int, cursor: Any | None
+    ) -> tuple[Sequence[Any], Any | None]:
+        """The rows of one page (each read as far as ``page`` would) and the next cursor."""
+        ...
+
+    def live_checkpoint(self, task_id: str, row: Any, now_ms: int) -> Checkpoint | None:
+        """The checkpoint a row holds, or None if it has expired at ``now_ms``."""
+        ...
+
+
+class _StoredRows:
+    """:class:`CheckpointRows` over a store that has only the CheckpointStore methods."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+
+    def insert_fields(self, task_id: str, fields: CheckpointFields, now_ms: int) -> bool:
+        return self._store.insert(StoredCheckpoint(task_id, *fields), now_ms)
+
+    def get_row(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
+        return self._store.get(task_id, sequence)
+
+    def page_rows(
+        self, task_id: str, *, newest_first: bool, limit: int, cursor: Any | None
+    ) -> tuple[Sequence[StoredCheckpoint], Any | None]:
+        page = self._store.page(task_id, newest_first=newest_first, limit=limit, cursor=cursor)
+        return page.items, page.cursor
+
+    @staticmethod
+    def live_checkpoint(task_id: str, row: StoredCheckpoint, now_ms: int) -> Checkpoint | None:
+        if not row.live(now_ms):
+            return None
+        return _checkpoint(
+            task_id, row.sequence, row.data_text, row.progress, row.created_ms, row.expires_at_ms
+        )
+
+
 def format_checkpoint_id(task_id: str, sequence: int) -> str:
     """The id of a checkpoint: ``"{task_id}@{sequence}"``."""
     return f"{task_id}@{sequence}"
@@ -206,18 +271,62 @@ def _check_progress(progress: Any) -> float | None:
     return value
 
 
-def _to_checkpoint(stored: StoredCheckpoint) -> Checkpoint:
-    if stored.data_text is None:  # pragma: no cover - keys-only reads never reach here
+def _checkpoint(
+    task_id: str,
+    sequence: int,
+    data_text: str | None,
+    progress: float | None,
+    created_ms: int,
+    expires_ms: int | None,
+) -> Checkpoint:
+    if data_text is None:  # pragma: no cover - keys-only reads never reach here
         raise DynacoordError("checkpoint was read without its data")
-    expires_ms = stored.expires_at_ms
     return Checkpoint(  # positional, in field order: a listing makes one per checkpoint
-        stored.task_id,
-        stored.sequence,
-        codec.decode(stored.data_text),
-        stored.progress,
-        stored.created_ms / 1000,
+        task_id,
+        sequence,
+        codec.decode(data_text),
+        progress,
+        created_ms / 1000,
         None if expires_ms is None else expires_ms / 1000,
     )
+
+
+def live_checkpoint(task_id: str, fields: CheckpointFields, now_ms: int) -> Checkpoint | None:
+    """:meth:`CheckpointRows.live_checkpoint` of a store whose rows are :data:`CheckpointFields`:
+    the checkpoint, or None once it has expired (as :meth:`StoredCheckpoint.live` decides)."""
+    sequence, data_text, progress, created_ms, expires_ms = fields
+    if expires_ms is not None and now_ms >= expires_ms:
+        return None
+    return _checkpoint(task_id, sequence, data_text, progress, created_ms, expires_ms)
+
+
+def _new_fields(
+    sequence: int, text: str, progress: float | None, ttl_ms: int | None, now: int
+) -> CheckpointFields:
+    """The fields of the checkpoint a save writes at ``now``."""
+    return (sequence, text, progress, now, None if ttl_ms is None else now + ttl_ms)
+
+
+def _size_item(task_id: str, text: str, progress: float | None) -> dict[str, Any]:
+    """The item whose size a save checks: the key and bookkeeping attributes at their widest
+    (namespace, sequence, times), so the check does not depend on which sequence is assigned."""
+    return {
+        "pk": f"CHECKPOINT#{'x' * keys.MAX_NAMESPACE_CHARS}#{task_id}",
+        "sk": f"SEQ#{0:0{keys.SEQUENCE_WIDTH}d}",
+        "data": text,
+        "progress": progress,
+        "created_ms": 10**15,
+        "expires_at_ms": 10**15,
+        "ttl": 10**12,
+    }
+
+
+#: A save whose task id and data have at most this many characters in all surely fits in an
+#: item: a character is at most 4 bytes of UTF-8, and 24 bytes are left for a progress (the
+#: longest repr of a float in 0..100 is 23 characters).
+_FITS_CHARS = (
+    codec.DYNAMODB_ITEM_LIMIT - codec.estimate_item_size(_size_item("", "", None)) - 24
+) // 4
 
 
 def _check_page_size(value: Any) -> int:
@@ -235,6 +344,9 @@ class Checkpoints:
 
     def __init__(self, store: CheckpointStore, *, clock: Clock | None = None) -> None:
         self._store = store
+        self._rows: CheckpointRows = (
+            store if isinstance(store, CheckpointRows) else _StoredRows(store)
+        )
         self.clock: Clock = clock or SystemClock()
 
     # -- writing ----------------------------------------------------------------------------------
@@ -261,60 +373,39 @@ class Checkpoints:
         """
         keys.checkpoint_prefix("x", task_id)  # validates task_id (type, empty, length)
         text = codec.encode(data)
-        pct = _check_progress(progress)
+        pct = None if progress is None else _check_progress(progress)
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         if sequence is not None:
             check_int(sequence, "sequence", minimum=0, maximum=keys.MAX_SEQUENCE)
-        # Refuse oversize data before any request; the key and bookkeeping attributes are
-        # counted with the widest sequence so the check does not depend on which one is assigned.
-        codec.check_item_size(
-            {
-                "pk": f"CHECKPOINT#{'x' * keys.MAX_NAMESPACE_CHARS}#{task_id}",
-                "sk": f"SEQ#{0:0{keys.SEQUENCE_WIDTH}d}",
-                "data": text,
-                "progress": pct,
-                "created_ms": 10**15,
-                "expires_at_ms": 10**15,
-                "ttl": 10**12,
-            },
-            key=task_id,
-        )
+        # Refuse oversize data before any request (the exact estimate only when the bound
+        # does not already prove that the item fits).
+        if len(task_id) + len(text) > _FITS_CHARS:
+            codec.check_item_size(_size_item(task_id, text, pct), key=task_id)
         if sequence is not None:
-            stored = self._stored(task_id, sequence, text, pct, ttl_ms)
-            if not self._store.insert(stored, now_ms(self.clock)):
+            now = now_ms(self.clock)
+            fields = _new_fields(sequence, text, pct, ttl_ms, now)
+            if not self._rows.insert_fields(task_id, fields, now):
                 raise CheckpointExistsError(
                     f"checkpoint {format_checkpoint_id(task_id, sequence)!r} already exists; "
                     "it was not overwritten",
                     task_id=task_id,
                     sequence=sequence,
                 )
-            return _to_checkpoint(stored)
+            return _checkpoint(task_id, *fields)
         delay = self.backoff_initial
         for attempt in range(1, self.max_attempts + 1):
             highest = self._store.highest_sequence(task_id)
-            stored = self._stored(task_id, (highest or 0) + 1, text, pct, ttl_ms)
-            if self._store.insert(stored, now_ms(self.clock)):
+            now = now_ms(self.clock)
+            fields = _new_fields((highest or 0) + 1, text, pct, ttl_ms, now)
+            if self._rows.insert_fields(task_id, fields, now):
                 logger.debug("checkpoint %r saved (attempt %d)", task_id, attempt)
-                return _to_checkpoint(stored)
+                return _checkpoint(task_id, *fields)
             # Another saver took that sequence between our read and our write: re-read, retry.
             self.clock.sleep(random.uniform(0, delay))
             delay = min(self.backoff_max, delay * 2)
         raise DynacoordError(
             f"could not assign a checkpoint sequence for task {task_id!r} after "
             f"{self.max_attempts} attempts (too many concurrent savers)"
-        )
-
-    def _stored(
-        self, task_id: str, sequence: int, text: str, progress: float | None, ttl_ms: int | None
-    ) -> StoredCheckpoint:
-        created = now_ms(self.clock)
-        return StoredCheckpoint(
-            task_id=task_id,
-            sequence=sequence,
-            data_text=text,
-            progress=progress,
-            created_ms=created,
-            expires_at_ms=None if ttl_ms is None else created + ttl_ms,
         )
 
     # -- reading ----------------------------------------------------------------------------------
@@ -325,13 +416,15 @@ class Checkpoints:
         Raises :class:`CheckpointNotFoundError` when it does not exist or has expired.
         """
         task_id, sequence = parse_checkpoint_id(checkpoint_id)
-        keys.checkpoint_key("x", task_id, sequence)
-        stored = self._store.get(task_id, sequence)
-        if stored is None or not stored.live(now_ms(self.clock)):
+        keys.checkpoint_prefix("x", task_id)  # the parsed sequence is in range already
+        rows = self._rows
+        row = rows.get_row(task_id, sequence)
+        checkpoint = None if row is None else rows.live_checkpoint(task_id, row, now_ms(self.clock))
+        if checkpoint is None:
             raise CheckpointNotFoundError(
                 f"checkpoint {checkpoint_id!r} not found", checkpoint_id=checkpoint_id
             )
-        return _to_checkpoint(stored)
+        return checkpoint
 
     def load_latest(self, task_id: str) -> Checkpoint | None:
         """The newest live checkpoint of ``task_id``, or None.
@@ -341,16 +434,19 @@ class Checkpoints:
         """
         keys.checkpoint_prefix("x", task_id)
         now = now_ms(self.clock)
+        rows = self._rows
+        live = rows.live_checkpoint
         cursor: Any | None = None
         limit = 1
         while True:
-            page = self._store.page(task_id, newest_first=True, limit=limit, cursor=cursor)
-            for stored in page.items:
-                if stored.live(now):
-                    return _to_checkpoint(stored)
-            if page.cursor is None:
+            page, cursor = rows.page_rows(task_id, newest_first=True, limit=limit, cursor=cursor)
+            for row in page:
+                checkpoint = live(task_id, row, now)
+                if checkpoint is not None:
+                    return checkpoint
+            if cursor is None:
                 return None
-            cursor, limit = page.cursor, 100
+            limit = 100
 
     def iter(self, task_id: str, *, page_size: int = 100) -> Iterator[Checkpoint]:
         """Every live checkpoint of ``task_id`` in ascending sequence order, page by page."""
@@ -359,16 +455,20 @@ class Checkpoints:
         return self._iter(task_id, size)
 
     def _iter(self, task_id: str, page_size: int) -> Iterator[Checkpoint]:
+        rows = self._rows
+        live = rows.live_checkpoint
         cursor: Any | None = None
         while True:
-            page = self._store.page(task_id, newest_first=False, limit=page_size, cursor=cursor)
+            page, cursor = rows.page_rows(
+                task_id, newest_first=False, limit=page_size, cursor=cursor
+            )
             now = now_ms(self.clock)
-            for stored in page.items:
-                if stored.live(now):
-                    yield _to_checkpoint(stored)
-            if page.cursor is None:
+            for row in page:
+                checkpoint = live(task_id, row, now)
+                if checkpoint is not None:
+                    yield checkpoint
+            if cursor is None:
                 return
-            cursor = page.cursor
 
     def list(
         self, task_id: str, *, page_size: int = 100, limit: int | None = None

@@ -13,9 +13,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
+from ...checkpoints import (
+    DELETE_BATCH,
+    CheckpointFields,
+    CheckpointPage,
+    StoredCheckpoint,
+    live_checkpoint,
+)
 from ...keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._table import DynamoTable, marshal, unmarshal, unmarshal_only, values
+from ._table import DynamoTable, marshal, primary, to_av, unmarshal, unmarshal_only
 
 #: what StoredCheckpoint.from_item reads (pk, ttl and the request token are left as they are)
 _CHECKPOINT_ATTRIBUTES = ("sk", "data", "progress", "created_ms", "expires_at_ms")
@@ -32,67 +38,85 @@ def _int(number: str) -> int:
         return int(decimal.Decimal(number))
 
 
-def _stored(task_id: str, raw: dict[str, Any]) -> StoredCheckpoint:
-    """A queried item as StoredCheckpoint.from_item reads it, straight from the attribute values
-    (a page holds up to 100 checkpoints: no dict of Python values is built for each)."""
+def _fields(task_id: str, raw: dict[str, Any]) -> CheckpointFields:
+    """A stored item's fields as StoredCheckpoint.from_item reads them, straight from the
+    attribute values (a page holds up to 100 checkpoints: no dict of Python values is built for
+    each)."""
     data = raw.get("data")
     progress = raw.get("progress")
     created = raw.get("created_ms")
     expires = raw.get("expires_at_ms")
     try:
-        return StoredCheckpoint(
-            task_id,
-            parse_sk_sequence(raw["sk"]["S"]),
+        sk: str = raw["sk"]["S"]
+        return (
+            # a well-formed sort key inline; parse_sk_sequence refuses any other
+            int(sk[4:]) if sk.startswith("SEQ#") else parse_sk_sequence(sk),
             None if data is None else data["S"],
             None if progress is None else float(decimal.Decimal(progress["N"])),
             0 if created is None else _int(created["N"]),
             None if expires is None else _int(expires["N"]),
         )
     except KeyError:  # an attribute of another type than dynacoord writes: the general path
-        return StoredCheckpoint.from_item(task_id, unmarshal_only(raw, _CHECKPOINT_ATTRIBUTES))
+        stored = StoredCheckpoint.from_item(task_id, unmarshal_only(raw, _CHECKPOINT_ATTRIBUTES))
+        return (
+            stored.sequence,
+            stored.data_text,
+            stored.progress,
+            stored.created_ms,
+            stored.expires_at_ms,
+        )
 
 
 class DynamoDBCheckpointStore:
+    """A CheckpointStore, and CheckpointRows whose rows are CheckpointFields."""
+
     def __init__(self, table: DynamoTable, namespace: str) -> None:
         self._table = table
         self._ns = namespace
 
-    def _query(self, task_id: str, **kwargs: Any) -> dict[str, Any]:
-        return self._table.call(
-            "query",
-            KeyConditionExpression="pk = :pk AND begins_with(sk, :seq)",
-            ExpressionAttributeValues=values(pk=checkpoint_prefix(self._ns, task_id), seq="SEQ#"),
-            ConsistentRead=True,
-            **kwargs,
-        )
-
     def insert(self, checkpoint: StoredCheckpoint, now_ms: int) -> bool:
-        k = checkpoint_key(self._ns, checkpoint.task_id, checkpoint.sequence)
+        fields = (
+            checkpoint.sequence,
+            checkpoint.data_text,
+            checkpoint.progress,
+            checkpoint.created_ms,
+            checkpoint.expires_at_ms,
+        )
+        return self.insert_fields(checkpoint.task_id, fields, now_ms)
+
+    def insert_fields(self, task_id: str, fields: CheckpointFields, now_ms: int) -> bool:
+        sequence, data_text, progress, created_ms, expires_ms = fields
+        k = checkpoint_key(self._ns, task_id, sequence)
+        # Marshalled as it is built: a saved checkpoint has its text and integer times (a
+        # keys-only row, without text, is never written).
         item: dict[str, Any] = {
-            **k.primary,
-            "data": checkpoint.data_text,
-            "created_ms": checkpoint.created_ms,
+            "pk": {"S": k.pk},
+            "sk": {"S": k.sk},
+            "data": {"S": data_text},
+            "created_ms": {"N": str(created_ms)},
         }
-        if checkpoint.progress is not None:
+        if progress is not None:
             # TypeSerializer refuses floats; str() of a float is its shortest exact repr.
-            item["progress"] = decimal.Decimal(str(checkpoint.progress))
-        if checkpoint.expires_at_ms is not None:
-            item["expires_at_ms"] = checkpoint.expires_at_ms
-            item["ttl"] = math.ceil(checkpoint.expires_at_ms / 1000)
+            item["progress"] = to_av(decimal.Decimal(str(progress)))
+        if expires_ms is not None:
+            item["expires_at_ms"] = {"N": str(expires_ms)}
+            item["ttl"] = {"N": str(math.ceil(expires_ms / 1000))}
         # Never overwrite a live checkpoint (closes the race of two savers that picked the same
         # next sequence); an expired one that the sweeper has not removed yet counts as absent.
-        return self._table.put_if_free(item, now_ms)
+        return self._table.put_item_if_free(item, now_ms)
 
     def highest_sequence(self, task_id: str) -> int | None:
-        response = self._query(task_id, ScanIndexForward=False, Limit=1, ProjectionExpression="sk")
-        items = response.get("Items", [])
-        if not items:
-            return None
-        return parse_sk_sequence(str(unmarshal(items[0])["sk"]))
+        rows, _ = self.page_rows(task_id, newest_first=True, limit=1, cursor=None, projection="sk")
+        return rows[0][0] if rows else None
 
     def get(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
-        item = self._table.get(checkpoint_key(self._ns, task_id, sequence).primary)
-        return None if item is None else StoredCheckpoint.from_item(task_id, item)
+        fields = self.get_row(task_id, sequence)
+        return None if fields is None else StoredCheckpoint(task_id, *fields)
+
+    def get_row(self, task_id: str, sequence: int) -> CheckpointFields | None:
+        k = checkpoint_key(self._ns, task_id, sequence)
+        raw = self._table.call("get_item", Key=primary(k.pk, k.sk), ConsistentRead=True).get("Item")
+        return _fields(task_id, raw) if raw else None
 
     def page(
         self,
@@ -103,14 +127,45 @@ class DynamoDBCheckpointStore:
         cursor: Any | None,
         keys_only: bool = False,
     ) -> CheckpointPage:
-        kwargs: dict[str, Any] = {"ScanIndexForward": not newest_first, "Limit": limit}
+        rows, next_cursor = self.page_rows(
+            task_id,
+            newest_first=newest_first,
+            limit=limit,
+            cursor=cursor,
+            projection="sk, expires_at_ms" if keys_only else None,
+        )
+        return CheckpointPage([StoredCheckpoint(task_id, *fields) for fields in rows], next_cursor)
+
+    def page_rows(
+        self,
+        task_id: str,
+        *,
+        newest_first: bool,
+        limit: int,
+        cursor: Any | None,
+        projection: str | None = None,
+    ) -> tuple[list[CheckpointFields], Any | None]:
+        """One Query page of the task's checkpoints; ``projection`` names the only attributes
+        to read (a ProjectionExpression)."""
+        kwargs: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :seq)",
+            "ExpressionAttributeValues": {
+                ":pk": {"S": checkpoint_prefix(self._ns, task_id)},
+                ":seq": {"S": "SEQ#"},
+            },
+            "ConsistentRead": True,
+            "ScanIndexForward": not newest_first,
+            "Limit": limit,
+        }
         if cursor is not None:
             kwargs["ExclusiveStartKey"] = cursor
-        if keys_only:
-            kwargs["ProjectionExpression"] = "sk, expires_at_ms"
-        response = self._query(task_id, **kwargs)
-        items = [_stored(task_id, raw) for raw in response.get("Items", [])]
-        return CheckpointPage(items, response.get("LastEvaluatedKey") or None)
+        if projection is not None:
+            kwargs["ProjectionExpression"] = projection
+        response = self._table.call("query", **kwargs)
+        rows = [_fields(task_id, raw) for raw in response.get("Items", [])]
+        return rows, response.get("LastEvaluatedKey") or None
+
+    live_checkpoint = staticmethod(live_checkpoint)
 
     def delete_batch(self, task_id: str, sequences: Sequence[int]) -> list[int]:
         if not sequences:
