@@ -200,11 +200,20 @@ def _deserialize(av: Mapping[str, Any]) -> Any:
 
 
 class ConditionFailedError(Exception):
-    """Internal: a condition expression was false. ``item`` is the item as it was, if returned."""
+    """Internal: a condition expression was false. ``raw`` is the item as it was, if returned
+    (attribute values), and ``item`` the same as Python values, converted on first use: many
+    refusals are decided by one attribute (a request token) and need no conversion at all."""
 
-    def __init__(self, item: dict[str, Any] | None) -> None:
+    def __init__(self, raw: dict[str, Any] | None) -> None:
         super().__init__("conditional check failed")
-        self.item = item
+        self.raw = raw
+        self._item: dict[str, Any] | None = None
+
+    @property
+    def item(self) -> dict[str, Any] | None:
+        if self._item is None and self.raw:
+            self._item = unmarshal(self.raw)
+        return self._item
 
 
 def primary(pk: str, sk: str) -> dict[str, Any]:
@@ -339,7 +348,7 @@ class DynamoTable:
         message = error.get("Message", str(exc))
         if code == "ConditionalCheckFailedException":
             raw = cast("dict[str, Any] | None", exc.response.get("Item"))
-            return ConditionFailedError(unmarshal(raw) if raw else None)
+            return ConditionFailedError(raw or None)
         if code == "ResourceNotFoundException":
             return TableNotReadyError(
                 f"DynamoDB table {self.name!r} not found or not active: create it with "
@@ -410,7 +419,8 @@ class DynamoTable:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return written_by(failed.item, token)
+            # written_by on the one attribute it reads, without converting the whole item
+            return failed.raw is not None and failed.raw.get(REQUEST_TOKEN) == {"S": token}
         return True
 
     def query_pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:

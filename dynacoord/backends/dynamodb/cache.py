@@ -18,6 +18,7 @@ value raises instead of silently creating a second value attribute.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal
@@ -54,6 +55,30 @@ def _check_range(key: str, item: Any, by: int) -> None:
             f"incr of cache key {key!r} by {by} would leave DynamoDB's 38 significant digits; "
             "nothing was written"
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _incr_variant(with_expiry: bool, by: int) -> tuple[str, str, str | None]:
+    """The condition and update of :meth:`DynamoDBCacheStore.incr`, and its ``:lim`` (None for
+    ``by == 0``): callers add the same few amounts, so each variant is built once."""
+    sets = ["gsi1pk = :gpk", "gsi1sk = :gsk"]
+    if with_expiry:
+        # if_not_exists keeps a live counter's own expiry. A live counter without one must stay
+        # without one, so it is left out here and takes the plain ADD of _add_to_live.
+        live = "expires_at_ms > :now"
+        sets.append("expires_at_ms = if_not_exists(expires_at_ms, :exp)")
+        sets.append("#ttl = if_not_exists(#ttl, :ttl)")
+    else:
+        live = LIVE
+    in_range, bounds = sum_limit("n", by)
+    condition = (
+        f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
+        f"AND {CountingToken.condition}{in_range}"
+    )
+    update = (
+        f"ADD n :by, {CountingToken.add} SET {', '.join(sets)} REMOVE {CountingToken.remove}"
+    )
+    return condition, update, str(bounds["lim"]) if bounds else None
 
 
 def _entry(raw: dict[str, Any], now_ms: int) -> CacheEntry | None:
@@ -157,47 +182,37 @@ class DynamoDBCacheStore:
         return True
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        k = cache_key(self._ns, key, self.partitions)  # the one key built for this call
-        sets = ["gsi1pk = :gpk", "gsi1sk = :gsk"]
-        attr_values: dict[str, Any] = {"now": now_ms, "by": by, "gpk": k.gsi1pk, "gsk": k.gsi1sk}
-        extra: dict[str, Any] = {}
-        if expires_if_new is None:
-            live = LIVE
-        else:
-            # if_not_exists keeps a live counter's own expiry. A live counter without one must
-            # stay without one, so it is left out here and takes the plain ADD below.
-            live = "expires_at_ms > :now"
-            sets.append("expires_at_ms = if_not_exists(expires_at_ms, :exp)")
-            sets.append("#ttl = if_not_exists(#ttl, :ttl)")
-            attr_values.update(exp=expires_if_new, ttl=math.ceil(expires_if_new / 1000))
-            extra["ExpressionAttributeNames"] = {"#ttl": "ttl"}
+        pk = cache_pk(self._ns, key)  # the one key built for this call
         token = CountingToken(now_ms)
-        attr_values.update(token.values)
-        in_range, bounds = sum_limit("n", by)
-        attr_values.update(bounds)
-        extra["ExpressionAttributeNames"] = {
-            **extra.get("ExpressionAttributeNames", {}),
-            **token.names,
+        condition, update, lim = _incr_variant(expires_if_new is not None, by)
+        attr_values: dict[str, Any] = {
+            ":now": {"N": str(now_ms)},
+            ":by": {"N": str(by)},
+            ":gpk": {"S": self._index_pks[shard_of(key, self.partitions)]},
+            ":gsk": {"S": cache_sort_key(key)},
         }
+        if expires_if_new is not None:
+            attr_values[":exp"] = {"N": str(expires_if_new)}
+            attr_values[":ttl"] = {"N": str(math.ceil(expires_if_new / 1000))}
+        attr_values[":rqt"] = {"S": token.token}
+        attr_values[":rqs"] = {"SS": [token.token]}
+        if lim is not None:
+            attr_values[":lim"] = {"N": lim}
+        names = token.names if expires_if_new is None else {"#ttl": "ttl", **token.names}
         try:
             # One request for the common cases: ADD to a live counter, or create an absent key
             # (ADD on a missing number starts from 0).
             response = self._table.call(
                 "update_item",
-                Key=primary(k.pk, k.sk),
-                ConditionExpression=(
-                    f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
-                    f"AND {token.condition}{in_range}"
-                ),
-                UpdateExpression=(
-                    f"ADD n :by, {token.add} SET {', '.join(sets)} REMOVE {token.remove}"
-                ),
-                ExpressionAttributeValues=values(**attr_values),
+                Key={"pk": {"S": pk}, "sk": {"S": _CACHE_SK}},
+                ConditionExpression=condition,
+                UpdateExpression=update,
+                ExpressionAttributeValues=attr_values,
                 # ALL_NEW, not UPDATED_NEW: an ADD of 0 leaves n unchanged, and a store may then
                 # leave n out of the updated attributes (moto does). A counter item is small.
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **extra,
+                ExpressionAttributeNames=names,
             )
         except ConditionFailedError as failed:
             if token.applied(failed.item):

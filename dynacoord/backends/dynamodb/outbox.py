@@ -45,6 +45,7 @@ from ...outbox import (
     pending_fields,
 )
 from ...outbox._runs import group_runs
+from ...outbox.event import _status
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
     MAX_TRANSACTION_BYTES,
@@ -67,6 +68,50 @@ _BATCH_ROUNDS = 3
 _MAX_RUN = 50
 # Fresh items only; an expired (retention over, not yet swept) completed event counts as absent.
 _HOLDS_LEASE = "#status = :in_flight AND lease_token = :token"
+
+
+def _event_record(raw: Mapping[str, Any] | None, now_ms: int) -> EventRecord | None:
+    """``EventRecord.from_item(unmarshal(raw), now_ms)`` read straight from the attribute values
+    (no Decimal for each number, no dict of Python values per item). An attribute of another
+    type than the store writes takes the general path, which decides (or raises) alike."""
+    if not raw or "event_id" not in raw:
+        return None
+    try:
+        get = raw.get
+        expires = get("expires_at_ms")
+        if expires is not None and int(expires["N"]) <= now_ms:
+            return None
+        metadata, group, token, error = (
+            get("metadata"),
+            get("event_group"),
+            get("lease_token"),
+            get("last_error"),
+        )
+        updated, seq = get("updated_ms"), get("seq")
+        attempts = int(raw["attempts"]["N"]) if "attempts" in raw else 0
+        due = get("due_ms") or get("completed_ms")
+        event = Event._restore(
+            type=raw["event_type"]["S"],
+            payload=codec.decode(raw["payload"]["S"]),
+            id=raw["event_id"]["S"],
+            occurred_at=int(raw["occurred_at_ms"]["N"]) / 1000,
+            metadata=codec.decode(metadata["S"]) if metadata is not None else {},
+            group=None if group is None else group["S"],
+            attempt=attempts,
+            ordered=seq is not None,
+        )
+        return EventRecord(
+            event,
+            _status(raw["status"]["S"]),
+            attempts,
+            0 if due is None else int(due["N"]),
+            (token["S"] or None) if token is not None else None,
+            (error["S"] or None) if error is not None else None,
+            None if updated is None else int(updated["N"]),
+            None if seq is None else int(seq["N"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return EventRecord.from_item(unmarshal(raw), now_ms)
 
 
 class DynamoDBOutboxStore:
@@ -327,7 +372,7 @@ class DynamoDBOutboxStore:
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
         response = self._table.call("get_item", Key=self._key(event_id), ConsistentRead=True)
         raw = response.get("Item")
-        return EventRecord.from_item(unmarshal(raw) if raw else None, now_ms)
+        return _event_record(raw, now_ms)
 
     def _query_args(
         self, status: EventStatus, shard: int, due_before_ms: int | None, cursor: Any
@@ -363,7 +408,7 @@ class DynamoDBOutboxStore:
         for raw in page.get("Items", []):
             # The index is eventually consistent: it may still list an event in its old status.
             # Claims re-check the item itself, so a stale entry costs one failed condition.
-            record = EventRecord.from_item(unmarshal(raw), 0)
+            record = _event_record(raw, 0)
             if record is not None:
                 records.append(record)
         return records, page.get("LastEvaluatedKey")
@@ -435,7 +480,7 @@ class DynamoDBOutboxStore:
             if failed.item is not None and failed.item.get("lease_token") == token:
                 return EventRecord.from_item(failed.item, now_ms)
             return None
-        return EventRecord.from_item(unmarshal(response["Attributes"]), now_ms)
+        return _event_record(response["Attributes"], now_ms)
 
     # -- batches ----------------------------------------------------------------------------------
 
@@ -1002,7 +1047,7 @@ class DynamoDBOutboxStore:
             return None
         if image.get("pk") != key["pk"] or image.get("sk") != key["sk"]:
             return None  # another namespace, or not an outbox item
-        return EventRecord.from_item(unmarshal(image), now_ms)
+        return _event_record(image, now_ms)
 
 
 @dataclasses.dataclass(slots=True)
