@@ -57,7 +57,9 @@ _INT_CHECK_BITS = 14000  # below this bit length an int has fewer than 4300 digi
 _BITS = _INT_CHECK_BITS
 
 _TAGS = frozenset({"$b", "$d", "$$"})
-_DECODER = json.JSONDecoder()
+#: json's decoding scan (the C scanner where available), which decode calls directly
+_SCAN_ONCE: Callable[[str, int], tuple[Any, int]]
+_SCAN_ONCE = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _encoder(**options: Any) -> Callable[[Any], str]:
@@ -278,8 +280,8 @@ def decode(text: str | bytes) -> Any:
     """Inverse of :func:`encode`."""
     if type(text) is str:
         try:
-            tree, end = _DECODER.raw_decode(text)
-        except ValueError:
+            tree, end = _SCAN_ONCE(text, 0)  # raw_decode's scan, without its Python frame
+        except (StopIteration, ValueError):
             tree, end = None, -1
         if end != len(text):  # whitespace around it, or not JSON: json.loads decides
             tree = json.loads(text)

@@ -84,7 +84,8 @@ class Event:
     ) -> None:
         if not isinstance(type, str) or not type:
             raise InvalidValueError(f"event type must be a non-empty str, got {type!r}")
-        check_utf8(type, "event type")
+        if not type.isascii():  # ASCII is valid UTF-8: only other text needs the check
+            check_utf8(type, "event type")
         event_id = uuid.uuid4().hex if id is None else keys.validate_key(id, "event id")
         if occurred_at is None:
             occurred = time.time()
@@ -119,7 +120,8 @@ class Event:
             raise InvalidValueError(f"event group must be a non-empty str or None, got {group!r}")
         if group is not None:
             check_utf8(group, "event group")
-        check_int(attempt, "attempt", minimum=0)
+        if attempt.__class__ is not int or attempt < 0:  # the default 0 passes as it is
+            check_int(attempt, "attempt", minimum=0)
         if not isinstance(ordered, bool):
             raise InvalidValueError(f"ordered must be a bool, got {ordered!r}")
         if ordered and group is None:
