@@ -27,7 +27,15 @@ from typing import Any
 from ... import codec
 from ...cache import CacheEntry, KeyPage
 from ...errors import InvalidValueError
-from ...keys import CACHE_SK, cache_index_pk, cache_key, cache_pk, cache_sort_key, shard_of
+from ...keys import (
+    CACHE_SK,
+    MAX_PARTITION_KEY_BYTES,
+    cache_index_pk,
+    cache_key,
+    cache_pk,
+    cache_sort_key,
+    shard_of,
+)
 from ._table import (
     LIVE,
     ConditionFailedError,
@@ -75,9 +83,7 @@ def _incr_variant(with_expiry: bool, by: int) -> tuple[str, str, str | None]:
         f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
         f"AND {CountingToken.condition}{in_range}"
     )
-    update = (
-        f"ADD n :by, {CountingToken.add} SET {', '.join(sets)} REMOVE {CountingToken.remove}"
-    )
+    update = f"ADD n :by, {CountingToken.add} SET {', '.join(sets)} REMOVE {CountingToken.remove}"
     return condition, update, str(bounds["lim"]) if bounds else None
 
 
@@ -104,6 +110,8 @@ class DynamoDBCacheStore:
         self.partitions = shards
         # the gsi1 partition of each shard, built once (the namespace was checked by the backend)
         self._index_pks = tuple(cache_index_pk(namespace, shard) for shard in range(shards))
+        # what cache_pk puts before the key (taken from it, so the two cannot differ)
+        self._pk_prefix = cache_pk(namespace, "k")[:-1]
 
     # -- item layout ----------------------------------------------------------------------------
 
@@ -295,7 +303,13 @@ class DynamoDBCacheStore:
         name = self._table.name
         # Plain low-level dicts both ways: this path handles 100 items per request, and boto3's
         # generic (de)serializer would cost more than the request's own parsing.
-        requested = {cache_pk(self._ns, k): k for k in keys}
+        prefix = self._pk_prefix
+        requested: dict[str, str] = {}
+        for k in keys:  # validated keys: only the stored key's length is left to check
+            pk = prefix + k
+            if not pk.isascii() or len(pk) > MAX_PARTITION_KEY_BYTES:
+                pk = cache_pk(self._ns, k)  # the full check, and its error
+            requested[pk] = k
         response = self._table.call(
             "batch_get_item",
             RequestItems={
