@@ -115,18 +115,27 @@ class NoMetrics(Metrics):
 NO_METRICS: Metrics = NoMetrics()
 
 
-#: listeners that raised once already (by id): a broken sink is logged once, not per data point
-_broken_listeners: set[int] = set()
+#: listeners that raised once already: a broken sink is logged once, not per data point. Held
+#: weakly, so a new listener made where a collected one lived is not taken for it (as an id is).
+_broken_listeners: weakref.WeakSet[Metrics] = weakref.WeakSet()
+#: the same for listeners that cannot be held weakly or hashed (by id, kept alive with it)
+_broken_pinned: dict[int, Metrics] = {}
 
 
 def _listener_failed(metrics: Metrics, name: str) -> None:
-    if id(metrics) not in _broken_listeners:
-        _broken_listeners.add(id(metrics))
-        logger.exception(
-            "metrics listener %r failed; data point %r dropped (logged once per listener)",
-            metrics,
-            name,
-        )
+    try:
+        if metrics in _broken_listeners:
+            return
+        _broken_listeners.add(metrics)
+    except TypeError:  # no weak reference or no hash: pin it, so its id cannot be reused
+        if id(metrics) in _broken_pinned:
+            return
+        _broken_pinned[id(metrics)] = metrics
+    logger.exception(
+        "metrics listener %r failed; data point %r dropped (logged once per listener)",
+        metrics,
+        name,
+    )
 
 
 class MetricsScope:

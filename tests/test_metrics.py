@@ -604,3 +604,23 @@ def test_mongo_from_env(monkeypatch):
     monkeypatch.delenv("DYNACOORD_MONGODB_URI", raising=False)
     with pytest.raises(ConfigurationError, match="DYNACOORD_MONGODB_URI"):
         MongoBackend.from_env()
+
+
+def test_a_new_broken_listener_is_logged_even_where_a_dead_one_lived(monkeypatch, caplog):
+    # "Logged once per listener" was kept by id(): a listener made at the address of a collected
+    # one (CPython reuses addresses at once) was taken for it and its failure never logged, a
+    # flaky failure of the test above. Every object given the same id stands for that reuse.
+    import dynacoord.metrics as metrics_module
+    from dynacoord.metrics import MetricsScope
+
+    class Broken(Metrics):
+        def emit(self, name, value, unit, dimensions):
+            raise RuntimeError("sink down")
+
+    monkeypatch.setattr(metrics_module, "id", lambda obj: 1234, raising=False)
+    listeners = [Broken(), Broken()]
+    with caplog.at_level(logging.ERROR, logger="dynacoord.metrics"):
+        for listener in listeners:
+            MetricsScope(listener, {"Primitive": "cache"}).count("CacheHit")
+            MetricsScope(listener, {"Primitive": "cache"}).count("CacheHit")
+    assert caplog.text.count("failed; data point") == 2  # once each
