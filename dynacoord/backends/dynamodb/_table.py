@@ -392,8 +392,16 @@ class DynamoTable:
 
     def get_item(self, key: dict[str, Any], *, consistent: bool = True) -> dict[str, Any] | None:
         """:meth:`get` of a key already marshalled (:func:`primary`)."""
-        raw = self.call("get_item", Key=key, ConsistentRead=consistent).get("Item")
+        raw = self.get_raw(key, consistent=consistent)
         return unmarshal(raw) if raw else None
+
+    def get_raw(self, key: dict[str, Any], *, consistent: bool = True) -> dict[str, Any] | None:
+        """:meth:`get_item` without the unmarshal: the item as attribute values (or None), for
+        a store that reads the few attributes it needs straight from them."""
+        item: dict[str, Any] | None = self.call("get_item", Key=key, ConsistentRead=consistent).get(
+            "Item"
+        )
+        return item
 
     def put_if_free(self, item: Mapping[str, Any], now_ms: int) -> bool:
         """PutItem of ``item`` on condition :data:`FREE`; False (nothing written) when a live

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...breaker import BreakerRecord, StartTrialResult, State
+from ...breaker import BreakerRecord, StartTrialResult, State, _state
 from ...keys import BREAKER_SK, breaker_pk
 from ._table import (
     REQUEST_TOKEN,
@@ -48,9 +48,6 @@ _CLOSED_UPDATE = (
 )
 
 
-_STATES = {state.value: state for state in State}
-
-
 def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:
     """``BreakerRecord.from_item(unmarshal(raw))`` of a raw DynamoDB item, read straight from
     the attribute values the store writes (state an S, integer Ns): no Decimal on every
@@ -67,7 +64,7 @@ def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:
         trial_round = get("trial_round")
         trial_started_ms = get("trial_started_ms")
         return BreakerRecord(
-            State.CLOSED if state is None else _STATES[state["S"]],
+            State.CLOSED if state is None else _state(state["S"]),
             0 if failures is None else int(failures["N"]),
             0 if successes is None else int(successes["N"]),
             None if opened_at_ms is None else int(opened_at_ms["N"]),
@@ -131,9 +128,7 @@ class DynamoDBBreakerStore:
         return attributes
 
     def get(self, name: str) -> BreakerRecord:
-        # the request of DynamoTable.get_item, its item read by _record
-        response = self._table.call("get_item", Key=self._key(name), ConsistentRead=True)
-        return _record(response.get("Item"))
+        return _record(self._table.get_raw(self._key(name)))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write. The

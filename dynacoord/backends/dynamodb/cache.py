@@ -148,7 +148,7 @@ class DynamoDBCacheStore:
     # -- single items ---------------------------------------------------------------------------
 
     def get(self, key: str, now_ms: int) -> CacheEntry | None:
-        raw = self._table.call("get_item", Key=self._primary(key), ConsistentRead=True).get("Item")
+        raw = self._table.get_raw(self._primary(key))
         return _entry(raw, now_ms) if raw else None
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:

@@ -115,7 +115,7 @@ class DynamoDBCheckpointStore:
 
     def get_row(self, task_id: str, sequence: int) -> CheckpointFields | None:
         k = checkpoint_key(self._ns, task_id, sequence)
-        raw = self._table.call("get_item", Key=primary(k.pk, k.sk), ConsistentRead=True).get("Item")
+        raw = self._table.get_raw(primary(k.pk, k.sk))
         return _fields(task_id, raw) if raw else None
 
     def page(

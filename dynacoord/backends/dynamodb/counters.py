@@ -108,22 +108,21 @@ def _add_variant(with_ttl: bool, by: int) -> tuple[_Write, str | None]:
     return _add_write(with_ttl, in_range), (str(bounds["lim"]) if bounds else None)
 
 
-def _replacing(sets: str, removes: str, with_ttl: bool) -> str:
-    """The update of a write that replaces the item: ``sets`` and ``removes`` plus the new expiry,
-    or without a TTL the removal of the old one."""
-    if not with_ttl:
-        return f"{sets} {removes}, expires_at_ms, #ttl"
-    return f"{sets}, expires_at_ms = :exp, #ttl = :ttl {removes}"
-
-
 @functools.cache
+def _replacing(sets: str, removes: str, with_ttl: bool) -> _Write:
+    """A write that replaces an absent or expired item (condition FREE): ``sets`` and
+    ``removes`` plus the new expiry, or without a TTL the removal of the old one."""
+    if not with_ttl:
+        return _write(f"{sets} {removes}, expires_at_ms, #ttl", FREE)
+    return _write(f"{sets}, expires_at_ms = :exp, #ttl = :ttl {removes}", FREE)
+
+
 def _restart_write(with_ttl: bool) -> _Write:
-    update = _replacing(
+    return _replacing(
         "SET #kind = :kind, #n = :by, #rqa = :rqs",
         "REMOVE #value, #members, #expected, #rqb, #rqc",
         with_ttl,
     )
-    return _write(update, FREE)
 
 
 @functools.cache
@@ -142,14 +141,12 @@ _JOIN_BEYOND = _write(
 )
 
 
-@functools.cache
 def _join_restart_write(with_ttl: bool) -> _Write:
-    update = _replacing(
+    return _replacing(
         "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one, #last = :member",
         "REMOVE #value",
         with_ttl,
     )
-    return _write(update, FREE)
 
 
 def _ttl_s(expires_at_ms: int) -> int:
@@ -307,8 +304,7 @@ class DynamoDBCounterStore:
         return self._table.put_if_free(item, now_ms)
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        response = self._table.call("get_item", Key=self._key(key), ConsistentRead=True)
-        return _read(response.get("Item"), now_ms)
+        return _read(self._table.get_raw(self._key(key)), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
+from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus, _status
 from ...keys import IDEMPOTENCY_SK, idempotency_pk
 from ._table import FREE, ConditionFailedError, DynamoTable, to_av, unmarshal, values
 
@@ -21,7 +21,6 @@ __all__ = ["DynamoDBIdempotencyStore"]
 _NAMES = {"#status": "status", "#token": "token", "#result": "result", "#ttl": "ttl"}
 _IN_PROGRESS = IdempotencyStatus.IN_PROGRESS.value
 _COMPLETED = IdempotencyStatus.COMPLETED.value
-_STATUSES = {status.value: status for status in IdempotencyStatus}
 
 
 class DynamoDBIdempotencyStore:
@@ -110,8 +109,8 @@ class DynamoDBIdempotencyStore:
         return True
 
     def get(self, key: str) -> IdempotencyRecord | None:
-        # the request of DynamoTable.get_item; the raw item read as from_item reads its unmarshal
-        raw = self._table.call("get_item", Key=self._key(key), ConsistentRead=True).get("Item")
+        # the raw item read as from_item reads its unmarshal
+        raw = self._table.get_raw(self._key(key))
         if not raw:
             return None
         try:
@@ -124,7 +123,7 @@ class DynamoDBIdempotencyStore:
             token = raw.get("token")
             return IdempotencyRecord(
                 key,
-                _STATUSES[status["S"]],
+                _status(status["S"]),
                 0 if expires_at_ms is None else int(expires_at_ms["N"]),
                 None if payload_hash is None else payload_hash["S"] or None,
                 None if result is None else result["S"],

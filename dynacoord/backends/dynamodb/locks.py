@@ -141,8 +141,8 @@ class DynamoDBLockStore:
         return self._info(key, old, now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
-        # the request of DynamoTable.get_item; the raw item read as _info reads its unmarshal
-        raw = self._table.call("get_item", Key=self._key(key), ConsistentRead=True).get("Item")
+        # the raw item read as _info reads its unmarshal
+        raw = self._table.get_raw(self._key(key))
         if not raw:
             return None
         try:

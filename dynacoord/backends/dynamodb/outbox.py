@@ -370,9 +370,7 @@ class DynamoDBOutboxStore:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
-        response = self._table.call("get_item", Key=self._key(event_id), ConsistentRead=True)
-        raw = response.get("Item")
-        return _event_record(raw, now_ms)
+        return _event_record(self._table.get_raw(self._key(event_id)), now_ms)
 
     def _query_args(
         self, status: EventStatus, shard: int, due_before_ms: int | None, cursor: Any

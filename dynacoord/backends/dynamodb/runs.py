@@ -216,10 +216,8 @@ class DynamoDBRunStore:
         )
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
-        # the attribute values read as a Run directly (DynamoTable.get_item would unmarshal
-        # every attribute first)
-        response = self._table.call("get_item", Key=self._primary(run_id), ConsistentRead=True)
-        raw = response.get("Item")
+        # the attribute values read as a Run directly (get_item would unmarshal every one)
+        raw = self._table.get_raw(self._primary(run_id))
         return _listed(raw) if raw and _live(raw, now_ms) else None
 
     def _write(
