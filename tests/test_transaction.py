@@ -312,3 +312,44 @@ def test_a_marshalled_items_bound_is_never_below_its_size(values):
 
     marshalled, bound = marshal_with_bound(values, "item")
     assert bound >= _map_size(marshalled)
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_new_events_item_holds_exactly_the_shared_pending_fields(moto_table, ordered):
+    """The DynamoDB store builds a new event's attribute values directly (once per published
+    event): they must be the fields every backend shares (pending_fields), keys aside."""
+    from dynacoord.backends.dynamodb._table import unmarshal
+    from dynacoord.outbox import pending_fields
+
+    client, table = moto_table
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"))
+    store = backend.outbox._store
+    for payload in (None, {"a": [1, "é", b"\x00"]}, "x" * 50):
+        for metadata in (None, {"trace": "t"}):
+            for group in ({"g"} if ordered else {None, "g"}):
+                event = Event("t.x", payload, metadata=metadata, group=group, ordered=ordered)
+                seq = 7 if ordered else None
+                item, _ = store._item(event, 1_700_000_000_123, seq)
+                stored = unmarshal(item)
+                keys = {name: stored.pop(name) for name in ("pk", "sk", "gsi1pk", "gsi1sk")}
+                assert keys["sk"] == "EVENT" and keys["pk"].endswith("#" + event.id)
+                expected = pending_fields(event, 1_700_000_000_123, seq)
+                assert stored == expected
+                assert list(stored) == list(expected), "the same attribute order"
+
+
+def test_a_puts_identity_is_the_same_on_the_fast_and_the_general_path():
+    """Puts into the dynacoord table are identified without the general path: same result."""
+    from dynacoord.backends.dynamodb.transaction import _PK_SK, _identity
+
+    general = {"t": frozenset(["sk", "pk"])}  # equal, but not the fast path's own set
+    assert general["t"] is not _PK_SK
+    for item in (
+        {"pk": {"S": "a"}, "sk": {"S": "b"}, "v": {"N": "1"}},
+        {"pk": {"S": "a"}, "sk": {"N": "2"}},
+        {"pk": {"B": b"a"}, "sk": {"S": "b"}},
+        {"pk": {"S": "a"}},
+        {"v": {"S": "a"}},
+    ):
+        entry = {"Put": {"TableName": "t", "Item": item}}
+        assert _identity(entry, {"t": _PK_SK}) == _identity(entry, general)

@@ -13,10 +13,22 @@ from ._table import DynamoTable
 
 if TYPE_CHECKING:
     from ...locks import LockStore
+    from .transaction import Transaction
 
 __all__ = ["DEFAULT_TABLE_NAME", "DynamoDBBackend"]
 
 DEFAULT_TABLE_NAME = "dynacoord"
+
+#: the Transaction class once a transaction was made (its module is imported on first use)
+_transaction_class: type[Transaction] | None = None
+
+
+def _load_transaction_class() -> type[Transaction]:
+    global _transaction_class
+    from .transaction import Transaction
+
+    _transaction_class = Transaction
+    return Transaction
 
 
 class DynamoDBBackend(Backend):
@@ -134,7 +146,6 @@ class DynamoDBBackend(Backend):
 
     if TYPE_CHECKING:
         from .outbox import DynamoDBOutboxStore
-        from .transaction import Transaction
 
     def _outbox_store(self, namespace: str) -> DynamoDBOutboxStore:
         from .outbox import DynamoDBOutboxStore
@@ -146,8 +157,9 @@ class DynamoDBBackend(Backend):
         condition_check`` on any table) and outbox events (``tx.publish``) and commits them in
         one atomic write when the block ends; nothing is written if the block raises. See
         :class:`dynacoord.backends.dynamodb.transaction.Transaction`."""
-        from .transaction import Transaction
-
+        transaction_class = _transaction_class
+        if transaction_class is None:
+            transaction_class = _load_transaction_class()
         if client_request_token is not None and (
             not isinstance(client_request_token, str) or not 1 <= len(client_request_token) <= 36
         ):
@@ -155,7 +167,7 @@ class DynamoDBBackend(Backend):
                 f"client_request_token must be a str of 1 to 36 characters, got "
                 f"{client_request_token!r}"
             )
-        return Transaction(
+        return transaction_class(
             self.table, outbox=self.outbox, client_request_token=client_request_token
         )
 

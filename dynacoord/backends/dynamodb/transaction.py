@@ -193,6 +193,10 @@ def _key_part(av: Mapping[str, Any]) -> Any:
     return repr(av)
 
 
+#: the key attribute names of the dynacoord table
+_PK_SK = frozenset({"pk", "sk"})
+
+
 def _identity(
     entry: Mapping[str, Any], key_names: Mapping[str, frozenset[str]]
 ) -> tuple[str, Any] | None:
@@ -204,6 +208,14 @@ def _identity(
     if key is None:
         names = key_names.get(table)
         item = op.get("Item") or {}
+        if names is _PK_SK:
+            # A Put into a table keyed like dynacoord's, string keys (every dynacoord item, and
+            # usually the caller's): the general path's result, in sorted order, without it.
+            pk, sk = item.get("pk"), item.get("sk")
+            if pk is not None and sk is not None and len(pk) == len(sk) == 1:
+                pk_s, sk_s = pk.get("S"), sk.get("S")
+                if pk_s is not None and sk_s is not None:
+                    return table, (("pk", ("S", pk_s)), ("sk", ("S", sk_s)))
         if not names or not names <= item.keys():
             return None
         pairs = [(name, item[name]) for name in names]
@@ -323,6 +335,10 @@ def marshal_with_bound(values: Any, what: str) -> tuple[dict[str, Any], int]:
     return out, 4 * chars + exact
 
 
+#: the states in which a transaction takes nothing more
+_CLOSED = ("committed", "discarded")
+
+
 class Transaction:
     """Collects writes and events; commits them in one ``TransactWriteItems`` on exit.
 
@@ -357,9 +373,7 @@ class Transaction:
         # Key attribute names per table, so a Put can be compared with the other items; the
         # dynacoord table's are known, others are learned from Key-bearing operations.
         name = getattr(table, "name", None)
-        self._key_names: dict[str, frozenset[str]] = (
-            {name: frozenset({"pk", "sk"})} if isinstance(name, str) else {}
-        )
+        self._key_names: dict[str, frozenset[str]] = {name: _PK_SK} if isinstance(name, str) else {}
         # The identity (table, key) of each collected item whose key is known -> its index, so
         # an add compares only its own entries with what is collected.
         self._seen: dict[tuple[str, Any], int] = {}
@@ -385,7 +399,8 @@ class Transaction:
         limits checked: item count, 4 MB, one item once). ``bound`` is an upper bound on the
         entry's bytes when its maker knows one (the outbox does), else None: then the entry is
         estimated exactly."""
-        self._check_open()
+        if self._state in _CLOSED:
+            self._check_open()
         size = len(self._items) + len(entries)
         if size > self._max_items:
             raise TransactionTooLargeError(
@@ -394,23 +409,24 @@ class Transaction:
                 size=size,
                 limit=self._max_items,
             )
-        bounds = sum(
-            _entry_size(entry) if bound is None else bound for _, _, entry, bound in entries
-        )
+        bounds = 0
+        for _, _, entry, bound in entries:
+            bounds += _entry_size(entry) if bound is None else bound
         exact = self._exact_bytes
         if exact is not None or self._bound_bytes + bounds > self._max_bytes:
             if exact is None:
                 exact = sum(_entry_size(entry) for entry in self._items)
             exact += sum(_entry_size(entry) for _, _, entry, _ in entries)
             _check_bytes(exact, self._max_bytes)
-        seen = self._distinct_after(entries)
+        # the last check: nothing below can fail, so the entries go in whole or not at all
+        self._seen = self._distinct_after(entries)
         self._bound_bytes += bounds
         self._exact_bytes = exact
-        self._seen = seen
+        items = self._items
         for label, event_id, entry, _ in entries:
             if event_id is not None:
-                self._event_ids[len(self._items)] = event_id
-            self._items.append(entry)
+                self._event_ids[len(items)] = event_id
+            items.append(entry)
             self._labels.append(label)
 
     def _distinct_after(
@@ -419,25 +435,38 @@ class Transaction:
         """The identities of the collected items and ``entries``, or :class:`InvalidValueError`
         if one item would be there twice (the last check of an add: the key names of tables
         first seen in ``entries`` are learned only once it passes)."""
+        key_names = self._key_names
         learned = False
         for _, _, entry, _ in entries:
             ((_, op),) = entry.items()
-            if "Key" in op and str(op.get("TableName")) not in self._key_names:
+            if "Key" in op and str(op.get("TableName")) not in key_names:
                 learned = True
         if learned:
             # A table's key names learned now can make earlier Puts into it comparable: check
             # everything again (rare: the first keyed operation on another table).
             items = [*self._items, *(entry for _, _, entry, _ in entries)]
             labels = [*self._labels, *(label for label, _, _, _ in entries)]
-            seen = _check_distinct(items, labels, self._key_names)
+            seen = _check_distinct(items, labels, key_names)
             for entry in items:
                 ((_, op),) = entry.items()
                 if "Key" in op:
-                    self._key_names.setdefault(str(op.get("TableName")), frozenset(op["Key"]))
+                    key_names.setdefault(str(op.get("TableName")), frozenset(op["Key"]))
+            return seen
+        if len(entries) == 1:
+            # The usual add: one entry, compared in place (it is the last check, so what is
+            # collected changes only if it passes).
+            label, _, entry, _ = entries[0]
+            seen = self._seen
+            identity = _identity(entry, key_names)
+            if identity is not None:
+                first = seen.get(identity)
+                if first is not None:
+                    raise _twice(self._labels[first], label, identity)
+                seen[identity] = len(self._items)
             return seen
         seen = dict(self._seen)
         for offset, (label, _, entry, _) in enumerate(entries):
-            identity = _identity(entry, self._key_names)
+            identity = _identity(entry, key_names)
             if identity is None:
                 continue
             if identity in seen:
