@@ -46,7 +46,7 @@ EXCLUDED: dict[str, str] = {}
 
 
 #: timed samples per side for a pair whose one request is slow (a 100-item transaction)
-HEAVY_SAMPLES = 150
+HEAVY_SAMPLES = 250
 
 
 @dataclass(frozen=True, slots=True)

@@ -422,3 +422,19 @@ def test_a_bare_field_selector_needs_the_event():
 
     with pytest.raises(TypeError, match="without a positional argument"):
         _selector("order_id", "key")(order_id="o-1")
+
+
+def test_a_default_event_id_is_a_random_version_4_uuid_in_hex():
+    """Events made without an id (and workers' lease tokens) get what uuid.uuid4().hex gives:
+    32 hex digits of a version-4, RFC 4122 UUID, different every time."""
+    import uuid
+
+    from dynacoord.outbox import Event
+    from dynacoord.outbox.event import new_event_id
+
+    ids = [Event("t").id for _ in range(200)] + [new_event_id() for _ in range(200)]
+    assert len(set(ids)) == len(ids)
+    for event_id in ids:
+        parsed = uuid.UUID(hex=event_id)
+        assert parsed.hex == event_id and len(event_id) == 32
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122

@@ -3,8 +3,8 @@ and its delivery state as stored) and the stored fields every backend shares."""
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +86,7 @@ class Event:
             raise InvalidValueError(f"event type must be a non-empty str, got {type!r}")
         if not type.isascii():  # ASCII is valid UTF-8: only other text needs the check
             check_utf8(type, "event type")
-        event_id = uuid.uuid4().hex if id is None else keys.validate_key(id, "event id")
+        event_id = new_event_id() if id is None else keys.validate_key(id, "event id")
         if occurred_at is None:
             occurred = time.time()
         else:
@@ -313,6 +313,16 @@ def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[st
         assert seq is not None, "the store assigns an ordered event its place in the group"
         fields["seq"] = seq
     return fields
+
+
+def new_event_id() -> str:
+    """A random UUID (version 4) as 32 hex digits, as ``uuid.uuid4().hex`` gives it, made
+    straight from ``os.urandom`` (uuid4 builds a UUID object first, at several times the cost:
+    this runs for every event made without an id and every claim's lease token)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    return raw.hex()
 
 
 def order_key(event: Event) -> str:

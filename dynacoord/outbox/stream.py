@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._clock import now_ms
 from ..errors import ConfigurationError, InvalidValueError, NotSupportedError
-from .event import EventRecord
+from .event import EventRecord, new_event_id
 from .store import OutboxStore
 from .worker import OutboxWorker
 
@@ -226,7 +225,7 @@ class StreamHandler:
         # group's head is not delivered yet is not claimed (it is postponed; the sweeper
         # delivers it in order).
         worker = self.worker
-        token = uuid.uuid4().hex
+        token = new_event_id()
         now = now_ms(worker.clock)
         claimed = self._store.claim_many([seen], [token], now + worker.lease_ms, now)
         if not claimed:

@@ -9,7 +9,6 @@ import logging
 import random
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -25,7 +24,7 @@ from ..errors import (
     ConfigurationError,
 )
 from ..metrics import NO_SCOPE, MetricsScope
-from .event import Event, EventRecord, EventStatus
+from .event import Event, EventRecord, EventStatus, new_event_id
 from .store import OutboxStore, Outcome
 
 __all__ = ["DEFAULT_RETENTION_SECONDS", "Handler", "MissingHandlerPolicy", "OutboxWorker"]
@@ -238,7 +237,7 @@ class OutboxWorker:
         self.on_delivered = on_delivered
         self.on_error = on_error
         self.on_failed = on_failed
-        self.name = name or f"outbox-worker-{uuid.uuid4().hex[:8]}"
+        self.name = name or f"outbox-worker-{new_event_id()[:8]}"
         # A plain flag, not a threading.Event: stop() may run in a signal handler, and Event.set()
         # there can deadlock on the lock the interrupted main thread holds inside Event.wait().
         self._stop_requested = False
@@ -338,7 +337,7 @@ class OutboxWorker:
         for seen in candidates:
             if self.stopping or (keep_going is not None and not keep_going()):
                 break
-            token = uuid.uuid4().hex
+            token = new_event_id()  # a lease token: the same random 128-bit form
             now = now_ms(self.clock)
             record = self._store.claim(seen, token, now + self.lease_ms, now)
             if record is None:
@@ -413,7 +412,7 @@ class OutboxWorker:
     def _claim_batch(self, candidates: list[EventRecord]) -> list[EventRecord]:
         if self.stopping:
             return []
-        tokens = [uuid.uuid4().hex for _ in candidates]
+        tokens = [new_event_id() for _ in candidates]
         now = now_ms(self.clock)
         return _in_group_order(self._store.claim_many(candidates, tokens, now + self.lease_ms, now))
 
