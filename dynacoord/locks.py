@@ -14,6 +14,7 @@ frozen Lambda) then cannot clobber the work of the next holder::
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -92,7 +93,13 @@ def default_owner() -> str:
     """A unique owner id that still tells a human where the lock came from."""
     # os.urandom(6).hex() is what uuid.uuid4().hex[:12] was (its first 48 bits are all random)
     # without building a UUID object on every acquire that names no owner
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{os.urandom(6).hex()}"
+    return f"{_hostname()}:{os.getpid()}:{threading.get_ident()}:{os.urandom(6).hex()}"
+
+
+@functools.cache
+def _hostname() -> str:
+    # asked once per process: a system call on every acquire that names no owner otherwise
+    return socket.gethostname()
 
 
 class Lease:

@@ -70,7 +70,7 @@ class DynamoDBLockStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return AcquireResult(None, self._info(key, failed.item, now_ms))
+            return AcquireResult(None, self._raw_info(key, failed.raw, now_ms))
         # only the fence is read from the new item
         return AcquireResult(
             LockInfo(key, owner, int(Decimal(response["Attributes"]["fence"]["N"])), expires)
@@ -137,12 +137,13 @@ class DynamoDBLockStore:
             )
         except ConditionFailedError:
             return False
-        old = unmarshal(response.get("Attributes", {}))
-        return self._info(key, old, now_ms) is not None
+        return self._raw_info(key, response.get("Attributes"), now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
-        # the raw item read as _info reads its unmarshal
-        raw = self._table.get_raw(self._key(key))
+        return self._raw_info(key, self._table.get_raw(self._key(key)), now_ms)
+
+    def _raw_info(self, key: str, raw: dict[str, Any] | None, now_ms: int) -> LockInfo | None:
+        """:meth:`_info` of ``unmarshal(raw)``, read straight from the attribute values."""
         if not raw:
             return None
         try:
