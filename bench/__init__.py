@@ -110,8 +110,10 @@ def run_all(
     sections: Iterable[str] = SECTIONS,
     ddb: Any = None,
     command: str = "make bench",
+    beside: str = "HEAD",
 ) -> dict[str, Any]:
-    """Run the selected sections and (unless ``out_dir`` is None) write the report there."""
+    """Run the selected sections and (unless ``out_dir`` is None) write the report there,
+    beside the results committed at the git revision ``beside``."""
     from .report import write
 
     selected = [s for s in SECTIONS if s in set(sections)]
@@ -140,5 +142,5 @@ def run_all(
             logger.info("section %s done in %.1f s", name, section["section_seconds"])
     results["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
     if out_dir is not None:
-        write(results, out_dir)
+        write(results, out_dir, beside=beside)
     return results

@@ -1,4 +1,4 @@
-"""``python -m bench [--scale full|tiny] [--out DIR] [--only SECTION ...]``"""
+"""``python -m bench [--scale full|tiny] [--out DIR] [--only SECTION ...] [--beside REV]``"""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--samples", type=int, default=None, help="timed samples per side (overhead, peers)"
     )
+    parser.add_argument(
+        "--beside",
+        default="HEAD",
+        metavar="REVISION",
+        help="set this run beside the results committed at this git revision (default HEAD), "
+        "e.g. the last run of the previous design",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # the peers log every lock at INFO; keep the console to the bench's own progress
@@ -36,11 +43,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--samples must be at least 2")
         scale = dataclasses.replace(scale, samples=args.samples, peer_samples=args.samples)
         command += f" --samples {args.samples}"
+    if args.beside != "HEAD":
+        command += f" --beside {args.beside}"
     results = run_all(
         scale,
         out_dir=args.out,
         sections=args.only,
         command="make bench" if command == "python -m bench" else command,
+        beside=args.beside,
     )
     failed = [k for k, v in results["sections"].items() if v.get("status") == "error"]
     print("\n".join(summary(results)))

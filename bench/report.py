@@ -946,8 +946,12 @@ def _beside_previous(results: dict[str, Any]) -> list[str]:
     names = list(now) + [name for name in previous["figures"] if name not in now]
     return [
         "",
-        f"Beside the previous committed report (run of {previous.get('generated_at', '?')}), "
-        "where the design has changed since:",
+        (
+            f"Beside the report committed at `{previous['revision']}`"
+            if previous.get("revision")
+            else "Beside the report this one replaced"
+        )
+        + f" (run of {previous.get('generated_at', '?')}), where the design has changed since:",
         "",
         *_table(
             ["measure", "this run", "previous committed run"],
@@ -956,15 +960,16 @@ def _beside_previous(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def previous_committed(path: Path) -> dict[str, Any] | None:
+def previous_committed(path: Path, revision: str = "HEAD") -> dict[str, Any] | None:
     """``previous`` for a run about to replace ``path``: the headline figures of the version of
-    it committed in git (else of the file as it is), None if there is none."""
+    it committed in git at ``revision`` (else of the file as it is), None if there is none."""
     import subprocess
 
     text: str | None = None
+    committed_at: str | None = revision
     try:
         text = subprocess.run(
-            ["git", "show", f"HEAD:./{path.name}"],
+            ["git", "show", f"{revision}:./{path.name}"],
             cwd=path.parent,
             capture_output=True,
             text=True,
@@ -972,16 +977,20 @@ def previous_committed(path: Path) -> dict[str, Any] | None:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         text = path.read_text() if path.exists() else None
+        committed_at = None
     if not text:
         return None
     try:
         old = json.loads(text)
     except ValueError:
         return None
-    return {
+    previous = {
         "generated_at": old.get("meta", {}).get("generated_at"),
         "figures": headline_figures(old),
     }
+    if committed_at is not None:
+        previous["revision"] = committed_at
+    return previous
 
 
 def render(results: dict[str, Any]) -> str:
@@ -1026,12 +1035,12 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+def write(results: dict[str, Any], out_dir: Path, *, beside: str = "HEAD") -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "REPORT.md"
     data = out_dir / "results.json"
     if "previous" not in results:
-        previous = previous_committed(data)
+        previous = previous_committed(data, beside)
         if previous and previous.get("generated_at") != results.get("meta", {}).get("generated_at"):
             results["previous"] = previous
     data.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")

@@ -240,7 +240,7 @@ def test_tiny_run_writes_every_section(dynamodb_local: DynamoDBLocal, tmp_path: 
     report = (tmp_path / "REPORT.md").read_text()
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["previous"]["generated_at"] == before
-    assert f"Beside the previous committed report (run of {before})" in report
+    assert f"Beside the report this one replaced (run of {before})" in report
     assert "| overhead: rows within the target; median ratio; highest |" in report
     assert set(data["sections"]) == set(SECTION_TITLES)
     for title in SECTION_TITLES.values():
