@@ -198,7 +198,8 @@ def _overhead(s: dict[str, Any], requests: dict[str, Any] | None = None) -> list
         f"for the raw side's own key (and a claim token for its own claim's), the parameters "
         f"built before the clock starts (so that floor is the bare client call); where the key "
         f"is a hash of the arguments (`@cached`) each raw request is captured from dynacoord "
-        f"for the raw side's own key. "
+        f"for the raw side's own key. The outbox's `Event` objects, like the raw side's "
+        f"requests, are made before the clock starts. "
         f"{s.get('samples')} samples per side after {s.get('warmup')} warm-up (fewer where the "
         f"*n* column says so), interleaved A/B (order alternating every sample). Both sides pay "
         f"the same request-counting hook.",
