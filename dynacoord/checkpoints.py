@@ -33,11 +33,12 @@ import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Protocol, runtime_checkable
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
-from ._items import optional_int, optional_str
+from ._items import optional_int, optional_str, unfrozen_twin
 from ._validate import check_bool, check_int, ttl_to_ms
 from .errors import (
     CheckpointExistsError,
@@ -271,6 +272,10 @@ def _check_progress(progress: Any) -> float | None:
     return value
 
 
+_new_object = object.__new__
+_CheckpointSlots = unfrozen_twin(Checkpoint)
+
+
 def _checkpoint(
     task_id: str,
     sequence: int,
@@ -279,16 +284,20 @@ def _checkpoint(
     created_ms: int,
     expires_ms: int | None,
 ) -> Checkpoint:
+    """The Checkpoint of these stored fields: a save makes one, a listing one per checkpoint.
+    Built in its unfrozen twin (:func:`~dynacoord._items.unfrozen_twin`): sets every field."""
     if data_text is None:  # pragma: no cover - keys-only reads never reach here
         raise DynacoordError("checkpoint was read without its data")
-    return Checkpoint(  # positional, in field order: a listing makes one per checkpoint
-        task_id,
-        sequence,
-        codec.decode(data_text),
-        progress,
-        created_ms / 1000,
-        None if expires_ms is None else expires_ms / 1000,
-    )
+    checkpoint: Any = _new_object(_CheckpointSlots)
+    checkpoint.task_id = task_id
+    checkpoint.sequence = sequence
+    checkpoint.data = codec.decode(data_text)
+    checkpoint.progress = progress
+    checkpoint.created_at = created_ms / 1000
+    checkpoint.expires_at = None if expires_ms is None else expires_ms / 1000
+    checkpoint.__class__ = Checkpoint
+    made: Checkpoint = checkpoint
+    return made
 
 
 def live_checkpoint(task_id: str, fields: CheckpointFields, now_ms: int) -> Checkpoint | None:
@@ -481,14 +490,12 @@ class Checkpoints:
         keys.checkpoint_prefix("x", task_id)
         size = _check_page_size(page_size)
         cap = None if limit is None else check_int(limit, "limit", minimum=0)
-        out: builtins.list[Checkpoint] = []
         if cap == 0:
-            return out
-        for checkpoint in self._iter(task_id, size if cap is None else min(size, cap)):
-            out.append(checkpoint)
-            if cap is not None and len(out) >= cap:
-                break
-        return out
+            return []
+        checkpoints = self._iter(task_id, size if cap is None else min(size, cap))
+        # taken whole (islice stops at the cap without asking for one more): no Python-level
+        # step per checkpoint
+        return builtins.list(checkpoints if cap is None else islice(checkpoints, cap))
 
     # -- deleting ---------------------------------------------------------------------------------
 

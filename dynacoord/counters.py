@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._items import unfrozen_twin
 from ._validate import check_int, ttl_to_ms
 from .errors import (
     BackendError,
@@ -110,10 +111,11 @@ class CounterItem:
             if expires_at_ms <= now_ms:
                 return None
         kind = str(item.get("kind", COUNTER))
+        make = _counter_item if cls is CounterItem else cls  # a subclass is made as it asks
         if kind == FLAG:
-            return cls(kind, codec.decode(str(item["value"])), expires_at_ms)
+            return make(kind, codec.decode(str(item["value"])), expires_at_ms)
         if kind == JOIN:
-            return cls(
+            return make(
                 kind,
                 int(item.get("n", 0)),
                 expires_at_ms,
@@ -121,7 +123,36 @@ class CounterItem:
                 frozenset(map(str, item.get("members", ()) if members is None else members)),
                 None if item.get("last") is None else str(item["last"]),
             )
-        return cls(kind, int(item.get("n", 0)), expires_at_ms)
+        return make(kind, int(item.get("n", 0)), expires_at_ms)
+
+
+# Every request of a counter, flag or join returns a CounterItem, a WriteOutcome and (joins) a
+# JoinResult: the functions below build them in their unfrozen twins (see
+# dynacoord._items.unfrozen_twin), each setting every field of its class.
+
+_new_object = object.__new__
+_CounterItemSlots = unfrozen_twin(CounterItem)
+
+
+def _counter_item(
+    kind: str,
+    value: Any,
+    expires_at_ms: int | None = None,
+    expected: int | None = None,
+    members: frozenset[str] = frozenset(),
+    last_member: str | None = None,
+) -> CounterItem:
+    """``CounterItem(...)``, built as the comment above says."""
+    item: Any = _new_object(_CounterItemSlots)
+    item.kind = kind
+    item.value = value
+    item.expires_at_ms = expires_at_ms
+    item.expected = expected
+    item.members = members
+    item.last_member = last_member
+    item.__class__ = CounterItem
+    made: CounterItem = item
+    return made
 
 
 def value_fields(kind: str, value: Any) -> dict[str, Any]:
@@ -146,6 +177,26 @@ class WriteOutcome:
     out_of_range: int | None = None
 
 
+_WriteOutcomeSlots = unfrozen_twin(WriteOutcome)
+
+
+def _write_outcome(
+    ok: bool,
+    item: CounterItem | None = None,
+    current: CounterItem | None = None,
+    out_of_range: int | None = None,
+) -> WriteOutcome:
+    """``WriteOutcome(...)``, built as :func:`_counter_item` builds a CounterItem."""
+    outcome: Any = _new_object(_WriteOutcomeSlots)
+    outcome.ok = ok
+    outcome.item = item
+    outcome.current = current
+    outcome.out_of_range = out_of_range
+    outcome.__class__ = WriteOutcome
+    made: WriteOutcome = outcome
+    return made
+
+
 @dataclass(frozen=True, slots=True)
 class JoinResult:
     """The state of a join after one arrival.
@@ -160,6 +211,21 @@ class JoinResult:
     complete: bool
     fired: bool
     expected: int = 0
+
+
+_JoinResultSlots = unfrozen_twin(JoinResult)
+
+
+def _join_result(count: int, complete: bool, fired: bool, expected: int) -> JoinResult:
+    """``JoinResult(...)``, built as :func:`_counter_item` builds a CounterItem."""
+    result: Any = _new_object(_JoinResultSlots)
+    result.count = count
+    result.complete = complete
+    result.fired = fired
+    result.expected = expected
+    result.__class__ = JoinResult
+    made: JoinResult = result
+    return made
 
 
 class CounterStore(Protocol):
@@ -232,7 +298,9 @@ class Counters:
         :meth:`extend_ttl` to push an expiry. One request unless the counter has expired.
         """
         keys.validate_key(key, "counter key")
-        check_int(by, "by", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
+        # a plain int in range inline: check_int (a keyword call) only for what it may refuse
+        if type(by) is not int or not -MAX_COUNTER_VALUE <= by <= MAX_COUNTER_VALUE:
+            check_int(by, "by", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         now = now_ms(self.clock)
         for _ in range(_MAX_RESTARTS):
@@ -312,7 +380,8 @@ class Counters:
         :data:`MAX_JOIN_MEMBER_BYTES` bytes. One request unless the join has expired.
         """
         keys.validate_key(key, "join key")
-        check_int(expected, "expected", minimum=1, maximum=MAX_JOIN_EXPECTED)
+        if type(expected) is not int or not 1 <= expected <= MAX_JOIN_EXPECTED:  # as in increment
+            check_int(expected, "expected", minimum=1, maximum=MAX_JOIN_EXPECTED)
         if type(member) is str and member and member.isascii():  # valid, a byte per character
             size = len(member)
         else:
@@ -334,7 +403,7 @@ class Counters:
                 count = int(outcome.item.value)
                 # Exactly one add makes the count equal expected: the counts of successful adds
                 # are distinct (1, 2, 3, ...) because each add is atomic and counts a new member.
-                return JoinResult(count, count >= expected, count == expected, expected)
+                return _join_result(count, count >= expected, count == expected, expected)
             current = outcome.current
             if current is not None:
                 if current.kind != JOIN:  # checked here: a redelivery is a hot path
@@ -354,12 +423,12 @@ class Counters:
                     count = int(current.value)
                     logger.debug("join %r: member %r arrived again", key, member)
                     fired = count >= expected and current.last_member == member
-                    return JoinResult(count, count >= expected, fired, expected)
+                    return _join_result(count, count >= expected, fired, expected)
                 continue  # pragma: no cover - the condition cannot fail otherwise
             outcome = self._store.join_restart(key, member, expected, ttl_ms, now)
             if outcome.ok:
                 logger.debug("join %r restarted after expiry", key)
-                return JoinResult(1, expected == 1, expected == 1, expected)
+                return _join_result(1, expected == 1, expected == 1, expected)
             # Another arrival restarted it first: add to its join.
         raise BackendError(  # pragma: no cover
             f"join {key!r} kept expiring while being joined ({_MAX_RESTARTS} attempts)"

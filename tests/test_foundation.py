@@ -64,8 +64,17 @@ def test_checkpoint_sort_keys_sort_numerically():
 
 @pytest.mark.parametrize(
     ("namespace", "key"),
-    [("", "k"), ("a#b", "k"), ("a|b", "k"), ("n" * 129, "k"), ("ns", ""), ("ns", "x" * 2100),
-     ("ns", "\ud800"), (None, "k"), ("ns", 3)],
+    [
+        ("", "k"),
+        ("a#b", "k"),
+        ("a|b", "k"),
+        ("n" * 129, "k"),
+        ("ns", ""),
+        ("ns", "x" * 2100),
+        ("ns", "\ud800"),
+        (None, "k"),
+        ("ns", 3),
+    ],
 )
 def test_invalid_keys_and_namespaces(namespace, key):
     with pytest.raises(InvalidKeyError):
@@ -96,9 +105,27 @@ def test_shards_are_stable_and_in_range():
 @pytest.mark.parametrize(
     "value",
     [
-        0, -1, 2**100, 1.5, 0.1, -0.0, 1e308, 5e-324, decimal.Decimal("1.10"),
-        decimal.Decimal("-3E+5"), "", "ünïcødé 🚀", True, False, None, b"", b"\x00\xff",
-        [1, [2, [3]]], {"a": {"b": [None, 1.25, b"x"]}}, {"$b": "not bytes"}, {"$$": 1},
+        0,
+        -1,
+        2**100,
+        1.5,
+        0.1,
+        -0.0,
+        1e308,
+        5e-324,
+        decimal.Decimal("1.10"),
+        decimal.Decimal("-3E+5"),
+        "",
+        "ünïcødé 🚀",
+        True,
+        False,
+        None,
+        b"",
+        b"\x00\xff",
+        [1, [2, [3]]],
+        {"a": {"b": [None, 1.25, b"x"]}},
+        {"$b": "not bytes"},
+        {"$$": 1},
         {"$d": {"$b": "x"}},
     ],
 )
@@ -128,8 +155,13 @@ def _reference_tree(value):
 
 
 _json_leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-    st.text(), st.binary(max_size=8), st.decimals(allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(),
+    st.binary(max_size=8),
+    st.decimals(allow_nan=False, allow_infinity=False),
 )
 _json_keys = st.one_of(st.sampled_from(["$b", "$d", "$$", "a"]), st.text(max_size=4))
 _json_values = st.recursive(
@@ -178,8 +210,16 @@ def test_codec_tuple_becomes_list():
 
 @pytest.mark.parametrize(
     "value",
-    [float("nan"), float("inf"), decimal.Decimal("NaN"), {1, 2}, object(), {1: "int key"},
-     frozenset(), complex(1, 2)],
+    [
+        float("nan"),
+        float("inf"),
+        decimal.Decimal("NaN"),
+        {1, 2},
+        object(),
+        {1: "int key"},
+        frozenset(),
+        complex(1, 2),
+    ],
 )
 def test_codec_refuses_unstorable_values(value):
     with pytest.raises(InvalidValueError):
@@ -206,9 +246,16 @@ def test_item_size_check():
 def test_ttl_validation():
     assert ttl_to_ms(1) == 1000
     assert ttl_to_ms(0.0015) == 2  # rounds up to whole ms
-    for bad, error in [(0, ValueError), (-1, ValueError), (float("nan"), ValueError),
-                       (float("inf"), ValueError), (10**12, ValueError), (True, TypeError),
-                       ("1", TypeError), (None, TypeError)]:
+    for bad, error in [
+        (0, ValueError),
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (10**12, ValueError),
+        (True, TypeError),
+        ("1", TypeError),
+        (None, TypeError),
+    ]:
         with pytest.raises(error):
             ttl_to_ms(bad)
     assert non_negative_seconds(0, "timeout") == 0
@@ -411,9 +458,7 @@ def test_a_bare_field_selector_gives_what_jmespath_gives(spec, event):
 
     from dynacoord.idempotency import _selector, jmespath_options
 
-    assert _selector(spec, "key")(event) == jmespath.search(
-        spec, event, options=jmespath_options()
-    )
+    assert _selector(spec, "key")(event) == jmespath.search(spec, event, options=jmespath_options())
     assert _selector(spec, "key").__name__ == f"jmespath({spec!r})"
 
 
@@ -438,3 +483,48 @@ def test_a_default_event_id_is_a_random_version_4_uuid_in_hex():
         parsed = uuid.UUID(hex=event_id)
         assert parsed.hex == event_id and len(event_id) == 32
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+def test_records_built_in_their_unfrozen_twins_are_what_the_constructor_makes():
+    """Runs, checkpoints and counter results are built without the frozen dataclass __init__
+    (dynacoord._items.unfrozen_twin): each builder must set every field, and give an object
+    equal, hashed, printed, pickled and frozen as the constructor's."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from dynacoord import counters, runs
+    from dynacoord.checkpoints import Checkpoint, _checkpoint
+    from dynacoord.counters import CounterItem, JoinResult, WriteOutcome
+
+    item = counters._counter_item("join", 3, 9, 5, frozenset({"a"}), "a")
+    pairs = [
+        (
+            runs._new_run("r", runs.RunStatus.RUNNING, {"k": 1}, 1, 2, "ok", "e", 3, 4, 5),
+            runs.Run("r", runs.RunStatus.RUNNING, {"k": 1}, 1, 2, "ok", "e", 3, 4, 5),
+        ),
+        (
+            _checkpoint("t", 7, '{"a":1}', 0.5, 1500, 2500),
+            Checkpoint("t", 7, {"a": 1}, 0.5, 1.5, 2.5),
+        ),
+        (item, CounterItem("join", 3, 9, 5, frozenset({"a"}), "a")),
+        (counters._write_outcome(True, item, None, 2), WriteOutcome(True, item, None, 2)),
+        (counters._join_result(3, True, False, 5), JoinResult(3, True, False, 5)),
+    ]
+    for built, made in pairs:
+        cls = type(made)
+        assert type(built) is cls
+        for field in dataclasses.fields(cls):  # every field set, to the constructor's value
+            assert getattr(built, field.name) == getattr(made, field.name), field.name
+        assert built == made and repr(built) == repr(made)
+        try:
+            expected_hash: object = hash(made)
+        except TypeError:  # holds a dict (a run's context, a checkpoint's data)
+            expected_hash = TypeError
+        try:
+            assert hash(built) == expected_hash
+        except TypeError:
+            assert expected_hash is TypeError
+        assert pickle.loads(pickle.dumps(built)) == made and copy.deepcopy(built) == made
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(built, dataclasses.fields(cls)[0].name, None)

@@ -29,15 +29,6 @@ _CHECKPOINT_ATTRIBUTES = ("sk", "data", "progress", "created_ms", "expires_at_ms
 __all__ = ["DynamoDBCheckpointStore"]
 
 
-def _int(number: str) -> int:
-    """The int a DynamoDB number holds: its plain digits as DynamoDB returns an integer, or
-    any other form through Decimal."""
-    try:
-        return int(number)
-    except ValueError:
-        return int(decimal.Decimal(number))
-
-
 def _fields(task_id: str, raw: dict[str, Any]) -> CheckpointFields:
     """A stored item's fields as StoredCheckpoint.from_item reads them, straight from the
     attribute values (a page holds up to 100 checkpoints: no dict of Python values is built for
@@ -52,19 +43,23 @@ def _fields(task_id: str, raw: dict[str, Any]) -> CheckpointFields:
             # a well-formed sort key inline; parse_sk_sequence refuses any other
             int(sk[4:]) if sk.startswith("SEQ#") else parse_sk_sequence(sk),
             None if data is None else data["S"],
-            None if progress is None else float(decimal.Decimal(progress["N"])),
-            0 if created is None else _int(created["N"]),
-            None if expires is None else _int(expires["N"]),
+            # float() of a number's text rounds as float(Decimal(text)) does (Decimal converts
+            # through its str); int() takes the digits of an integer. Any other form raises
+            # ValueError, and the general path reads it through Decimal.
+            None if progress is None else float(progress["N"]),
+            0 if created is None else int(created["N"]),
+            None if expires is None else int(expires["N"]),
         )
-    except KeyError:  # an attribute of another type than dynacoord writes: the general path
-        stored = StoredCheckpoint.from_item(task_id, unmarshal_only(raw, _CHECKPOINT_ATTRIBUTES))
-        return (
-            stored.sequence,
-            stored.data_text,
-            stored.progress,
-            stored.created_ms,
-            stored.expires_at_ms,
-        )
+    except (KeyError, ValueError):
+        pass  # an attribute of another type or form than dynacoord writes: the general path
+    stored = StoredCheckpoint.from_item(task_id, unmarshal_only(raw, _CHECKPOINT_ATTRIBUTES))
+    return (
+        stored.sequence,
+        stored.data_text,
+        stored.progress,
+        stored.created_ms,
+        stored.expires_at_ms,
+    )
 
 
 class DynamoDBCheckpointStore:

@@ -26,6 +26,8 @@ from ...counters import (
     MAX_COUNTER_VALUE,
     CounterItem,
     WriteOutcome,
+    _counter_item,
+    _write_outcome,
     value_fields,
 )
 from ...keys import COUNTER_SK, counter_pk
@@ -194,15 +196,15 @@ def _read(raw: Mapping[str, Any] | None, now_ms: int) -> CounterItem | None:
         av = raw.get("kind")
         kind = COUNTER if av is None else av["S"]
         if kind == FLAG:
-            return CounterItem(kind, codec.decode(raw["value"]["S"]), expires_at_ms)
+            return _counter_item(kind, codec.decode(raw["value"]["S"]), expires_at_ms)
         av = raw.get("n")
         n = 0 if av is None else int(av["N"])
         if kind == COUNTER:
-            return CounterItem(kind, n, expires_at_ms)
+            return _counter_item(kind, n, expires_at_ms)
         if kind == JOIN:
             members = raw.get("members")
             last = raw.get("last")
-            return CounterItem(
+            return _counter_item(
                 kind,
                 n,
                 expires_at_ms,
@@ -253,11 +255,13 @@ class DynamoDBCounterStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
+            # the item read from its attribute values (a refused join arrival, a redelivery,
+            # is a hot path), as from_item reads failed.item
             if token is not None and token.applied(failed.item):
                 # A retry of this very write whose first response was lost: it applied once.
-                return WriteOutcome(True, item=CounterItem.from_item(failed.item, now_ms))
-            return WriteOutcome(False, current=CounterItem.from_item(failed.item, now_ms))
-        return WriteOutcome(True, item=_read(response["Attributes"], now_ms))
+                return _write_outcome(True, _read(failed.raw, now_ms))
+            return _write_outcome(False, None, _read(failed.raw, now_ms))
+        return _write_outcome(True, _read(response["Attributes"], now_ms))
 
     # -- counters --------------------------------------------------------------------------------
 
@@ -278,7 +282,7 @@ class DynamoDBCounterStore:
             and current.kind == COUNTER
             and not exact_sum(int(current.value), by)
         ):
-            return WriteOutcome(False, current=current, out_of_range=MAX_COUNTER_VALUE)
+            return _write_outcome(False, None, current, MAX_COUNTER_VALUE)
         return outcome
 
     def restart(self, key: str, by: int, ttl_ms: int | None, now_ms: int) -> WriteOutcome:

@@ -28,6 +28,7 @@ from ...runs import (
     Run,
     RunPage,
     RunStatus,
+    _new_run,
     _status,
     write_refused,
 )
@@ -35,7 +36,6 @@ from ._table import (
     REQUEST_TOKEN,
     ConditionFailedError,
     DynamoTable,
-    primary,
     request_token,
     unmarshal,
     unmarshal_only,
@@ -48,6 +48,7 @@ _INDEX = "gsi1"
 
 #: each status as the plain str it is stored as (an enum's ``.value`` is a Python-level property)
 _STATUS_TEXT = {status: status.value for status in RunStatus}
+_STATUS_BY_TEXT = {text: status for status, text in _STATUS_TEXT.items()}
 _RUNNING = _STATUS_TEXT[RunStatus.RUNNING]
 
 #: what a Run is read from (the keys, index keys, request token and end TTLs are left as they are)
@@ -104,20 +105,24 @@ def _int(av: Mapping[str, Any]) -> int:
         return int(Decimal(number))
 
 
-def _listed(raw_item: Mapping[str, Any]) -> Run:
+def _listed(raw_item: Mapping[str, Any], status: RunStatus | None = None) -> Run:
     """``_run(_read(raw_item))`` straight from the attribute values (a listed page holds up to
     100 runs, and every read or write returns its run); anything but the attribute types runs
-    are written with takes the general path."""
+    are written with takes the general path. ``status`` is the run's, when the caller has
+    already compared the item's with it."""
     get = raw_item.get
     try:
+        if status is None:
+            text = raw_item["status"]["S"]
+            status = _STATUS_BY_TEXT.get(text) or _status(text)  # an unknown one raises
         ctx = raw_item["ctx"]["M"] if "ctx" in raw_item else None
         result, error = get("result"), get("error")
         ended, expires, reconciles = get("ended_ms"), get("expires_at_ms"), get("reconciles")
         # int() of the digits inline (a call per number adds up over a page): any other form
         # of a number raises ValueError, and the general path reads it through Decimal
-        return Run(
+        return _new_run(
             raw_item["run_id"]["S"],
-            _status(raw_item["status"]["S"]),
+            status,
             {name: codec.decode(text["S"]) for name, text in ctx.items()} if ctx else {},
             int(raw_item["created_ms"]["N"]),
             int(raw_item["updated_ms"]["N"]),
@@ -158,7 +163,8 @@ class DynamoDBRunStore:
         self._index_pks: dict[str, str] = {}
 
     def _primary(self, run_id: str) -> dict[str, Any]:
-        return primary(run_pk(self._ns, run_id), RUN_SK)
+        # primary()'s dict, without its call
+        return {"pk": {"S": run_pk(self._ns, run_id)}, "sk": {"S": RUN_SK}}
 
     def _index_pk(self, status: str) -> str:
         """The gsi1 partition of ``status`` (built and checked once per status)."""
@@ -194,7 +200,8 @@ class DynamoDBRunStore:
         # The run id is in pk and gsi1sk, the namespace in pk and gsi1pk; at most 4 bytes of
         # UTF-8 a character, and the other attributes take far less than 512 bytes: a run within
         # that bound fits and needs no estimate.
-        chars = 2 * (len(run_id) + len(self._ns)) + sum(len(k) + len(v) for k, v in ctx.items())
+        names_and_texts = sum(map(len, ctx)) + sum(map(len, ctx.values()))
+        chars = 2 * (len(run_id) + len(self._ns)) + names_and_texts
         if 4 * chars + 3 * len(ctx) + 512 > codec.DYNAMODB_ITEM_LIMIT:
             codec.check_item_size(unmarshal(item), key=run_id)
         # A finished run past its TTL is absent even if the sweeper has not removed it.
@@ -202,7 +209,7 @@ class DynamoDBRunStore:
             raise RunExistsError(f"run {run_id!r} already exists", run_id=run_id)
         # what _run(item) reads back, without reading it: a new run has only these fields, and
         # a plain value decodes to itself
-        return Run(
+        return _new_run(
             run_id,
             RunStatus.RUNNING,
             {
@@ -213,6 +220,11 @@ class DynamoDBRunStore:
             else {},
             now_ms,
             now_ms,
+            None,
+            None,
+            None,
+            None,
+            0,
         )
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
@@ -227,25 +239,24 @@ class DynamoDBRunStore:
         update: str,
         names: dict[str, str],
         vals: dict[str, Any],
+        token: str,
     ) -> Run:
         """UpdateItem of a running run. ``update`` is the whole UpdateExpression (it sets
-        ``#req`` to ``:req``); ``names`` and ``vals`` (marshalled) are its own placeholders
-        besides those of the condition."""
-        # Every transition carries a request token: a retry of an applied write (its response
-        # lost) is refused by it and returns the run that write made.
-        token = request_token()
+        ``#req`` to ``:req``); ``names`` and ``vals`` (marshalled) hold its placeholders and
+        those of :data:`_WRITE_CONDITION` (built whole by the caller: no merge of two dicts),
+        ``:req`` being ``token``.
+
+        Every transition carries a request token: a retry of an applied write (its response
+        lost) is refused by it and returns the run that write made.
+        """
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._primary(run_id),
                 ConditionExpression=_WRITE_CONDITION,
                 UpdateExpression=update,
-                ExpressionAttributeNames={"#status": "status", "#req": REQUEST_TOKEN, **names},
-                ExpressionAttributeValues={
-                    ":running": {"S": _RUNNING},
-                    ":req": {"S": token},
-                    **vals,
-                },
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=vals,
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -264,8 +275,11 @@ class DynamoDBRunStore:
         remove_fields: Sequence[str] = (),
         reconciled: bool = False,
     ) -> Run:
-        names: dict[str, str] = {}
+        token = request_token()
+        names = {"#status": "status", "#req": REQUEST_TOKEN}
         vals: dict[str, Any] = {
+            ":running": {"S": _RUNNING},
+            ":req": {"S": token},
             ":now": {"N": str(now_ms)},
             ":gsk": {"S": run_index_sk(now_ms, run_id)},
         }
@@ -282,7 +296,7 @@ class DynamoDBRunStore:
         for i, name in enumerate(remove_fields):
             names[f"#r{i}"] = name
         update = _update_expression(sets, len(remove_fields), reconciled)
-        return self._write(run_id, now_ms, update, names, vals)
+        return self._write(run_id, now_ms, update, names, vals, token)
 
     def finish(
         self,
@@ -294,7 +308,10 @@ class DynamoDBRunStore:
         error: str | None = None,
     ) -> Run:
         text = _STATUS_TEXT[status]
+        token = request_token()
         vals: dict[str, Any] = {
+            ":running": {"S": _RUNNING},
+            ":req": {"S": token},
             ":status": {"S": text},
             ":gpk": {"S": self._index_pk(text)},
             ":gsk": {"S": run_index_sk(now_ms, run_id)},
@@ -303,11 +320,11 @@ class DynamoDBRunStore:
         }
         if status is RunStatus.COMPLETED:
             vals[":result"] = {"S": codec.encode(result)}
-            return self._write(
-                run_id, now_ms, _COMPLETE, {"#ttl": "ttl", "#result": "result"}, vals
-            )
+            names = {"#status": "status", "#req": REQUEST_TOKEN, "#ttl": "ttl", "#result": "result"}
+            return self._write(run_id, now_ms, _COMPLETE, names, vals, token)
         vals[":error"] = {"S": error or ""}
-        return self._write(run_id, now_ms, _FAIL, {"#ttl": "ttl", "#error": "error"}, vals)
+        names = {"#status": "status", "#req": REQUEST_TOKEN, "#ttl": "ttl", "#error": "error"}
+        return self._write(run_id, now_ms, _FAIL, names, vals, token)
 
     def query(
         self, status: RunStatus, before_ms: int | None, page_size: int, cursor: Any, now_ms: int
@@ -339,5 +356,5 @@ class DynamoDBRunStore:
                 expires is not None and _int(expires) <= now_ms
             ):
                 continue
-            runs.append(_listed(raw_item))
+            runs.append(_listed(raw_item, status))
         return RunPage(runs, page.get("LastEvaluatedKey") or None)
