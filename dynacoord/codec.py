@@ -247,7 +247,23 @@ def _from_jsonable(obj: Any) -> Any:
 
 def encode(value: Any) -> str:
     """Encode ``value`` as JSON text; raise :class:`InvalidValueError` for unsupported values."""
+    # A lone scalar (a context value, a flag, a result) as json writes it, without the walk
+    cls = type(value)
+    if cls is str:
+        if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            return f'"{value}"'  # nothing json escapes: printable ASCII without quote, backslash
+    elif cls is int:
+        if -_SMALL_INT < value < _SMALL_INT:
+            return str(value)
+    elif value is None:
+        return "null"
+    elif cls is bool:
+        return "true" if value else "false"
     return _text(_ENCODE, _tree(value))
+
+
+#: ints below this written by str() directly (far under any int_max_str_digits limit)
+_SMALL_INT = 10**18
 
 
 def _text(encode: Callable[[Any], str], tree: Any) -> str:

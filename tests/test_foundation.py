@@ -528,3 +528,24 @@ def test_records_built_in_their_unfrozen_twins_are_what_the_constructor_makes():
         assert pickle.loads(pickle.dumps(built)) == made and copy.deepcopy(built) == made
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(built, dataclasses.fields(cls)[0].name, None)
+
+
+@given(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(10**20), max_value=10**20),
+        st.text(alphabet=st.characters(max_codepoint=0x2030, exclude_categories=["Cs"])),
+        st.sampled_from(["", '"', "\\", "\x7f", "\x00", "a\tb", "\u2028"]),
+    )
+)
+@settings(max_examples=400, deadline=None)
+def test_a_lone_scalar_is_encoded_as_json_encodes_it(value):
+    """codec.encode writes a lone str, int, bool or None without its walk: the same text."""
+    import json
+
+    from dynacoord import codec
+
+    text = codec.encode(value)
+    assert text == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert codec.decode(text) == value

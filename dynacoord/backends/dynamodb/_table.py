@@ -15,10 +15,10 @@ several times more than at the top level.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import time
+from binascii import b2a_base64
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any, TypeGuard, cast
@@ -113,17 +113,21 @@ COUNT_WINDOW_MS = 60_000
 
 
 class CountingToken:
-    """The expression parts of one counting write's request token (see COUNT_WINDOW_MS)."""
+    """The expression parts of one counting write's request token (see COUNT_WINDOW_MS).
+    ``names`` is shared by the writes of one bucket: read it, never change it."""
 
     __slots__ = ("names", "slots", "token", "values")
 
     def __init__(self, now_ms: int) -> None:
         bucket = now_ms // COUNT_WINDOW_MS
-        # secrets.token_urlsafe(8), without its Python frames
-        self.token = base64.urlsafe_b64encode(os.urandom(8)).rstrip(b"=").decode("ascii")
-        self.slots = (f"rq{bucket % 3}", f"rq{(bucket - 1) % 3}", f"rq{(bucket + 1) % 3}")
-        self.names = {"#rqa": self.slots[0], "#rqb": self.slots[1], "#rqc": self.slots[2]}
-        self.values = {"rqt": self.token, "rqs": {self.token}}
+        parts = _bucket_parts
+        if parts[0] != bucket:
+            parts = _new_bucket_parts(bucket)
+        _, self.slots, self.names = parts
+        # secrets.token_urlsafe(8) (11 characters), without its Python frames
+        token = b2a_base64(os.urandom(8), newline=False)[:11].translate(_URLSAFE).decode("ascii")
+        self.token = token
+        self.values = {"rqt": token, "rqs": {token}}
 
     #: the condition part: this token was not applied yet
     condition = "(NOT contains(#rqa, :rqt) AND NOT contains(#rqb, :rqt))"
@@ -136,6 +140,20 @@ class CountingToken:
         if not item:
             return False
         return any(self.token in (item.get(slot) or ()) for slot in self.slots[:2])
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+#: (bucket, its slots, its ExpressionAttributeNames) of the latest bucket: the same for every
+#: counting write of that minute, so made once (a tuple, replaced whole: safe across threads)
+_bucket_parts: tuple[int, tuple[str, str, str], dict[str, str]] = (-1, ("", "", ""), {})
+
+
+def _new_bucket_parts(bucket: int) -> tuple[int, tuple[str, str, str], dict[str, str]]:
+    global _bucket_parts
+    slots = (f"rq{bucket % 3}", f"rq{(bucket - 1) % 3}", f"rq{(bucket + 1) % 3}")
+    parts = (bucket, slots, {"#rqa": slots[0], "#rqb": slots[1], "#rqc": slots[2]})
+    _bucket_parts = parts
+    return parts
 
 
 #: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.
