@@ -62,7 +62,7 @@ __all__ = [
 MAX_PARTITION_KEY_BYTES = 2048
 MAX_SORT_KEY_BYTES = 1024
 #: Sequences are zero-padded to this width so that string order equals numeric order.
-SEQUENCE_WIDTH = 20
+SEQUENCE_WIDTH = 20  # written out in checkpoint_key's format
 MAX_SEQUENCE = 10**SEQUENCE_WIDTH - 1
 #: Epoch milliseconds are zero-padded to this width in sort keys (good until year 33658).
 MS_WIDTH = 15
@@ -298,11 +298,12 @@ def checkpoint_prefix(namespace: str, task_id: str) -> str:
 
 
 def checkpoint_key(namespace: str, task_id: str, sequence: int) -> ItemKey:
-    if isinstance(sequence, bool) or not isinstance(sequence, int):
+    if type(sequence) is not int and (isinstance(sequence, bool) or not isinstance(sequence, int)):
         raise TypeError(f"sequence must be an int, got {type(sequence).__name__}")
     if not 0 <= sequence <= MAX_SEQUENCE:
         raise ValueError(f"sequence must be in 0..{MAX_SEQUENCE}, got {sequence}")
-    return ItemKey(checkpoint_prefix(namespace, task_id), f"SEQ#{sequence:0{SEQUENCE_WIDTH}d}")
+    # the width written out (SEQUENCE_WIDTH): a nested format spec is parsed on every call
+    return ItemKey(checkpoint_prefix(namespace, task_id), f"SEQ#{sequence:020d}")
 
 
 def parse_sk_sequence(sk: str) -> int:
