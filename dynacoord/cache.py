@@ -46,6 +46,9 @@ _GLOB_CHARS = "*?["
 #: Attempts at resending the unprocessed part of one batch before giving up.
 _BATCH_ATTEMPTS = 10
 
+#: The range of an ``incr`` amount: 38 digits, DynamoDB's number precision.
+_BY_MIN, _BY_MAX = -(10**38) + 1, 10**38 - 1
+
 
 _INT64_TEXT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
 
@@ -142,8 +145,14 @@ class CacheStore(Protocol):
         """One page of the keys in ``partition`` that start with ``prefix`` (``""``: all)."""
         ...
 
-    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
-        """Read up to ``max_batch_get`` distinct keys consistently: (live entries, unprocessed)."""
+    def get_batch(
+        self, keys: list[str], now_ms: int
+    ) -> tuple[Mapping[str, tuple[str, int | None]], list[str]]:
+        """Read up to ``max_batch_get`` distinct keys consistently: (live entries, unprocessed).
+
+        An entry is any ``(encoded, expires_at_ms)`` pair: a :class:`CacheEntry` or a plain
+        tuple, which is cheaper to make once per item of a batch.
+        """
         ...
 
     def set_batch(
@@ -161,6 +170,20 @@ def _literal_prefix(pattern: str) -> str:
     """The part of a glob before its first wildcard (``"user:*"`` -> ``"user:"``)."""
     cut = min((i for i in (pattern.find(c) for c in _GLOB_CHARS) if i >= 0), default=len(pattern))
     return pattern[:cut]
+
+
+def _valid_keys(given: list[Any]) -> list[str]:
+    """``given`` once each item is known to be a valid cache key; the first bad one raises as
+    :func:`keys.validate_key` words it. A batch of non-empty ASCII str (the common case) is
+    recognised in C, by one join and one ``all``, instead of a call per key."""
+    try:
+        plain = "".join(given).isascii() and all(given)
+    except TypeError:  # an item that is not a str: the per-key check names it
+        plain = False
+    if not plain:
+        for k in given:
+            keys.validate_key(k, "cache key")
+    return given
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
@@ -217,7 +240,8 @@ class Cache:
         encoded value, the expiry and the time it was computed from."""
         keys.validate_key(key, "cache key")
         now = now_ms(self.clock)
-        expires = self._expiry(ttl, now)
+        ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)  # _expiry, inlined
+        expires = None if ttl_ms is None else now + ttl_ms
         encoded = codec.encode(value)
         self._store.check_entry(key, encoded, expires)
         return encoded, expires, now
@@ -280,7 +304,8 @@ class Cache:
         :class:`InvalidValueError`. Integers are limited to 38 digits (DynamoDB's precision).
         """
         keys.validate_key(key, "cache key")
-        check_int(by, "by", minimum=-(10**38) + 1, maximum=10**38 - 1)
+        if type(by) is not int or not _BY_MIN <= by <= _BY_MAX:  # the check only when it fails
+            check_int(by, "by", minimum=_BY_MIN, maximum=_BY_MAX)
         # Up to two steps because "add to the live counter" and "start a new counter on an
         # expired one" are different writes, and a store cannot tell an expired item from a live
         # one inside a single atomic ADD:
@@ -361,15 +386,16 @@ class Cache:
         a single str is refused with ``TypeError`` (it would be read as one key per character).
         """
         given = check_iterable(keys_, "keys", "cache keys", hint="for one key use get()")
-        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in given))
+        wanted = list(dict.fromkeys(_valid_keys(given)))
+        decode = codec.decode
         out: dict[str, Any] = {}
         for chunk in _chunks(wanted, self._store.max_batch_get):
+            entries: Mapping[str, tuple[str, int | None]] = {}
             pending = chunk
             delay = self.backoff_initial
             for attempt in range(_BATCH_ATTEMPTS):
                 found, pending = self._store.get_batch(pending, now_ms(self.clock))
-                for k, entry in found.items():
-                    out[k] = codec.decode(entry.encoded)
+                entries = {**entries, **found} if entries else found
                 if not pending:
                     break
                 logger.debug("get_many: %d keys unprocessed (attempt %d)", len(pending), attempt)
@@ -380,7 +406,13 @@ class Cache:
                     "attempts (throttled?)",
                     code="UnprocessedKeys",
                 )
-        return {k: out[k] for k in wanted if k in out}
+            # in the order asked for (a store returns a batch in any order), so the result
+            # needs no second pass
+            for k in chunk:
+                entry = entries.get(k)
+                if entry is not None:
+                    out[k] = decode(entry[0])  # a plain tuple from some stores
+        return out
 
     def set_many(self, mapping: Mapping[str, Any], ttl: float | None = None) -> None:
         """Store every (key, value) of ``mapping`` with the same TTL.
@@ -422,7 +454,7 @@ class Cache:
         than deleting one key per character.
         """
         given = check_iterable(keys_, "keys", "cache keys", hint="for one key use delete()")
-        wanted = list(dict.fromkeys(keys.validate_key(k, "cache key") for k in given))
+        wanted = list(dict.fromkeys(_valid_keys(given)))
         self._delete_keys(wanted)
 
     def _delete_keys(self, wanted: list[str]) -> None:
@@ -558,25 +590,34 @@ class Cache:
             positional = [p.name for p in params] if plain_only else None
             prefix = key if isinstance(key, str) else f"{fn.__module__}.{fn.__qualname__}"
 
-            def cache_key(*args: Any, **kwargs: Any) -> str:
-                if callable(key):
-                    return keys.validate_key(key(*args, **kwargs), "cache key")
-                if positional is not None and not kwargs and len(args) == len(positional):
-                    # every parameter given by position: what bind() would give, cheaper
-                    arguments = dict(zip(positional, args, strict=True))
-                else:
-                    bound = signature.bind(*args, **kwargs)
-                    bound.apply_defaults()
-                    arguments = bound.arguments
-                try:
-                    canonical = codec.canonical(arguments)
-                except InvalidValueError as exc:
-                    raise InvalidValueError(
-                        f"cannot build a cache key for {prefix}: its arguments are not "
-                        f"encodable ({exc}); pass key=... to @cache.cached"
-                    ) from exc
-                digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
-                return keys.validate_key(f"{prefix}:{digest}", "cache key")
+            if callable(key):
+                make_key = key
+
+                def cache_key(*args: Any, **kwargs: Any) -> str:
+                    return keys.validate_key(make_key(*args, **kwargs), "cache key")
+
+            else:
+                # a key made of an ASCII prefix and a hex digest is valid: no check per call
+                checked = prefix.isascii()
+
+                def cache_key(*args: Any, **kwargs: Any) -> str:
+                    if positional is not None and not kwargs and len(args) == len(positional):
+                        # every parameter given by position: what bind() would give, cheaper
+                        arguments = dict(zip(positional, args, strict=True))
+                    else:
+                        bound = signature.bind(*args, **kwargs)
+                        bound.apply_defaults()
+                        arguments = bound.arguments
+                    try:
+                        canonical = codec.canonical(arguments)
+                    except InvalidValueError as exc:
+                        raise InvalidValueError(
+                            f"cannot build a cache key for {prefix}: its arguments are not "
+                            f"encodable ({exc}); pass key=... to @cache.cached"
+                        ) from exc
+                    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+                    made = f"{prefix}:{digest}"
+                    return made if checked else keys.validate_key(made, "cache key")
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> T:
@@ -587,7 +628,8 @@ class Cache:
                 return result
 
             def invalidate(*args: Any, **kwargs: Any) -> bool:
-                return self.delete(cache_key(*args, **kwargs))
+                # delete() without its key check: cache_key returns a checked key
+                return self._store.delete(cache_key(*args, **kwargs), now_ms(self.clock))
 
             wrapper.cache_key = cache_key  # type: ignore[attr-defined]
             wrapper.invalidate = invalidate  # type: ignore[attr-defined]

@@ -30,6 +30,7 @@ from ...errors import InvalidValueError
 from ...keys import (
     CACHE_SK,
     MAX_PARTITION_KEY_BYTES,
+    MAX_SORT_KEY_BYTES,
     cache_index_pk,
     cache_key,
     cache_pk,
@@ -43,7 +44,6 @@ from ._table import (
     DynamoTable,
     exact_sum,
     marshal,
-    primary,
     sum_limit,
     unmarshal,
     values,
@@ -114,14 +114,34 @@ class DynamoDBCacheStore:
         self._pk_prefix = cache_pk(namespace, "k")[:-1]
 
     # -- item layout ----------------------------------------------------------------------------
+    #
+    # Keys arrive validated by the Cache (non-empty str): what is left to check is whether the
+    # table can hold them. The stored key is built from the namespace's prefix; only a key that
+    # is not ASCII or may be too long takes the full checks of dynacoord.keys (and their errors).
+
+    def _primary(self, key: str) -> dict[str, Any]:
+        """The ``Key`` of a read, delete or touch of ``key`` (checked as pk only)."""
+        pk = self._pk_prefix + key
+        if not (pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES):
+            pk = cache_pk(self._ns, key)
+        return {"pk": {"S": pk}, "sk": {"S": _CACHE_SK}}
+
+    def _entry_pk(self, key: str) -> str:
+        """The pk of ``key`` for a write, which also stores the key as gsi1sk: checked as both."""
+        pk = self._pk_prefix + key
+        if pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES and len(key) <= MAX_SORT_KEY_BYTES:
+            return pk
+        pk = cache_pk(self._ns, key)
+        cache_sort_key(key)
+        return pk
 
     def _item(self, key: str, encoded: str, expires_at_ms: int | None) -> dict[str, Any]:
         """The entry as a marshalled item (built directly: this is every write's hot path)."""
         item: dict[str, Any] = {
-            "pk": {"S": cache_pk(self._ns, key)},
+            "pk": {"S": self._entry_pk(key)},
             "sk": {"S": _CACHE_SK},
             "gsi1pk": {"S": self._index_pks[shard_of(key, self.partitions)]},
-            "gsi1sk": {"S": cache_sort_key(key)},
+            "gsi1sk": {"S": key},
         }
         if _INT_TEXT.fullmatch(encoded):
             item["n"] = {"N": str(int(encoded))}
@@ -132,12 +152,8 @@ class DynamoDBCacheStore:
             item["ttl"] = {"N": str(math.ceil(expires_at_ms / 1000))}
         return item
 
-    def _primary(self, key: str) -> dict[str, Any]:
-        return primary(cache_pk(self._ns, key), CACHE_SK)
-
     def check_entry(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
-        cache_pk(self._ns, key)  # refuses a key the table cannot hold, as pk
-        cache_sort_key(key)  # and as gsi1sk
+        self._entry_pk(key)  # refuses a key the table cannot hold, as pk or as gsi1sk
         # The key is in pk and gsi1sk, the namespace in pk and gsi1pk; at most 4 bytes of UTF-8
         # per character, and the other attributes (names, two numbers, sk) take far less than
         # 256 bytes: an entry within that bound fits and needs no estimate.
@@ -148,7 +164,8 @@ class DynamoDBCacheStore:
     # -- single items ---------------------------------------------------------------------------
 
     def get(self, key: str, now_ms: int) -> CacheEntry | None:
-        raw = self._table.get_raw(self._primary(key))
+        # the table's call itself, not get_raw: a frame less on the hottest read
+        raw = self._table.call("get_item", Key=self._primary(key), ConsistentRead=True).get("Item")
         return _entry(raw, now_ms) if raw else None
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
@@ -190,14 +207,14 @@ class DynamoDBCacheStore:
         return True
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        pk = cache_pk(self._ns, key)  # the one key built for this call
+        pk = self._entry_pk(key)  # the one key built for this call (it may create the entry)
         token = CountingToken(now_ms)
         condition, update, lim = _incr_variant(expires_if_new is not None, by)
         attr_values: dict[str, Any] = {
             ":now": {"N": str(now_ms)},
             ":by": {"N": str(by)},
             ":gpk": {"S": self._index_pks[shard_of(key, self.partitions)]},
-            ":gsk": {"S": cache_sort_key(key)},
+            ":gsk": {"S": key},
         }
         if expires_if_new is not None:
             attr_values[":exp"] = {"N": str(expires_if_new)}
@@ -299,33 +316,47 @@ class DynamoDBCacheStore:
             )
         return KeyPage(live, expired, page.get("LastEvaluatedKey") or None)
 
-    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+    def get_batch(
+        self, keys: list[str], now_ms: int
+    ) -> tuple[dict[str, tuple[str, int | None]], list[str]]:
         name = self._table.name
         # Plain low-level dicts both ways: this path handles 100 items per request, and boto3's
         # generic (de)serializer would cost more than the request's own parsing.
         prefix = self._pk_prefix
-        requested: dict[str, str] = {}
-        for k in keys:  # validated keys: only the stored key's length is left to check
-            pk = prefix + k
-            if not pk.isascii() or len(pk) > MAX_PARTITION_KEY_BYTES:
-                pk = cache_pk(self._ns, k)  # the full check, and its error
-            requested[pk] = k
+        requested = {prefix + k: k for k in keys}
+        # The whole batch checked at once (see _primary); the full check, key by key, otherwise.
+        longest = len(prefix) + max(map(len, keys), default=0)
+        if longest > MAX_PARTITION_KEY_BYTES or not "".join(requested).isascii():
+            requested = {cache_pk(self._ns, k): k for k in keys}
+        sk = {"S": _CACHE_SK}  # one value shared by every key of the request (only read)
         response = self._table.call(
             "batch_get_item",
             RequestItems={
                 name: {
-                    "Keys": [{"pk": {"S": pk}, "sk": {"S": _CACHE_SK}} for pk in requested],
+                    "Keys": [{"pk": {"S": pk}, "sk": sk} for pk in requested],
                     "ConsistentRead": True,
                     # Only what an entry needs: less to send, parse and decode.
                     "ProjectionExpression": "pk, v, n, expires_at_ms",
                 }
             },
         )
-        found: dict[str, CacheEntry] = {}
-        for raw in response.get("Responses", {}).get(name, []):
-            entry = _entry(raw, now_ms)
-            if entry is not None:
-                found[requested[raw["pk"]["S"]]] = entry
+        found: dict[str, tuple[str, int | None]] = {}
+        for raw in response.get("Responses", {}).get(name, ()):
+            # _entry inlined (a call per item costs as much as the reading itself)
+            exp = raw.get("expires_at_ms")
+            if exp is None:
+                expires = None
+            else:
+                expires = int(exp["N"])
+                if expires <= now_ms:
+                    continue
+            number = raw.get("n")
+            if number is not None:
+                encoded = str(int(Decimal(number["N"])))
+            else:
+                value = raw.get("v")
+                encoded = "null" if value is None else value["S"]
+            found[requested[raw["pk"]["S"]]] = (encoded, expires)  # a plain tuple: cheapest
         unprocessed = response.get("UnprocessedKeys", {}).get(name, {}).get("Keys", [])
         return found, [requested[k["pk"]["S"]] for k in unprocessed]
 
