@@ -496,7 +496,10 @@ def test_records_built_in_their_unfrozen_twins_are_what_the_constructor_makes():
     from dynacoord import counters, runs
     from dynacoord.checkpoints import Checkpoint, _checkpoint
     from dynacoord.counters import CounterItem, JoinResult, WriteOutcome
+    from dynacoord.outbox import Event, EventRecord, EventStatus
+    from dynacoord.outbox.event import _new_event, new_record
 
+    event = Event("t", None, id="e")
     item = counters._counter_item("join", 3, 9, 5, frozenset({"a"}), "a")
     pairs = [
         (
@@ -510,6 +513,23 @@ def test_records_built_in_their_unfrozen_twins_are_what_the_constructor_makes():
         (item, CounterItem("join", 3, 9, 5, frozenset({"a"}), "a")),
         (counters._write_outcome(True, item, None, 2), WriteOutcome(True, item, None, 2)),
         (counters._join_result(3, True, False, 5), JoinResult(3, True, False, 5)),
+        (
+            _new_event("t", {"p": 1}, "i", 1.5, {"m": 2}, "g", 3, True),
+            Event(
+                "t",
+                {"p": 1},
+                id="i",
+                occurred_at=1.5,
+                metadata={"m": 2},
+                group="g",
+                attempt=3,
+                ordered=True,
+            ),
+        ),
+        (
+            new_record(event, EventStatus.FAILED, 2, 9, "tok", "err", 8, 4),
+            EventRecord(event, EventStatus.FAILED, 2, 9, "tok", "err", 8, 4),
+        ),
     ]
     for built, made in pairs:
         cls = type(made)

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import codec, keys
 from .._compat import StrEnum
-from .._items import is_live, member_reader, optional_int, optional_str
+from .._items import is_live, member_reader, optional_int, optional_str, unfrozen_twin
 from .._validate import (
     check_int,
     check_utf8,
@@ -155,19 +155,7 @@ class Event:
         ordered: bool = False,
     ) -> Event:
         """Rebuild a stored event without re-validating it (it was validated when published)."""
-        event = object.__new__(cls)
-        for name, value in (
-            ("type", type),
-            ("payload", payload),
-            ("id", id),
-            ("occurred_at", occurred_at),
-            ("metadata", dict(metadata)),
-            ("group", group),
-            ("attempt", attempt),
-            ("ordered", ordered),
-        ):
-            object.__setattr__(event, name, value)
-        return event
+        return _new_event(type, payload, id, occurred_at, dict(metadata), group, attempt, ordered)
 
     def with_attempt(self, attempt: int) -> Event:
         """A copy with ``attempt`` set (what a handler receives)."""
@@ -208,6 +196,37 @@ class Event:
             "payload": self.payload,
             "metadata": dict(self.metadata),
         }
+
+
+_new_object = object.__new__
+_EventSlots = unfrozen_twin(Event)
+
+
+def _new_event(
+    type: str,
+    payload: Any,
+    id: str,
+    occurred_at: float,
+    metadata: dict[str, Any],
+    group: str | None,
+    attempt: int,
+    ordered: bool,
+) -> Event:
+    """An Event of these fields as stored (not validated again: it was when published), built
+    in its unfrozen twin (:func:`~dynacoord._items.unfrozen_twin`): sets every field. Every
+    event read (a get, a claimed batch) makes one."""
+    event: Any = _new_object(_EventSlots)
+    event.type = type
+    event.payload = payload
+    event.id = id
+    event.occurred_at = occurred_at
+    event.metadata = metadata
+    event.group = group
+    event.attempt = attempt
+    event.ordered = ordered
+    event.__class__ = Event
+    made: Event = event
+    return made
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +278,8 @@ class EventRecord:
             ordered="seq" in item,
         )
         due = item.get("due_ms", item.get("completed_ms", 0))
-        return cls(
+        make = new_record if cls is EventRecord else cls  # a subclass is made as it asks
+        return make(
             event=event,
             status=_status(item["status"]),
             attempts=attempts,
@@ -290,6 +310,33 @@ class EventRecord:
 
 _PENDING = EventStatus.PENDING.value
 _status = member_reader(EventStatus)
+_EventRecordSlots = unfrozen_twin(EventRecord)
+
+
+def new_record(
+    event: Event,
+    status: EventStatus,
+    attempts: int,
+    due_at_ms: int,
+    lease_token: str | None,
+    last_error: str | None,
+    updated_at_ms: int | None,
+    seq: int | None,
+) -> EventRecord:
+    """``EventRecord(...)`` of every field, built in its unfrozen twin (see :func:`_new_event`):
+    the stores make one per event read."""
+    record: Any = _new_object(_EventRecordSlots)
+    record.event = event
+    record.status = status
+    record.attempts = attempts
+    record.due_at_ms = due_at_ms
+    record.lease_token = lease_token
+    record.last_error = last_error
+    record.updated_at_ms = updated_at_ms
+    record.seq = seq
+    record.__class__ = EventRecord
+    made: EventRecord = record
+    return made
 
 
 def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from ...outbox import (
     order_key,
 )
 from ...outbox._runs import group_runs
-from ...outbox.event import _status
+from ...outbox.event import _new_event, _status, new_record
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
     MAX_TRANSACTION_BYTES,
@@ -89,17 +89,17 @@ def _event_record(raw: Mapping[str, Any] | None, now_ms: int) -> EventRecord | N
         updated, seq = get("updated_ms"), get("seq")
         attempts = int(raw["attempts"]["N"]) if "attempts" in raw else 0
         due = get("due_ms") or get("completed_ms")
-        event = Event._restore(
-            type=raw["event_type"]["S"],
-            payload=codec.decode(raw["payload"]["S"]),
-            id=raw["event_id"]["S"],
-            occurred_at=int(raw["occurred_at_ms"]["N"]) / 1000,
-            metadata=codec.decode(metadata["S"]) if metadata is not None else {},
-            group=None if group is None else group["S"],
-            attempt=attempts,
-            ordered=seq is not None,
+        event = _new_event(
+            raw["event_type"]["S"],
+            codec.decode(raw["payload"]["S"]),
+            raw["event_id"]["S"],
+            int(raw["occurred_at_ms"]["N"]) / 1000,
+            codec.decode(metadata["S"]) if metadata is not None else {},
+            None if group is None else group["S"],
+            attempts,
+            seq is not None,
         )
-        return EventRecord(
+        return new_record(
             event,
             _status(raw["status"]["S"]),
             attempts,
