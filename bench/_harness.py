@@ -250,21 +250,42 @@ def sample(fn: Callable[[int], object], n: int, warmup: int) -> list[float]:
 
 
 def interleaved(
-    a: Callable[[int], object], b: Callable[[int], object], n: int, warmup: int
+    a: Callable[[int], object],
+    b: Callable[[int], object],
+    n: int,
+    warmup: int,
+    *,
+    settle: float = 0.0,
+    settle_above: float = 0.0,
+    info: dict[str, Any] | None = None,
 ) -> tuple[list[float], list[float]]:
     """Time ``a(i)`` and ``b(i)`` alternately (A B, B A, A B, ...) so that drift cancels.
 
     Both get the same indexes: warm-up ``0 .. warmup`` untimed, then ``warmup .. warmup+n``.
+    ``settle``: before each timed call, stay idle for that fraction of ``b``'s median warm-up
+    call if that median is at least ``settle_above`` seconds, so each heavy request meets a
+    server that has finished the work of the one before (see SETTLE in overhead.py); the gap
+    used goes into ``info["settle_ms"]`` if ``info`` is given.
     """
+    clock = time.perf_counter
+    warm: list[float] = []
     for i in range(warmup):
         a(i)
+        start = clock()
         b(i)
+        warm.append(clock() - start)
+    typical = statistics.median(warm) if warm else 0.0
+    gap = settle * typical if settle and typical >= settle_above else 0.0
+    if info is not None:
+        info["settle_ms"] = round(gap * 1000, 2)
+    sleep = time.sleep
     ta: list[float] = []
     tb: list[float] = []
-    clock = time.perf_counter
     for i in range(warmup, warmup + n):
         order = ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta))
         for fn, bucket in order:
+            if gap:
+                sleep(gap)
             start = clock()
             fn(i)
             bucket.append(clock() - start)
