@@ -353,3 +353,21 @@ def test_a_puts_identity_is_the_same_on_the_fast_and_the_general_path():
     ):
         entry = {"Put": {"TableName": "t", "Item": item}}
         assert _identity(entry, {"t": _PK_SK}) == _identity(entry, general)
+
+
+def test_a_new_events_keys_are_the_key_functions_for_any_id(moto_table):
+    """The store builds a new event's keys from its namespace's prefix: the same keys as
+    outbox_pk / outbox_index_sk, and the same refusal of an id too long for a sort key."""
+    from dynacoord.errors import InvalidKeyError
+    from dynacoord.keys import outbox_index_sk, outbox_pk
+
+    client, table = moto_table
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"))
+    store = backend.outbox._store
+    for event_id in ("plain", "é-ü-\U0001f600", "x" * 1000, "é" * 500):
+        item, _ = store._item(Event("t", None, id=event_id), 1_700_000_000_123)
+        assert item["pk"]["S"] == outbox_pk(backend.namespace, event_id)
+        assert item["gsi1sk"]["S"] == outbox_index_sk(1_700_000_000_123, event_id)
+    for too_long in ("x" * 1010, "é" * 510):
+        with pytest.raises(InvalidKeyError, match="too long for a sort key"):
+            store._item(Event("t", None, id=too_long), 1_700_000_000_123)

@@ -25,6 +25,8 @@ from typing import Any
 from ... import codec
 from ...errors import InvalidKeyError, NotSupportedError, TransactionCancelledError
 from ...keys import (
+    MAX_PARTITION_KEY_BYTES,
+    MAX_SORT_KEY_BYTES,
     Kind,
     outbox_index_pk,
     outbox_index_sk,
@@ -121,6 +123,8 @@ class DynamoDBOutboxStore:
         self._recorded_shards: int | None = None  # the namespace's count, once read
         self._shards_written = shards <= 1  # one shard needs no record: every worker reads it
         self._index_pks: dict[tuple[EventStatus, int], str] = {}  # (status, shard) -> gsi1pk
+        # what outbox_pk puts before an event id (taken from it, so the two cannot differ)
+        self._pk_prefix = outbox_pk(namespace, "x")[:-1]
 
     # -- the namespace's shard count ----------------------------------------------------------------
     # Publishers record the most shards they use on one item; workers read it and poll that many,
@@ -187,9 +191,21 @@ class DynamoDBOutboxStore:
 
         The fields are :func:`pending_fields`' (same names, same order), built here straight as
         attribute values: this runs once per published event."""
-        event_id = event.id
-        pk = outbox_pk(self._ns, event_id)
-        gpk, gsk = self._record_index(event, EventStatus.PENDING, due_ms)
+        event_id = event.id  # a valid key: an Event checks its id when made
+        pk = self._pk_prefix + event_id
+        gsk = f"{due_ms:015d}#{event_id}"  # outbox_index_sk's, checked below with the pk
+        if not (
+            pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES and len(gsk) <= MAX_SORT_KEY_BYTES
+        ):
+            pk, gsk = outbox_pk(self._ns, event_id), outbox_index_sk(due_ms, event_id)
+        shards = self._own_shards
+        # sharded as _record_index shards it (by the group for an ordered event)
+        shard = (
+            0 if shards <= 1 else shard_of(order_key(event) if event.ordered else event_id, shards)
+        )
+        gpk = self._index_pks.get((EventStatus.PENDING, shard))
+        if gpk is None:
+            gpk = self._record_index(event, EventStatus.PENDING, due_ms)[0]
         event_type = event.type
         payload = codec.encode(event.payload)
         item: dict[str, Any] = {

@@ -349,6 +349,23 @@ class Transaction:
     (``{":s": "paid"}``, Python values).
     """
 
+    # slots: a transaction is made per request, and a plain object is cheaper to fill and read
+    __slots__ = (
+        "_bound_bytes",
+        "_event_ids",
+        "_exact_bytes",
+        "_items",
+        "_key_names",
+        "_labels",
+        "_max_bytes",
+        "_max_items",
+        "_outbox",
+        "_seen",
+        "_state",
+        "_table",
+        "_token",
+    )
+
     def __init__(
         self,
         table: Any,
