@@ -283,27 +283,34 @@ class DynamoDBOutboxStore:
 
     def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
         self._record_shards()
+        if len(events) == 1 and not events[0].ordered:
+            return self._publish_one(events[0], now_ms)
         if any(event.ordered for event in events):
             return self._publish_ordered(events, now_ms)
-        prepared = [self._put_and_bound(event, now_ms) for event in events]
-        puts = [put for put, _ in prepared]
-        if len(puts) == 1:
-            # One event: a plain conditional PutItem (half the write cost of a transaction).
-            put = puts[0]
-            try:
-                self._table.call(
-                    "put_item",
-                    Item=put["Item"],
-                    ConditionExpression=put["ConditionExpression"],
-                    ExpressionAttributeValues=put["ExpressionAttributeValues"],
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
-            except ConditionFailedError as failed:
-                return {events[0].id: EventRecord.from_item(failed.item, now_ms)}
-            return {}
+        puts = []
+        bounds = 0
+        for event in events:
+            put, bound = self._put_and_bound(event, now_ms)
+            puts.append({"Put": put})
+            bounds += bound
         # 4 MB of item data at most: checked exactly only when the bounds do not prove it.
-        small = sum(bound for _, bound in prepared) <= MAX_TRANSACTION_BYTES
-        return self._write_puts(events, [{"Put": p} for p in puts], now_ms, checked=small)
+        return self._write_puts(events, puts, now_ms, checked=bounds <= MAX_TRANSACTION_BYTES)
+
+    def _publish_one(self, event: Event, now_ms: int) -> dict[str, EventRecord | None]:
+        """One unordered event: a plain conditional PutItem (half the write cost of a
+        transaction), the Put of :meth:`_put_and_bound`."""
+        item, _ = self._item(event, min(event.occurred_at_ms, now_ms))
+        try:
+            self._table.call(
+                "put_item",
+                Item=item,
+                ConditionExpression=FREE,
+                ExpressionAttributeValues={":now": {"N": str(now_ms)}},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            return {event.id: _event_record(failed.raw, now_ms)}
+        return {}
 
     def _write_puts(
         self,
