@@ -432,18 +432,24 @@ class DynamoTable:
         """
         return self.put_item_if_free(marshal(item), now_ms)
 
+    def put_free(self, item: dict[str, Any], now_ms: int) -> None:
+        """PutItem of ``item`` (marshalled) on condition :data:`FREE`: no item at its key, or
+        only an expired one (past its TTL, not swept yet). A refusal raises
+        :class:`ConditionFailedError` holding the live item that refused it (ALL_OLD)."""
+        self.call(
+            "put_item",
+            Item=item,
+            ConditionExpression=FREE,
+            ExpressionAttributeValues={":now": {"N": str(now_ms)}},
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+
     def put_item_if_free(self, item: dict[str, Any], now_ms: int) -> bool:
         """:meth:`put_if_free` of an item already marshalled (``item`` gains the token)."""
         token = request_token()
         item[REQUEST_TOKEN] = {"S": token}
         try:
-            self.call(
-                "put_item",
-                Item=item,
-                ConditionExpression=FREE,
-                ExpressionAttributeValues={":now": {"N": str(now_ms)}},
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            self.put_free(item, now_ms)
         except ConditionFailedError as failed:
             # written_by on the one attribute it reads, without converting the whole item
             return failed.raw is not None and failed.raw.get(REQUEST_TOKEN) == {"S": token}

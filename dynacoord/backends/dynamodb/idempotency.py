@@ -14,7 +14,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus, _status
 from ...keys import IDEMPOTENCY_SK, idempotency_pk
-from ._table import FREE, ConditionFailedError, DynamoTable, to_av, unmarshal, values
+from ._table import ConditionFailedError, DynamoTable, to_av, unmarshal, values
 
 __all__ = ["DynamoDBIdempotencyStore"]
 
@@ -50,16 +50,10 @@ class DynamoDBIdempotencyStore:
             item["payload_hash"] = {"S": payload_hash}
         item["created_ms"] = {"N": str(now_ms)}
         try:
-            self._table.call(
-                "put_item",
-                Item=item,
-                # Free means: never claimed, released, swept, or expired (a completed result past
-                # its TTL, or the lease of a crashed call). Exactly one of two racing claims wins.
-                ConditionExpression=FREE,
-                ExpressionAttributeValues={":now": {"N": str(now_ms)}},
-                # A refused claim returns the record that refused it: a replay is one request.
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            # Free means: never claimed, released, swept, or expired (a completed result past its
+            # TTL, or the lease of a crashed call). Exactly one of two racing claims wins, and a
+            # refused claim returns the record that refused it: a replay is one request.
+            self._table.put_free(item, now_ms)
         except ConditionFailedError as failed:
             return ClaimResult(None, IdempotencyRecord.from_item(key, failed.item))
         return ClaimResult(Claim(key, token, expires, payload_hash))

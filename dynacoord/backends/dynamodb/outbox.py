@@ -301,13 +301,7 @@ class DynamoDBOutboxStore:
         transaction), the Put of :meth:`_put_and_bound`."""
         item, _ = self._item(event, min(event.occurred_at_ms, now_ms))
         try:
-            self._table.call(
-                "put_item",
-                Item=item,
-                ConditionExpression=FREE,
-                ExpressionAttributeValues={":now": {"N": str(now_ms)}},
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            self._table.put_free(item, now_ms)
         except ConditionFailedError as failed:
             return {event.id: _event_record(failed.raw, now_ms)}
         return {}
