@@ -958,7 +958,13 @@ def _beside_previous(results: dict[str, Any]) -> list[str]:
         + f" (run of {previous.get('generated_at', '?')}), where the design has changed since:",
         "",
         *_table(
-            ["measure", "this run", "previous committed run"],
+            [
+                "measure",
+                "this run",
+                f"report at `{previous['revision']}`"
+                if previous.get("revision")
+                else "the report replaced",
+            ],
             [[n, now.get(n, "—"), previous["figures"].get(n, "—")] for n in names],
         ),
     ]
