@@ -240,8 +240,7 @@ class Cache:
         encoded value, the expiry and the time it was computed from."""
         keys.validate_key(key, "cache key")
         now = now_ms(self.clock)
-        ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)  # _expiry, inlined
-        expires = None if ttl_ms is None else now + ttl_ms
+        expires = self._expiry(ttl, now)
         encoded = codec.encode(value)
         self._store.check_entry(key, encoded, expires)
         return encoded, expires, now

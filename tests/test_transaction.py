@@ -326,7 +326,7 @@ def test_a_new_events_item_holds_exactly_the_shared_pending_fields(moto_table, o
     store = backend.outbox._store
     for payload in (None, {"a": [1, "é", b"\x00"]}, "x" * 50):
         for metadata in (None, {"trace": "t"}):
-            for group in ({"g"} if ordered else {None, "g"}):
+            for group in {"g"} if ordered else {None, "g"}:
                 event = Event("t.x", payload, metadata=metadata, group=group, ordered=ordered)
                 seq = 7 if ordered else None
                 item, _ = store._item(event, 1_700_000_000_123, seq)

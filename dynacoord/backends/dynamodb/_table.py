@@ -116,7 +116,7 @@ class CountingToken:
     """The expression parts of one counting write's request token (see COUNT_WINDOW_MS).
     ``names`` is shared by the writes of one bucket: read it, never change it."""
 
-    __slots__ = ("names", "slots", "token", "values")
+    __slots__ = ("names", "slots", "token")
 
     def __init__(self, now_ms: int) -> None:
         bucket = now_ms // COUNT_WINDOW_MS
@@ -125,9 +125,15 @@ class CountingToken:
             parts = _new_bucket_parts(bucket)
         _, self.slots, self.names = parts
         # secrets.token_urlsafe(8) (11 characters), without its Python frames
-        token = b2a_base64(os.urandom(8), newline=False)[:11].translate(_URLSAFE).decode("ascii")
-        self.token = token
-        self.values = {"rqt": token, "rqs": {token}}
+        self.token = (
+            b2a_base64(os.urandom(8), newline=False)[:11].translate(_URLSAFE).decode("ascii")
+        )
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """``:rqt`` (the token) and ``:rqs`` (the set to ADD) for :func:`values`; made when asked
+        (the counters and ``cache.incr`` marshal the two themselves)."""
+        return {"rqt": self.token, "rqs": {self.token}}
 
     #: the condition part: this token was not applied yet
     condition = "(NOT contains(#rqa, :rqt) AND NOT contains(#rqb, :rqt))"

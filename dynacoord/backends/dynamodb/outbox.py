@@ -174,14 +174,18 @@ class DynamoDBOutboxStore:
         return k.gsi1pk, k.gsi1sk
 
     def _record_index(self, event: Event, status: EventStatus, due_ms: int) -> tuple[str, str]:
-        """The index entry of ``event``: ordered events are sharded by their group, so the
-        events of a group share one queue and one worker sees them together."""
+        """The index entry of ``event`` in ``status``: its partition and sort key."""
+        return self._index_pk(event, status), outbox_index_sk(due_ms, event.id)
+
+    def _index_pk(self, event: Event, status: EventStatus) -> str:
+        """The gsi1 partition of ``event`` in ``status``: ordered events are sharded by their
+        group, so the events of a group share one queue and one worker sees them together."""
         shard = 0 if self._own_shards <= 1 else shard_of(order_key(event), self._own_shards)
         # each partition is built (and its namespace checked) once: a few statuses and shards
         gpk = self._index_pks.get((status, shard))
         if gpk is None:
             gpk = self._index_pks[(status, shard)] = outbox_index_pk(self._ns, status.value, shard)
-        return gpk, outbox_index_sk(due_ms, event.id)
+        return gpk
 
     def _item(
         self, event: Event, due_ms: int, seq: int | None = None
@@ -198,14 +202,7 @@ class DynamoDBOutboxStore:
             pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES and len(gsk) <= MAX_SORT_KEY_BYTES
         ):
             pk, gsk = outbox_pk(self._ns, event_id), outbox_index_sk(due_ms, event_id)
-        shards = self._own_shards
-        # sharded as _record_index shards it (by the group for an ordered event)
-        shard = (
-            0 if shards <= 1 else shard_of(order_key(event) if event.ordered else event_id, shards)
-        )
-        gpk = self._index_pks.get((EventStatus.PENDING, shard))
-        if gpk is None:
-            gpk = self._record_index(event, EventStatus.PENDING, due_ms)[0]
+        gpk = self._index_pk(event, EventStatus.PENDING)
         event_type = event.type
         payload = codec.encode(event.payload)
         item: dict[str, Any] = {
