@@ -23,7 +23,7 @@ import base64
 import decimal
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from .errors import InvalidValueError, ValueTooLargeError
@@ -62,15 +62,16 @@ _SCAN_ONCE: Callable[[str, int], tuple[Any, int]]
 _SCAN_ONCE = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _encoder(**options: Any) -> Callable[[Any], str]:
-    """A JSON encoder made once for every call. ``JSONEncoder.encode`` builds its C encoder
-    anew on each call; where the C accelerator exists it is built here once (with no
-    circular-reference markers: the codec's walk bounds the depth before anything is encoded)."""
+def _encoder(**options: Any) -> Callable[[Any, int], Sequence[str]]:
+    """A JSON encoder made once for every call, as a function of (tree, 0) giving the text's
+    chunks. ``JSONEncoder.encode`` builds its C encoder anew on each call; where the C
+    accelerator exists it is built here once (with no circular-reference markers: the codec's
+    walk bounds the depth before anything is encoded)."""
     encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, **options)
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # pragma: no cover - CPython has the accelerator
-        return encoder.encode
-    chunks = make(
+        return lambda tree, _: (encoder.encode(tree),)
+    chunks: Callable[[Any, int], Sequence[str]] = make(
         None,
         encoder.default,
         json.encoder.encode_basestring,
@@ -81,11 +82,7 @@ def _encoder(**options: Any) -> Callable[[Any], str]:
         False,
         False,
     )
-
-    def encode(tree: Any) -> str:
-        return "".join(chunks(tree, 0))
-
-    return encode
+    return chunks
 
 
 _ENCODE = _encoder(separators=(",", ":"))
@@ -217,16 +214,6 @@ def _to_jsonable(value: Any, depth: int) -> Any:
     )
 
 
-def _tree(value: Any) -> Any:
-    """``value`` as a tree of JSON types, or :class:`InvalidValueError` naming where it is not."""
-    try:
-        return _to_jsonable(value, 0)
-    except _UnstorableError as bad:
-        raise bad.error("value") from None
-    except RecursionError as exc:  # pragma: no cover - depth check fires first
-        raise InvalidValueError("value is recursive") from exc
-
-
 def _from_jsonable(obj: Any) -> Any:
     # Top-down (not json's bottom-up object_hook): the contents of an escaped "$$" dict are user
     # data and must not be read as tags themselves.
@@ -259,16 +246,22 @@ def encode(value: Any) -> str:
         return "null"
     elif cls is bool:
         return "true" if value else "false"
-    return _text(_ENCODE, _tree(value))
+    return _text(_ENCODE, value)
 
 
 #: ints below this written by str() directly (far under any int_max_str_digits limit)
 _SMALL_INT = 10**18
 
 
-def _text(encode: Callable[[Any], str], tree: Any) -> str:
+def _text(chunks: Callable[[Any, int], Sequence[str]], value: Any) -> str:
+    """``value`` as JSON text written by ``chunks`` (an :func:`_encoder`), or
+    :class:`InvalidValueError` naming where it is not storable."""
     try:
-        text = encode(tree)
+        tree = _to_jsonable(value, 0)
+    except _UnstorableError as bad:
+        raise bad.error("value") from None
+    try:
+        text = "".join(chunks(tree, 0))
     except ValueError as exc:  # an int over a lower sys.set_int_max_str_digits() of this process
         raise InvalidValueError(f"value cannot be encoded: {exc}") from exc
     if not text.isascii():
@@ -289,7 +282,7 @@ def canonical(value: Any) -> str:
     The same text as ``json.dumps(json.loads(encode(value)), sort_keys=True,
     ensure_ascii=False)``, without the round trip.
     """
-    return _text(_CANONICAL, _tree(value))
+    return _text(_CANONICAL, value)
 
 
 def decode(text: str | bytes) -> Any:

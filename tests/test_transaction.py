@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dynacoord import (
     DuplicateEventError,
@@ -371,3 +373,85 @@ def test_a_new_events_keys_are_the_key_functions_for_any_id(moto_table):
     for too_long in ("x" * 1010, "é" * 510):
         with pytest.raises(InvalidKeyError, match="too long for a sort key"):
             store._item(Event("t", None, id=too_long), 1_700_000_000_123)
+
+
+@pytest.mark.parametrize("shards", [1, 4, 7])
+def test_a_new_events_index_partition_is_its_shards_pending_queue(moto_table, shards):
+    """The store picks a new event's gsi1 partition from its precomputed pending queues: the
+    partition _record_index gives it (by event id, or by group for an ordered event)."""
+    client, table = moto_table
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"), shards=shards)
+    store = backend.outbox._store
+    now = 1_700_000_000_123
+    seen = set()
+    for i in range(60):
+        for group, ordered in ((None, False), (f"g{i}", False), (f"g{i}", True)):
+            event = Event("t", None, id=f"e{i}-{group}-{ordered}", group=group, ordered=ordered)
+            item, _ = store._item(event, now, 3 if ordered else None)
+            expected, _ = store._record_index(event, EventStatus.PENDING, now)
+            assert item["gsi1pk"]["S"] == expected
+            seen.add(expected)
+    assert len(seen) == shards, "every shard's queue is used"
+
+
+_ENTRY_OPS = st.one_of(
+    # a Put into the dynacoord table "t" (string keys: the short path), a few keys only, so
+    # that the same item comes up twice
+    st.tuples(st.just("put"), st.sampled_from("abc"), st.sampled_from("xy"), st.integers(0, 400)),
+    # a Put into "t" with a number sort key, into another table, a keyed operation on it
+    st.tuples(st.just("put-n"), st.sampled_from("ab"), st.integers(0, 2), st.integers(0, 40)),
+    st.tuples(st.just("put-other"), st.sampled_from("ab"), st.just(""), st.integers(0, 40)),
+    st.tuples(st.just("delete-other"), st.sampled_from("ab"), st.just(""), st.just(0)),
+    st.tuples(st.just("delete"), st.sampled_from("abc"), st.sampled_from("xy"), st.just(0)),
+)
+
+
+def _entry(op: tuple[str, str, Any, int]) -> tuple[Any, dict[str, Any]]:
+    kind, pk, sk, size = op
+    if kind == "put":
+        item = {"pk": {"S": pk}, "sk": {"S": sk}, "v": {"S": "v" * size}}
+        return ("put into", "t"), {"Put": {"TableName": "t", "Item": item}}
+    if kind == "put-n":
+        item = {"pk": {"S": pk}, "sk": {"N": str(sk)}, "v": {"S": "v" * size}}
+        return ("put into", "t"), {"Put": {"TableName": "t", "Item": item}}
+    if kind == "put-other":
+        item = {"pk": {"S": pk}, "v": {"S": "v" * size}}
+        return ("put into", "o"), {"Put": {"TableName": "o", "Item": item}}
+    if kind == "delete-other":
+        return ("delete from", "o"), {"Delete": {"TableName": "o", "Key": {"pk": {"S": pk}}}}
+    key = {"pk": {"S": pk}, "sk": {"S": sk}}
+    return ("delete from", "t"), {"Delete": {"TableName": "t", "Key": key}}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_ENTRY_OPS, st.booleans()), max_size=12))
+def test_adding_one_entry_leaves_what_the_general_path_leaves(ops):
+    """A single add takes a short path for a plain Put with string keys into a pk/sk table:
+    after any sequence of adds, with or without event ids, near the item and byte limits, the
+    transaction holds what the general path would hold, and refuses what it refuses, with the
+    same error."""
+    import copy
+    import types
+
+    from dynacoord.backends.dynamodb.transaction import Transaction, _entry_size
+
+    table = types.SimpleNamespace(name="t")
+    short = Transaction(table, max_items=6, max_bytes=900)
+    general = Transaction(table, max_items=6, max_bytes=900)
+    for index, (op, is_event) in enumerate(ops):
+        label, entry = _entry(op)
+        event_id = f"e{index}" if is_event else None
+        bound = 2 * _entry_size(entry)  # an upper bound, as the outbox hands over
+        outcomes = []
+        for tx in (short, general):
+            try:
+                if tx is short:
+                    tx._add_entry(label, event_id, copy.deepcopy(entry), bound)
+                else:
+                    tx._add_entries([(label, event_id, copy.deepcopy(entry), bound)])
+                outcomes.append(None)
+            except (InvalidValueError, TransactionTooLargeError) as exc:
+                outcomes.append((type(exc), str(exc)))
+        assert outcomes[0] == outcomes[1]
+        for slot in Transaction.__slots__:
+            assert getattr(short, slot) == getattr(general, slot), slot

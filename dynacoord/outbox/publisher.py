@@ -81,16 +81,23 @@ class Outbox:
         With ``tx`` (from ``backend.transaction()``): the events are added to that transaction and
         written when it commits, together with the caller's own writes.
         """
-        items = _as_events(events)
         if tx is not None:
+            if type(events) is Event:  # one event, the usual: added in the fewest steps
+                event_id = events.id
+                # now_ms(self.clock), inline
+                entry, bound = self._store.transaction_entry(events, int(self.clock.time() * 1000))
+                tx._add_entry(("publish event", event_id), event_id, entry, bound)
+                return [event_id]
+            items = _as_events(events)
             now = now_ms(self.clock)
             tx._add_entries(
                 [
-                    (f"publish event {e.id!r}", e.id, *self._store.transaction_entry(e, now))
+                    (("publish event", e.id), e.id, *self._store.transaction_entry(e, now))
                     for e in items
                 ]
             )
             return [e.id for e in items]
+        items = _as_events(events)
         if len(items) > MAX_EVENTS_PER_PUBLISH:
             raise TransactionTooLargeError(
                 f"publish of {len(items)} events: at most {MAX_EVENTS_PER_PUBLISH} events are "

@@ -51,10 +51,17 @@ class Outcome:
 
 class TransactionEntries(Protocol):
     """What ``Outbox.publish(tx=...)`` needs of a transaction: a way to add prepared entries
-    (what, event id, the backend's entry, an upper bound on its bytes or None). The DynamoDB
-    backend's ``Transaction`` is one."""
+    (a label ``(what is done, to what)`` for messages, the event id, the backend's entry, an
+    upper bound on its bytes or None). The DynamoDB backend's ``Transaction`` is one."""
 
-    def _add_entries(self, entries: list[tuple[str, str | None, Any, int | None]]) -> None: ...
+    def _add_entries(
+        self, entries: list[tuple[tuple[str, str], str | None, Any, int | None]]
+    ) -> None: ...
+
+    def _add_entry(
+        self, label: tuple[str, str], event_id: str | None, entry: Any, bound: int
+    ) -> None:
+        """One entry, with a bound (what publishing a single event adds)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from zlib import crc32
 
 from ... import codec
 from ...errors import InvalidKeyError, NotSupportedError, TransactionCancelledError
@@ -125,6 +126,10 @@ class DynamoDBOutboxStore:
         self._index_pks: dict[tuple[EventStatus, int], str] = {}  # (status, shard) -> gsi1pk
         # what outbox_pk puts before an event id (taken from it, so the two cannot differ)
         self._pk_prefix = outbox_pk(namespace, "x")[:-1]
+        # the pending queue's partition of each shard: where every new event goes
+        self._pending_pks = [
+            outbox_index_pk(namespace, EventStatus.PENDING.value, shard) for shard in range(shards)
+        ]
 
     # -- the namespace's shard count ----------------------------------------------------------------
     # Publishers record the most shards they use on one item; workers read it and poll that many,
@@ -188,21 +193,33 @@ class DynamoDBOutboxStore:
         return gpk
 
     def _item(
-        self, event: Event, due_ms: int, seq: int | None = None
+        self, event: Event, now_ms: int, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
         """The stored item of a new event, marshalled, and a bound on its size (bytes): 4 a
         character of a name or string, 21 a number (every field is a str or a small int).
 
-        The fields are :func:`pending_fields`' (same names, same order), built here straight as
-        attribute values: this runs once per published event."""
+        The event is due when it occurred, never later than ``now_ms``: the stored item then
+        depends only on the event, not on the moment of publishing, so a retried
+        TransactWriteItems with the same ClientRequestToken is the identical request DynamoDB
+        recognises. The fields are :func:`pending_fields`' (same names, same order), built here
+        straight as attribute values: this runs once per published event."""
         event_id = event.id  # a valid key: an Event checks its id when made
+        occurred_ms = int(event.occurred_at * 1000)  # Event.occurred_at_ms
+        due_ms = occurred_ms if occurred_ms < now_ms else now_ms
         pk = self._pk_prefix + event_id
         gsk = f"{due_ms:015d}#{event_id}"  # outbox_index_sk's, checked below with the pk
         if not (
             pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES and len(gsk) <= MAX_SORT_KEY_BYTES
         ):
             pk, gsk = outbox_pk(self._ns, event_id), outbox_index_sk(due_ms, event_id)
-        gpk = self._index_pk(event, EventStatus.PENDING)
+        shards = self._own_shards
+        if shards <= 1:
+            gpk = self._pending_pks[0]
+        elif event.ordered:
+            gpk = self._index_pk(event, EventStatus.PENDING)
+        else:
+            # shard_of(event_id, shards), the shard _index_pk gives an unordered event
+            gpk = self._pending_pks[crc32(event_id.encode("utf-8", "surrogatepass")) % shards]
         event_type = event.type
         payload = codec.encode(event.payload)
         item: dict[str, Any] = {
@@ -213,7 +230,7 @@ class DynamoDBOutboxStore:
             "event_id": {"S": event_id},
             "event_type": {"S": event_type},
             "payload": {"S": payload},
-            "occurred_at_ms": {"N": str(event.occurred_at_ms)},
+            "occurred_at_ms": {"N": str(occurred_ms)},
             "status": {"S": _PENDING},
             "attempts": {"N": "0"},
             "due_ms": {"N": str(due_ms)},
@@ -254,11 +271,7 @@ class DynamoDBOutboxStore:
     def _put_and_bound(
         self, event: Event, now_ms: int, *, stable: bool = False, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
-        # Due when it occurred (never later than now). The stored item then depends only on the
-        # event, not on the moment of publishing, so a retried TransactWriteItems with the same
-        # ClientRequestToken is the identical request DynamoDB recognises.
-        due = min(event.occurred_at_ms, now_ms)
-        item, bound = self._item(event, due, seq)
+        item, bound = self._item(event, now_ms, seq)
         return {
             "TableName": self._table.name,
             "Item": item,
@@ -267,7 +280,9 @@ class DynamoDBOutboxStore:
             # request does not depend on the publishing moment and a retry with the same
             # ClientRequestToken is the identical request DynamoDB expects.
             "ConditionExpression": FREE,
-            "ExpressionAttributeValues": {":now": {"N": str(due if stable else now_ms)}},
+            "ExpressionAttributeValues": {
+                ":now": {"N": item["due_ms"]["N"] if stable else str(now_ms)}
+            },
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }, bound + _EXPRESSION_VALUE_BOUND  # the item's bound, plus ":now" (a number)
 
@@ -296,7 +311,7 @@ class DynamoDBOutboxStore:
     def _publish_one(self, event: Event, now_ms: int) -> dict[str, EventRecord | None]:
         """One unordered event: a plain conditional PutItem (half the write cost of a
         transaction), the Put of :meth:`_put_and_bound`."""
-        item, _ = self._item(event, min(event.occurred_at_ms, now_ms))
+        item, _ = self._item(event, now_ms)
         try:
             self._table.put_free(item, now_ms)
         except ConditionFailedError as failed:
@@ -400,7 +415,8 @@ class DynamoDBOutboxStore:
                 "backend.outbox.publish() (one transaction with the group's gate), not inside "
                 "backend.transaction()"
             )
-        self._record_shards()
+        if not self._shards_written:
+            self._record_shards()
         put, bound = self._put_and_bound(event, now_ms, stable=True)
         return {"Put": put}, bound
 
