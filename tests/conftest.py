@@ -83,9 +83,7 @@ def moto_table() -> Iterator[tuple[Any, str]]:
 def _dynamodb_factory(client: Any, table: str) -> BackendFactory:
     from dynacoord.backends.dynamodb import DynamoDBBackend
 
-    def make(
-        *, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any
-    ) -> Backend:
+    def make(*, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any) -> Backend:
         return DynamoDBBackend(
             client,
             table_name=table,

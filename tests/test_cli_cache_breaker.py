@@ -116,7 +116,15 @@ def test_json_output_is_lossless_for_bytes_and_decimals(capsys):
     from dynacoord._cli.common import Context, emit
 
     ctx = Context(argparse.Namespace(json=True))
-    emit(ctx, {"b": b"\xff\x00ok", "d": Decimal("1.10"), "big": Decimal("12345678901234567890.123456789012345678"), "n": Decimal("7")})
+    emit(
+        ctx,
+        {
+            "b": b"\xff\x00ok",
+            "d": Decimal("1.10"),
+            "big": Decimal("12345678901234567890.123456789012345678"),
+            "n": Decimal("7"),
+        },
+    )
     out = json.loads(capsys.readouterr().out)
     assert base64.b64decode(out["b"]["$bytes"]) == b"\xff\x00ok"
     assert out["d"] == {"$decimal": "1.10"}

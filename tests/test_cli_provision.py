@@ -236,5 +236,7 @@ def test_table_verify_without_ttl_is_a_warning_with_exit_0(
 
 
 def test_capacities_without_provisioned_billing_are_refused(run: Run, local: list[str]) -> None:
-    code, _, err = run(*local, "--table", unique_name("cap"), "table", "create", "--read-capacity", "3")
+    code, _, err = run(
+        *local, "--table", unique_name("cap"), "table", "create", "--read-capacity", "3"
+    )
     assert code == 2 and "PROVISIONED only" in err

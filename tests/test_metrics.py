@@ -14,7 +14,12 @@ import time
 
 import pytest
 
-from dynacoord import CircuitOpenError, ConfigurationError, IdempotencyInProgressError
+from dynacoord import (
+    CircuitOpenError,
+    ConfigurationError,
+    IdempotencyInProgressError,
+    TransactionCancelledError,
+)
 from dynacoord.metrics import NO_METRICS, NO_SCOPE, EMFMetrics, LoggingMetrics, Metrics
 from dynacoord.outbox import Event
 
@@ -465,6 +470,35 @@ def test_outbox_metrics(make_backend):
     assert published[1] == 2
     latency = next(p for p in recorder.points if p[0] == "OutboxDeliveryLatency")
     assert latency[2] == "Milliseconds" and latency[1] >= 2000
+
+
+def test_events_published_in_a_transaction_are_counted_when_it_commits(ddb_table):
+    """OutboxPublished counts a transaction's events once it has committed them, and never the
+    events of a transaction that was discarded or refused."""
+    from tests.conftest import _dynamodb_factory
+
+    recorder = Recorder()
+    backend = _dynamodb_factory(*ddb_table)(metrics=recorder)
+
+    def published():
+        return [p[1] for p in recorder.points if p[0] == "OutboxPublished"]
+
+    with backend.transaction() as tx:
+        tx.publish([Event("a", {}), Event("b", {})])
+        tx.publish(Event("c", {}))
+        assert published() == [], "nothing is counted before the commit"
+    assert sum(published()) == 3
+    with pytest.raises(RuntimeError), backend.transaction() as tx:
+        tx.publish(Event("d", {}))
+        raise RuntimeError("the block fails: nothing is written")
+    taken = Event("e", {})
+    backend.outbox.publish(taken)
+    with pytest.raises(TransactionCancelledError), backend.transaction() as tx:
+        tx.publish(Event("f", {}))
+        tx.publish(taken)  # already stored: the transaction is refused
+    with backend.transaction() as tx:
+        tx.put(backend.table.name, {"pk": "business", "sk": "row"})
+    assert sum(published()) == 4, "the direct publish of e; no other transaction counted"
 
 
 def test_runs_metrics(make_backend):

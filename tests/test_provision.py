@@ -302,7 +302,9 @@ def test_ensure_table_refuses_to_move_ttl_from_another_attribute(moto_ddb: Any) 
     assert ttl["AttributeName"] == "exp"
 
 
-def test_ensure_table_refuses_a_table_with_another_key_schema_and_changes_nothing(moto_ddb: Any) -> None:
+def test_ensure_table_refuses_a_table_with_another_key_schema_and_changes_nothing(
+    moto_ddb: Any,
+) -> None:
     from dynacoord import ConfigurationError
 
     moto_ddb.create_table(

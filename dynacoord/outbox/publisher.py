@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,8 @@ class Outbox:
                 # now_ms(self.clock), inline
                 entry, bound = self._store.transaction_entry(events, int(self.clock.time() * 1000))
                 tx._add_entry(("publish event", event_id), event_id, entry, bound)
+                if self._metrics.enabled:  # counted once written, as a direct publish is
+                    tx._on_commit(functools.partial(self._metrics.count, "OutboxPublished", 1))
                 return [event_id]
             items = _as_events(events)
             now = now_ms(self.clock)
@@ -96,6 +99,9 @@ class Outbox:
                     for e in items
                 ]
             )
+            if self._metrics.enabled and items:
+                count = functools.partial(self._metrics.count, "OutboxPublished", len(items))
+                tx._on_commit(count)
             return [e.id for e in items]
         items = _as_events(events)
         if len(items) > MAX_EVENTS_PER_PUBLISH:

@@ -3,7 +3,7 @@ small result types of the management calls."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -52,7 +52,8 @@ class Outcome:
 class TransactionEntries(Protocol):
     """What ``Outbox.publish(tx=...)`` needs of a transaction: a way to add prepared entries
     (a label ``(what is done, to what)`` for messages, the event id, the backend's entry, an
-    upper bound on its bytes or None). The DynamoDB backend's ``Transaction`` is one."""
+    upper bound on its bytes or None), and a way to act once it has committed. The DynamoDB
+    backend's ``Transaction`` is one."""
 
     def _add_entries(
         self, entries: list[tuple[tuple[str, str], str | None, Any, int | None]]
@@ -62,6 +63,9 @@ class TransactionEntries(Protocol):
         self, label: tuple[str, str], event_id: str | None, entry: Any, bound: int
     ) -> None:
         """One entry, with a bound (what publishing a single event adds)."""
+
+    def _on_commit(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once the transaction has committed."""
 
 
 @dataclass(frozen=True, slots=True)

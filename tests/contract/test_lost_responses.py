@@ -164,10 +164,10 @@ def test_outbox_claim_with_a_lost_response_delivers_in_the_same_pass(lossy):
     backend = lossy.backend()
     backend.outbox.publish(Event("t", {"n": 1}, id="e1"))
     seen: list[int] = []
-    worker = backend.outbox.worker(
-        lambda e: seen.append(e.attempt), max_attempts=1, batch_claim=False
-    ) if _has_batch_claim(backend) else backend.outbox.worker(
-        lambda e: seen.append(e.attempt), max_attempts=1
+    worker = (
+        backend.outbox.worker(lambda e: seen.append(e.attempt), max_attempts=1, batch_claim=False)
+        if _has_batch_claim(backend)
+        else backend.outbox.worker(lambda e: seen.append(e.attempt), max_attempts=1)
     )
     lossy.lose_next(operation=UPDATE[lossy.kind])
     assert worker.run_once() == 1

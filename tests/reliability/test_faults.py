@@ -222,7 +222,7 @@ def _half_processed_batch_get(request: Any) -> AWSResponse:
     """Send only the first half of a BatchGetItem's keys; report the rest unprocessed, in the
     wire format DynamoDB uses under throttling."""
     body = json.loads(request.body)
-    (table, spec), = body["RequestItems"].items()
+    ((table, spec),) = body["RequestItems"].items()
     keys = spec["Keys"]
     half, rest = keys[: len(keys) // 2], keys[len(keys) // 2 :]
     sent = {**body, "RequestItems": {table: {**spec, "Keys": half}}}

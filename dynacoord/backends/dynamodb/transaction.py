@@ -35,7 +35,7 @@ a lost response are idempotent for 10 minutes; pass ``client_request_token=`` to
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -360,6 +360,7 @@ class Transaction:
 
     # slots: a transaction is made per request, and a plain object is cheaper to fill and read
     __slots__ = (
+        "_after_commit",
         "_bound_bytes",
         "_event_ids",
         "_exact_bytes",
@@ -404,6 +405,7 @@ class Transaction:
         # an add compares only its own entries with what is collected.
         self._seen: dict[tuple[str, Any], int] = {}
         self._state = "new"  # new -> open -> committed | discarded
+        self._after_commit: list[Callable[[], object]] | None = None
 
     # -- collecting -------------------------------------------------------------------------------
 
@@ -417,6 +419,13 @@ class Transaction:
     def _check_open(self) -> None:
         if self._state in ("committed", "discarded"):
             raise RuntimeError(f"this transaction is already {self._state}")
+
+    def _on_commit(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once this transaction has committed (never if it is discarded or
+        refused): how the outbox counts the events it added (``OutboxPublished``)."""
+        if self._after_commit is None:
+            self._after_commit = []
+        self._after_commit.append(callback)
 
     def _add_entries(
         self, entries: list[tuple[Label, str | None, dict[str, Any], int | None]]
@@ -701,6 +710,9 @@ class Transaction:
             self._state = "discarded"
             raise
         self._state = "committed"
+        if self._after_commit is not None:
+            for callback in self._after_commit:
+                callback()
 
     def _missing_table(self, error: TableNotReadyError) -> TableNotReadyError:
         """DynamoDB says only "resource not found": name the table of this transaction that is
