@@ -14,12 +14,15 @@ __all__ = [
     "OutboxStats",
     "OutboxStore",
     "Outcome",
+    "OutcomeKind",
     "RetryOutcome",
     "RetryReport",
     "TransactionEntries",
 ]
 
 RetryOutcome = Literal["retried", "not_found", "not_failed"]
+#: what a worker decided for an event it holds (see :class:`Outcome`)
+OutcomeKind = Literal["completed", "pending", "failed"]
 
 #: An ordered event whose group's head is still undelivered is not claimable; a claim that finds
 #: it so postpones it by this much (or to the head's retry time, when later), so that it does not
@@ -37,7 +40,7 @@ class Outcome:
     """
 
     record: EventRecord
-    kind: Literal["completed", "pending", "failed"]
+    kind: OutcomeKind
     due_ms: int = 0
     error: str | None = None
     count_attempt: bool = True
@@ -194,7 +197,10 @@ class OutboxStore(Protocol):
         ...
 
     def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        """Mark completed (kept ``retention_ms``, or deleted when None) while ``token`` holds it."""
+        """Mark completed (kept ``retention_ms``, or deleted when None) while ``token`` holds it.
+
+        These one-event outcomes move an ordered group's gate as :meth:`finish_many` does, and
+        report True for a write of this very outcome whose answer was lost."""
         ...
 
     def reschedule(

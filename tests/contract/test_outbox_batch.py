@@ -531,3 +531,50 @@ def test_the_per_event_design_keeps_ordered_groups_in_order(make_backend):
         worker.run_once()
         clock.advance(2)
     assert delivered == ["q0", "q1", "q2"]
+
+
+def test_the_one_event_outcomes_keep_an_ordered_group_going(make_backend):
+    """A store's one-event complete, reschedule and fail (the outcome of an event known by id)
+    move an ordered group's gate as a batch's outcomes do: completing or failing the head lets
+    its follower be claimed; each recognises its own write when the answer to it was lost."""
+    import uuid
+
+    from dynacoord.outbox import ORDERED_RECHECK_MS
+
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    store = outbox._store
+    outbox.publish([Event("t", i, group="g", ordered=True, id=f"o{i}") for i in range(3)])
+
+    def now() -> int:
+        return int(clock.time() * 1000)
+
+    def claim(event_id: str) -> str | None:
+        token = uuid.uuid4().hex
+        seen = store.get(event_id, now())
+        got = store.claim(seen, token, now() + 30_000, now())
+        return None if got is None else token
+
+    head = claim("o0")
+    assert head is not None
+    assert claim("o1") is None, "behind its head"
+    clock.advance(ORDERED_RECHECK_MS / 1000 + 1)
+    assert store.reschedule("o0", head, now() + 5_000, "downstream down", now()) is True
+    assert outbox.get("o0").status is EventStatus.PENDING
+    clock.advance(6)
+    head = claim("o0")
+    assert head is not None
+    assert store.complete("o0", head, now(), 60_000) is True
+    assert store.complete("o0", head, now(), 60_000) is True, "its own write, seen again"
+    clock.advance(ORDERED_RECHECK_MS / 1000 + 1)
+    follower = claim("o1")
+    assert follower is not None, "the gate moved past the completed head"
+    assert store.fail("o1", follower, "poison", now()) is True
+    assert store.fail("o1", follower, "poison", now()) is True, "its own write, seen again"
+    assert outbox.get("o1").status is EventStatus.FAILED
+    clock.advance(ORDERED_RECHECK_MS / 1000 + 1)
+    last = claim("o2")
+    assert last is not None, "a failed event lets its group go on"
+    assert store.complete("o2", last, now(), None) is True
+    assert outbox.get("o2") is None
+    assert store.complete("o2", uuid.uuid4().hex, now(), 60_000) is False, "not its claim"

@@ -43,6 +43,7 @@ from ...outbox import (
     EventRecord,
     EventStatus,
     Outcome,
+    OutcomeKind,
     RetryOutcome,
     order_key,
 )
@@ -981,32 +982,7 @@ class DynamoDBOutboxStore:
         )
 
     def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        if retention_ms is None:
-            try:
-                self._table.call(
-                    "delete_item",
-                    Key=self._key(event_id),
-                    ConditionExpression=_HOLDS_LEASE,
-                    ExpressionAttributeNames=_NAMES,
-                    ExpressionAttributeValues=values(
-                        in_flight=EventStatus.IN_FLIGHT.value, token=token
-                    ),
-                )
-            except ConditionFailedError:
-                return False
-            return True
-        expires = now_ms + retention_ms
-        return self._if_held(
-            event_id,
-            token,
-            "SET #status = :completed, completed_ms = :now, updated_ms = :now, "
-            "expires_at_ms = :exp, #ttl = :ttl REMOVE gsi1pk, gsi1sk, lease_token, due_ms",
-            {"#ttl": "ttl"},
-            completed=EventStatus.COMPLETED.value,
-            now=now_ms,
-            exp=expires,
-            ttl=math.ceil(expires / 1000),
-        )
+        return self._finish_one(event_id, "completed", token, now_ms, retention_ms)
 
     def reschedule(
         self,
@@ -1018,38 +994,40 @@ class DynamoDBOutboxStore:
         *,
         count_attempt: bool = True,
     ) -> bool:
-        gpk, gsk = self._index(event_id, EventStatus.PENDING, due_ms)
-        update = (
-            "SET #status = :pending, due_ms = :due, gsi1pk = :gpk, gsi1sk = :gsk, updated_ms = :now"
+        return self._finish_one(
+            event_id,
+            "pending",
+            token,
+            now_ms,
+            None,
+            due_ms=due_ms,
+            error=error,
+            count_attempt=count_attempt,
         )
-        args: dict[str, Any] = {
-            "pending": EventStatus.PENDING.value,
-            "due": due_ms,
-            "gpk": gpk,
-            "gsk": gsk,
-            "now": now_ms,
-        }
-        if error is not None:
-            update += ", last_error = :err"
-            args["err"] = error
-        if not count_attempt:
-            update += ", attempts = attempts - :one"
-            args["one"] = 1
-        return self._if_held(event_id, token, update + " REMOVE lease_token", **args)
 
     def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        gpk, gsk = self._index(event_id, EventStatus.FAILED, now_ms)
-        return self._if_held(
-            event_id,
-            token,
-            "SET #status = :failed, due_ms = :now, gsi1pk = :gpk, gsi1sk = :gsk, "
-            "updated_ms = :now, failed_ms = :now, last_error = :err REMOVE lease_token",
-            failed=EventStatus.FAILED.value,
-            now=now_ms,
-            gpk=gpk,
-            gsk=gsk,
-            err=error,
-        )
+        return self._finish_one(event_id, "failed", token, now_ms, None, error=error)
+
+    def _finish_one(
+        self,
+        event_id: str,
+        kind: OutcomeKind,
+        token: str,
+        now_ms: int,
+        retention_ms: int | None,
+        **options: Any,
+    ) -> bool:
+        """The outcome of an event known by id only: read it (its group, place and shard), then
+        :meth:`finish_many`'s write, which moves an ordered group's gate in the same transaction
+        and recognises a write of this very outcome whose answer was lost. Two requests: a
+        worker writes its outcomes with finish_many, from the records it claimed."""
+        record = self.get(event_id, now_ms)
+        if record is None:
+            # Gone: deleted by this very completion whose answer was lost, or never there.
+            return kind == "completed" and retention_ms is None
+        held = dataclasses.replace(record, lease_token=token)
+        [written] = self.finish_many([Outcome(held, kind, **options)], now_ms, retention_ms)
+        return written
 
     def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
         gpk, gsk = self._index(event_id, EventStatus.PENDING, now_ms)

@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import pymongo
 from pymongo import ReturnDocument
@@ -71,6 +71,7 @@ from ...outbox import (
     EventRecord,
     EventStatus,
     Outcome,
+    OutcomeKind,
     RetryOutcome,
     pending_fields,
 )
@@ -81,7 +82,6 @@ __all__ = ["MongoOutboxStore"]
 
 _IN_FLIGHT = EventStatus.IN_FLIGHT.value
 _GATE_SK = "GROUP"
-OutcomeKind = Literal["completed", "pending", "failed"]
 #: The statuses a claim takes an event from (pending, or in flight with an expired lease).
 _CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
 #: The widest place in a group the size check of a publish allows for (15 digits).
