@@ -491,7 +491,7 @@ def test_a_failed_event_retried_after_its_group_moved_on_is_claimable(env: Env) 
     one, _ = _by_seq(env.store)
     [c1] = env.store.claim_many([one], tokens(1), NOW + LEASE, NOW)
     env.store.finish_many([Outcome(c1, "failed", error="x")], NOW, None)
-    assert env.store.retry_failed(one.id, NOW) == "retried"
+    assert env.store.retry_failed(one.id, NOW, uuid.uuid4().hex) == "retried"
     [again] = [r for r in due(env.store) if r.id == one.id]
     assert [r.seq for r in env.store.claim_many([again], tokens(1), NOW + LEASE, NOW)] == [1]
 

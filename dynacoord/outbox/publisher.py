@@ -20,7 +20,7 @@ from ..errors import (
     TransactionTooLargeError,
 )
 from ..metrics import NO_SCOPE, MetricsScope
-from .event import Event, EventRecord, EventStatus
+from .event import Event, EventRecord, EventStatus, new_event_id
 from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
 from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
 
@@ -271,7 +271,7 @@ class Outbox:
             keys.validate_key(event_id, "event id")
         report = RetryReport([], [], [])
         for event_id in dict.fromkeys(id_list):
-            outcome = self._store.retry_failed(event_id, now_ms(self.clock))
+            outcome = self._store.retry_failed(event_id, now_ms(self.clock), new_event_id())
             if outcome == "retried":
                 report.retried.append(event_id)
             elif outcome == "not_found":

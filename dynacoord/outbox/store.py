@@ -221,6 +221,8 @@ class OutboxStore(Protocol):
         """Mark failed (listed under failed, kept forever) while ``token`` holds it."""
         ...
 
-    def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
-        """Move an existing failed event back to pending with its attempts reset; never creates."""
+    def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
+        """Move an existing failed event back to pending with its attempts reset; never creates.
+        ``token`` (random, one per retry) is stored with the move, so that a write of this very
+        retry whose answer was lost is recognised: "retried", not "not_failed"."""
         ...

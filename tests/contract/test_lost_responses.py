@@ -177,6 +177,31 @@ def test_outbox_claim_with_a_lost_response_delivers_in_the_same_pass(lossy):
     assert record is None or record.status == EventStatus.COMPLETED
 
 
+def test_outbox_retry_with_a_lost_response_reports_the_event_retried(lossy):
+    """A failed event moved back to pending by ``outbox.retry`` whose answer was lost: the
+    client's retry finds it pending, and the report still says retried, once."""
+    backend = lossy.backend()
+    outbox = backend.outbox
+    outbox.publish(Event("t", {"n": 1}, id="doomed"))
+
+    def poison(event):
+        raise RuntimeError("poison")
+
+    while outbox.worker(poison, max_attempts=1, heartbeat=False).run_once():
+        pass
+    assert outbox.get("doomed").status is EventStatus.FAILED
+    lossy.lose_next(
+        operation={"dynamodb": "UpdateItem", "redis": "EVALSHA", "mongo": "update_one"}[lossy.kind]
+    )
+    report = outbox.retry_report("doomed")
+    assert lossy.lost == 1
+    assert (report.retried, report.not_found, report.not_failed) == (["doomed"], [], [])
+    record = outbox.get("doomed")
+    assert record.status is EventStatus.PENDING and record.attempts == 0
+    # a second retry, by anyone, finds it pending: not failed
+    assert outbox.retry_report("doomed").not_failed == ["doomed"]
+
+
 def _has_batch_claim(backend) -> bool:
     import inspect
 

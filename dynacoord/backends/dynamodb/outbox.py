@@ -2,7 +2,10 @@
 
 Item: ``pk=OUTBOX#{ns}#{event_id}``, ``sk=EVENT``, ``event_id``, ``event_type``, ``payload`` and
 ``metadata`` (codec JSON text), ``event_group``, ``occurred_at_ms``, ``status``, ``attempts``,
-``due_ms``, ``lease_token`` (only while claimed), ``last_error``, ``updated_ms``.
+``due_ms``, ``lease_token`` (only while claimed), ``last_error``, ``updated_ms``, ``seq`` for an
+ordered event, ``finished_by`` (the lease token whose outcome was written last) and
+``retried_by`` (the token of the last ``outbox.retry``): a write sent again after its answer was
+lost finds its own token and recognises itself.
 
 Index: ``gsi1pk=OUTBOX#{ns}#{status}#{shard}``, ``gsi1sk={due_ms:015d}#{event_id}`` for pending,
 in_flight and failed; completed events drop both (they leave the index) and get ``expires_at_ms``
@@ -1029,7 +1032,7 @@ class DynamoDBOutboxStore:
         [written] = self.finish_many([Outcome(held, kind, **options)], now_ms, retention_ms)
         return written
 
-    def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
+    def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         gpk, gsk = self._index(event_id, EventStatus.PENDING, now_ms)
         try:
             self._table.call(
@@ -1039,7 +1042,7 @@ class DynamoDBOutboxStore:
                 ConditionExpression="attribute_exists(pk) AND #status = :failed",
                 UpdateExpression=(
                     "SET #status = :pending, attempts = :zero, due_ms = :now, gsi1pk = :gpk, "
-                    "gsi1sk = :gsk, updated_ms = :now, manual_retries = "
+                    "gsi1sk = :gsk, updated_ms = :now, retried_by = :token, manual_retries = "
                     "if_not_exists(manual_retries, :zero) + :one"
                 ),
                 ExpressionAttributeNames=_NAMES,
@@ -1051,10 +1054,13 @@ class DynamoDBOutboxStore:
                     now=now_ms,
                     gpk=gpk,
                     gsk=gsk,
+                    token=token,
                 ),
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
+            if failed.item is not None and failed.item.get("retried_by") == token:
+                return "retried"  # this very retry, applied, its answer lost
             return (
                 "not_found" if EventRecord.from_item(failed.item, now_ms) is None else "not_failed"
             )

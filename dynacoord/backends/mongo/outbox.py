@@ -10,7 +10,8 @@ both and get ``expires_at_ms`` plus ``expires_at`` (TTL monitor). The (gsi1pk, g
 
 Every state change after the claim is filtered on ``status = in_flight AND lease_token = mine``.
 Outcomes set ``finished_by`` = the lease token, so an outcome sent again after its response was
-lost recognises its own write (a completion without retention: the event is gone).
+lost recognises its own write (a completion without retention: the event is gone); a retry of a
+failed event sets ``retried_by`` = its own token for the same reason.
 
 Batches: ``claim_many`` is one ``bulk_write`` of conditional updates (unordered: one contended
 event never costs the others their claim) and one ``find`` of the events now holding the batch's
@@ -723,7 +724,7 @@ class MongoOutboxStore:
     def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
         return self._finish_one(event_id, "failed", token, now_ms, error=error)
 
-    def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
+    def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         with translate_errors("outbox retry"):
             result = self._c.update_one(
                 # Never creates (no upsert); only failed events move.
@@ -736,10 +737,14 @@ class MongoOutboxStore:
                         "gsi1pk": self._gpk(EventStatus.PENDING),
                         "gsi1sk": outbox_index_sk(now_ms, event_id),
                         "updated_ms": now_ms,
+                        "retried_by": token,
                     },
                     "$inc": {"manual_retries": 1},
                 },
             )
-        if result.matched_count == 1:
-            return "retried"
-        return "not_failed" if self.get(event_id, now_ms) is not None else "not_found"
+            if result.matched_count == 1:
+                return "retried"
+            stored = self._c.find_one(self._key(event_id))
+        if stored is not None and stored.get("retried_by") == token:
+            return "retried"  # this very retry, applied, its answer lost
+        return "not_failed" if EventRecord.from_item(stored, now_ms) is not None else "not_found"

@@ -4,8 +4,8 @@ Item: hash ``{OUTBOX#{ns}#0}|OUTBOX#{ns}#{event_id}`` with the DynamoDB item's a
 (``event_id``, ``event_type``, ``payload``/``metadata`` codec text, ``event_group``,
 ``occurred_at_ms``, ``status``, ``attempts``, ``due_ms``, ``lease_token`` while claimed,
 ``last_error``, ``updated_ms``, ``gsi1sk``, ``seq`` for an ordered event, ``finished_by`` = the
-lease token whose outcome was written last; completed events get ``completed_ms`` and
-``expires_at_ms``).
+lease token whose outcome was written last, ``retried_by`` = the token of the last
+``outbox.retry``; completed events get ``completed_ms`` and ``expires_at_ms``).
 Ordered group gate: hash ``{OUTBOX#{ns}#0}|grp|OUTBOX#{ns}#{group}`` with ``published`` (the last
 place handed out), ``published_ms``, ``next_seq`` (the smallest place not finished; absent = 1)
 and ``retry_due_ms`` (when the group's head waits for a retry). The publish script takes places
@@ -272,14 +272,20 @@ return result
 """
 )
 
-# KEYS[1]=item; ARGV: ..., new gsk. Replies 'retried' | 'not_found' | 'not_failed'.
+# KEYS[1]=item; ARGV: ..., new gsk, the retry's token. Replies 'retried' | 'not_found' |
+# 'not_failed'.
 _RETRY_FAILED = (
     _HEAD
     + """
 if not live(KEYS[1], now) then return 'not_found' end
-if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then return 'not_failed' end
+if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then
+  -- this very retry (ARGV[5], its token), run again after its answer was lost
+  if redis.call('HGET', KEYS[1], 'retried_by') == ARGV[5] then return 'retried' end
+  return 'not_failed'
+end
 move('pending', ARGV[4])
-redis.call('HSET', KEYS[1], 'attempts', 0, 'due_ms', ARGV[1], 'updated_ms', ARGV[1])
+redis.call('HSET', KEYS[1], 'attempts', 0, 'due_ms', ARGV[1], 'updated_ms', ARGV[1],
+  'retried_by', ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'manual_retries', 1)
 return 'retried'
 """
@@ -615,12 +621,12 @@ class RedisOutboxStore:
     def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
         return self._finish_one(event_id, "failed", token, now_ms, error=error)
 
-    def retry_failed(self, event_id: str, now_ms: int) -> RetryOutcome:
+    def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         outcome = as_str(
             self._conn.run(
                 _RETRY_FAILED,
                 [self._item(event_id)],
-                [*self._head(now_ms), outbox_index_sk(now_ms, event_id)],
+                [*self._head(now_ms), outbox_index_sk(now_ms, event_id), token],
                 "outbox retry",
             )
         )
