@@ -2,7 +2,9 @@
 
 Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``failures``,
 ``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
-``updated_ms``. No TTL: the state must outlive every process. An absent item means closed with no
+``updated_ms``; ``req`` (the request token of the last transition) and ``req_from`` (the state
+a trip or reset left), and the counting tokens ``rq0..rq2`` of failures, trial successes and
+joined trial slots, so that a write retried after its answer was lost recognises itself. No TTL: the state must outlive every process. An absent item means closed with no
 failures. ``reset`` closes the item in place instead of deleting it: ``trial_round`` must never go
 back, or a trial that was in flight across the reset would share its round number with a trial
 taken after it, and its late outcome would be applied to the new round.
@@ -13,6 +15,7 @@ several processes race for the same transition exactly one write succeeds.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,16 +39,29 @@ _NAMES = {"#st": "state"}
 _CLOSED = State.CLOSED.value
 _OPEN = State.OPEN.value
 _HALF = State.HALF_OPEN.value
-#: what trip and a failed trial round write: open now, the trial state cleared
+#: what trip and a failed trial round write: open now, the trial state cleared, and the
+#: request token (``#req``) that lets a retry of this very write recognise it
 _OPEN_UPDATE = (
     "SET #st = :open, opened_at_ms = :now, successes = :zero, trial_calls = :zero, "
-    "updated_ms = :now REMOVE trial_started_ms"
+    "updated_ms = :now, #req = :req{extra} REMOVE trial_started_ms"
 )
 #: what a successful trial round and reset write: closed, no failures; trial_round is kept
 _CLOSED_UPDATE = (
     "SET #st = :closed, failures = :zero, successes = :zero, trial_calls = :zero, "
-    "updated_ms = :now REMOVE opened_at_ms, trial_started_ms"
+    "updated_ms = :now, #req = :req{extra} REMOVE opened_at_ms, trial_started_ms"
 )
+#: trip and reset also keep the state they left (``req_from``): a retry of the write, refused
+#: because it applied, then still answers with the old state (operands are read before the write)
+_FROM = ", req_from = if_not_exists(#st, :closed)"
+#: a transition is not written twice by one request: its retry finds its own token and is refused
+_NOT_MINE = "(attribute_not_exists(#req) OR #req <> :req)"
+_REQ_NAMES = {"#req": REQUEST_TOKEN}
+
+
+def _as_before(item: Mapping[str, Any]) -> BreakerRecord:
+    """The record a transition's first answer held: the stored one, in the state it left."""
+    record = BreakerRecord.from_item(item)
+    return dataclasses.replace(record, state=_state(str(item.get("req_from", _CLOSED))))
 
 
 def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:
@@ -163,21 +179,27 @@ class DynamoDBBreakerStore:
         return attrs is not None
 
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
-        condition = None
-        # what values(open=, now=, zero=[, closed=, min=]) makes of them
-        attr_values = {":open": {"S": _OPEN}, ":now": {"N": str(now_ms)}, ":zero": {"N": "0"}}
+        token = request_token()
+        condition = _NOT_MINE
+        attr_values = values(open=_OPEN, now=now_ms, zero=0, closed=_CLOSED, req=token)
         if min_failures is not None:
             # Closes the race "many callers saw failures >= threshold": the first write changes
             # the state to open, so every later one fails this condition and does not re-trip.
-            condition = "#st = :closed AND failures >= :min"
-            attr_values.update(values(closed=_CLOSED, min=min_failures))
-        attrs = self._update(
-            name,
-            condition=condition,
-            update=_OPEN_UPDATE,
-            return_values="ALL_OLD",
-            attr_values=attr_values,
-        )
+            condition += " AND #st = :closed AND failures >= :min"
+            attr_values.update(values(min=min_failures))
+        try:
+            attrs = self._update(
+                name,
+                condition=condition,
+                update=_OPEN_UPDATE.format(extra=_FROM),
+                return_values="ALL_OLD",
+                old_on_failure=True,
+                names=_REQ_NAMES,
+                attr_values=attr_values,
+            )
+        except ConditionFailedError as failed:
+            # this very trip, applied, its answer lost: answer with the state it left
+            return _as_before(failed.item) if written_by(failed.item, token) else None
         return None if attrs is None else _record(attrs)
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
@@ -220,72 +242,107 @@ class DynamoDBBreakerStore:
     def join_trial(
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
     ) -> BreakerRecord | None:
-        attrs = self._update(
-            name,
-            condition=(
-                "#st = :half AND trial_round = :round AND trial_calls < :max "
-                "AND trial_started_ms > :cutoff"
-            ),
-            update="SET trial_started_ms = :now, updated_ms = :now ADD trial_calls :one",
-            return_values="ALL_NEW",
-            attr_values=values(
-                half=_HALF, round=trial_round, max=max_calls, cutoff=cutoff_ms, now=now_ms, one=1
-            ),
-        )
+        # a slot is a count (trial_calls + 1): a counting token makes a retry take it once
+        token = CountingToken(now_ms)
+        try:
+            attrs = self._update(
+                name,
+                condition=(
+                    "#st = :half AND trial_round = :round AND trial_calls < :max "
+                    f"AND trial_started_ms > :cutoff AND {token.condition}"
+                ),
+                update=(
+                    "SET trial_started_ms = :now, updated_ms = :now "
+                    f"ADD trial_calls :one, {token.add} REMOVE {token.remove}"
+                ),
+                return_values="ALL_NEW",
+                old_on_failure=True,
+                names=token.names,
+                attr_values=values(
+                    half=_HALF,
+                    round=trial_round,
+                    max=max_calls,
+                    cutoff=cutoff_ms,
+                    now=now_ms,
+                    one=1,
+                    **token.values,
+                ),
+            )
+        except ConditionFailedError as failed:
+            # this very join, applied, its answer lost: the slot is the caller's
+            return BreakerRecord.from_item(failed.item) if token.applied(failed.item) else None
         return None if attrs is None else _record(attrs)
-
-    def _in_round(
-        self,
-        name: str,
-        trial_round: int,
-        now_ms: int,
-        update: str,
-        return_values: str = "NONE",
-        **attr_values: Any,
-    ) -> dict[str, Any] | None:
-        """One UpdateItem on a breaker still half-open in ``trial_round`` (a later round or a
-        state change by another process makes it fail: None)."""
-        return self._update(
-            name,
-            condition="#st = :half AND trial_round = :round",
-            update=update,
-            return_values=return_values,
-            attr_values=values(half=_HALF, round=trial_round, now=now_ms, **attr_values),
-        )
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
-        attrs = self._in_round(
-            name,
-            trial_round,
-            now_ms,
-            "SET updated_ms = :now ADD successes :one, trial_calls :minus",
-            return_values="ALL_NEW",
-            one=1,
-            minus=-1,
-        )
+        token = CountingToken(now_ms)  # counted once, also when the answer was lost
+        try:
+            attrs = self._update(
+                name,
+                condition=f"#st = :half AND trial_round = :round AND {token.condition}",
+                update=(
+                    "SET updated_ms = :now "
+                    f"ADD successes :one, trial_calls :minus, {token.add} REMOVE {token.remove}"
+                ),
+                return_values="ALL_NEW",
+                old_on_failure=True,
+                names=token.names,
+                attr_values=values(
+                    half=_HALF, round=trial_round, now=now_ms, one=1, minus=-1, **token.values
+                ),
+            )
+        except ConditionFailedError as failed:
+            return BreakerRecord.from_item(failed.item) if token.applied(failed.item) else None
         return None if attrs is None else _record(attrs)
 
+    def _end_round(
+        self, name: str, trial_round: int, now_ms: int, update: str, **state: str
+    ) -> bool:
+        """Close or reopen a breaker still half-open in ``trial_round``: False when a later round
+        or another process's transition came first; True for this very write, also when its
+        answer was lost (the retry finds its own token)."""
+        token = request_token()
+        try:
+            self._update(
+                name,
+                condition="#st = :half AND trial_round = :round",
+                update=update.format(extra=""),
+                old_on_failure=True,
+                names=_REQ_NAMES,
+                attr_values=values(
+                    half=_HALF,
+                    round=trial_round,
+                    now=now_ms,
+                    zero=0,
+                    req=token,
+                    **state,  # :closed or :open, the state it writes
+                ),
+            )
+        except ConditionFailedError as failed:
+            return written_by(failed.item, token)
+        return True
+
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
-        attrs = self._in_round(name, trial_round, now_ms, _CLOSED_UPDATE, closed=_CLOSED, zero=0)
-        return attrs is not None
+        return self._end_round(name, trial_round, now_ms, _CLOSED_UPDATE, closed=_CLOSED)
 
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
-        attrs = self._in_round(name, trial_round, now_ms, _OPEN_UPDATE, open=_OPEN, zero=0)
-        return attrs is not None
+        return self._end_round(name, trial_round, now_ms, _OPEN_UPDATE, open=_OPEN)
 
     def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
         # Not a delete: trial_round is kept, so the next trial starts round N+1 and any outcome
         # still to come from a round started before the reset fails its round condition.
-        attrs = self._update(
-            name,
-            condition="attribute_exists(pk)",  # an absent breaker is already closed: write nothing
-            update=_CLOSED_UPDATE,
-            return_values="ALL_OLD",
-            # what values(closed=, zero=, now=) makes of them
-            attr_values={
-                ":closed": {"S": _CLOSED},
-                ":zero": {"N": "0"},
-                ":now": {"N": str(now_ms)},
-            },
-        )
+        token = request_token()
+        try:
+            attrs = self._update(
+                name,
+                # an absent breaker is already closed: write nothing
+                condition=f"attribute_exists(pk) AND {_NOT_MINE}",
+                update=_CLOSED_UPDATE.format(extra=_FROM),
+                return_values="ALL_OLD",
+                old_on_failure=True,
+                names=_REQ_NAMES,
+                attr_values=values(closed=_CLOSED, zero=0, now=now_ms, req=token),
+            )
+        except ConditionFailedError as failed:
+            # this very reset, applied, its answer lost: answer with the state it left
+            return _as_before(failed.item) if written_by(failed.item, token) else None
         return _record(attrs) if attrs else None
