@@ -157,6 +157,95 @@ def test_breaker_trial_slot_won_by_a_lost_response_runs_the_trial(lossy):
     assert ("open", "half_open") in transitions or ("open", "half-open") in transitions
 
 
+def _lose_in(lossy, store, method: str) -> None:
+    """The next write of ``store.method`` loses its response (the client's retry runs)."""
+    real = getattr(store, method)
+
+    def losing(*args, **kwargs):
+        lossy.lose_next()
+        return real(*args, **kwargs)
+
+    setattr(store, method, losing)
+
+
+def _watched_breaker(lossy, **options):
+    clock = ManualClock()
+    transitions: list[tuple[str, str]] = []
+    breaker = lossy.backend(clock=clock).breaker(
+        "svc",
+        reset_timeout=10,
+        on_transition=lambda name, old, new: transitions.append((str(old), str(new))),
+        **options,
+    )
+    return breaker, clock, transitions
+
+
+def test_a_trip_at_the_threshold_with_a_lost_response_reports_its_transition(lossy):
+    breaker, _, transitions = _watched_breaker(lossy, failure_threshold=1)
+    _lose_in(lossy, breaker._store, "trip")
+    breaker.record_failure()
+    assert lossy.lost == 1
+    assert breaker.status().state == "open"
+    assert transitions == [("closed", "open")]
+
+
+def test_a_manual_trip_and_reset_with_lost_responses_report_their_transitions(lossy):
+    breaker, _, transitions = _watched_breaker(lossy, failure_threshold=5)
+    breaker.record_failure()
+    _lose_in(lossy, breaker._store, "trip")
+    breaker.trip()
+    assert lossy.lost == 1
+    assert breaker.status().state == "open"
+    _lose_in(lossy, breaker._store, "reset")
+    breaker.reset()
+    assert lossy.lost == 2
+    assert breaker.status().state == "closed" and breaker.status().failures == 0
+    assert transitions == [("closed", "open"), ("open", "closed")]
+
+
+@pytest.mark.parametrize("outcome", ["close", "reopen"])
+def test_a_trial_outcome_with_a_lost_response_reports_its_transition(lossy, outcome):
+    breaker, clock, transitions = _watched_breaker(lossy, failure_threshold=1)
+    breaker.record_failure()
+    clock.advance(11)
+    _lose_in(lossy, breaker._store, outcome)
+    if outcome == "close":
+        assert breaker.call(lambda: "ok") == "ok"
+    else:
+        with pytest.raises(ZeroDivisionError):
+            breaker.call(lambda: 1 / 0)
+    assert lossy.lost == 1
+    expected = "closed" if outcome == "close" else "open"
+    assert breaker.status().state == expected
+    assert transitions == [("closed", "open"), ("open", "half_open"), ("half_open", expected)]
+
+
+def test_a_trial_success_with_a_lost_response_counts_once(lossy):
+    breaker, clock, _ = _watched_breaker(
+        lossy, failure_threshold=1, success_threshold=2, half_open_max_calls=2
+    )
+    breaker.record_failure()
+    clock.advance(11)
+    _lose_in(lossy, breaker._store, "trial_success")
+    breaker.call(lambda: "ok")
+    assert lossy.lost == 1
+    status = breaker.status()
+    assert (status.state, status.successes, status.trial_calls) == ("half_open", 1, 0)
+    breaker.call(lambda: "ok")
+    assert breaker.status().state == "closed"
+
+
+def test_a_trial_slot_joined_with_a_lost_response_is_the_callers(lossy):
+    breaker, clock, _ = _watched_breaker(lossy, failure_threshold=1, half_open_max_calls=2)
+    breaker.record_failure()
+    clock.advance(11)
+    with breaker:  # the first trial call holds the round's first slot
+        _lose_in(lossy, breaker._store, "join_trial")
+        with breaker:  # the second takes the last slot; its answer is lost
+            assert lossy.lost == 1
+            assert breaker.status().trial_calls == 2, "the slot is taken once"
+
+
 # -- outbox -------------------------------------------------------------------------------------
 
 

@@ -1,14 +1,26 @@
 """The circuit-breaker store on MongoDB.
 
 Document: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state``, ``failures``, ``successes``,
-``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``; no
-expiry. Absent means closed with no failures; ``reset`` closes the document in place (never
-deletes it) so that ``trial_round`` never goes back.
+``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``, ``req``,
+``req_from``, ``rq``; no expiry. Absent means closed with no failures; ``reset`` closes the
+document in place (never deletes it) so that ``trial_round`` never goes back.
 
 Every transition is one ``find_one_and_update``/``update_one`` whose filter is the state it
 leaves (the DynamoDB store's conditions), and counters use ``$inc``. ``record_failure`` upserts:
 when two first failures race on a breaker that has no document yet, one insert wins and the other
 gets ``DuplicateKeyError``; it then retries as a plain update, so both failures are counted.
+
+Lost responses (pymongo re-sends a write whose response was lost after it applied): every
+transition (``start_trial``, ``trip``, ``reset``, ``close``, ``reopen``) stores its call's fresh
+request token ``req``, and its retry is refused (by the state filter, or by ``req`` ``$ne`` the
+token, which makes the otherwise unconditional ``trip()`` and ``reset`` apply once). ``trip`` and
+``reset`` also store ``req_from``, the state they left (closed when there was no document),
+taken from the document in the same write (a pipeline update). A refused transition reads the
+document once: when ``req`` is its own token the write was its own, and it answers as the first
+response would have (``trip``/``reset``: the stored record in state ``req_from``).
+``record_failure``, ``join_trial`` and ``trial_success`` carry a counting token kept in ``rq``
+(the last ``COUNT_TOKENS_KEPT``; filter ``$ne``, ``$push`` with ``$slice``), so a retry counts once
+and answers with the stored record.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from ._collection import (
     MongoCollection,
     counted,
     counting_token,
+    literal,
     request_token,
     translate_errors,
 )
@@ -35,33 +48,43 @@ _UPSERT_ATTEMPTS = 3
 _CLOSED, _OPEN, _HALF = State.CLOSED.value, State.OPEN.value, State.HALF_OPEN.value
 
 
-def _open(now_ms: int) -> dict[str, Any]:
+def _stamped(
+    fields: dict[str, Any], removed: tuple[str, ...], token: str, note_prior: bool
+) -> list[dict[str, Any]]:
+    """A pipeline update: set ``fields``, remove ``removed``, store the request token ``req``
+    and, with ``note_prior``, ``req_from``. A pipeline because ``req_from`` is read from the
+    document in the same write (``$state`` is evaluated on the document as it was)."""
+    stage = {field: literal(value) for field, value in fields.items()}
+    stage["req"] = literal(token)
+    if note_prior:
+        stage["req_from"] = {"$ifNull": ["$state", literal(_CLOSED)]}
+    # $project, not the $unset stage: the same in MongoDB, and mongomock only knows $project.
+    return [{"$set": stage}, {"$project": dict.fromkeys(removed, 0)}]
+
+
+def _open(now_ms: int, token: str, *, note_prior: bool = False) -> list[dict[str, Any]]:
     """The update that opens the breaker now (trip and a failed trial round)."""
-    return {
-        "$set": {
-            "state": _OPEN,
-            "opened_at_ms": now_ms,
-            "successes": 0,
-            "trial_calls": 0,
-            "updated_ms": now_ms,
-        },
-        "$unset": {"trial_started_ms": ""},
+    fields = {
+        "state": _OPEN,
+        "opened_at_ms": now_ms,
+        "successes": 0,
+        "trial_calls": 0,
+        "updated_ms": now_ms,
     }
+    return _stamped(fields, ("trial_started_ms",), token, note_prior)
 
 
-def _close(now_ms: int) -> dict[str, Any]:
+def _close(now_ms: int, token: str, *, note_prior: bool = False) -> list[dict[str, Any]]:
     """The update that closes the breaker with no failures (a successful trial round and reset);
     ``trial_round`` is kept."""
-    return {
-        "$set": {
-            "state": _CLOSED,
-            "failures": 0,
-            "successes": 0,
-            "trial_calls": 0,
-            "updated_ms": now_ms,
-        },
-        "$unset": {"opened_at_ms": "", "trial_started_ms": ""},
+    fields = {
+        "state": _CLOSED,
+        "failures": 0,
+        "successes": 0,
+        "trial_calls": 0,
+        "updated_ms": now_ms,
     }
+    return _stamped(fields, ("opened_at_ms", "trial_started_ms"), token, note_prior)
 
 
 class MongoBreakerStore:
@@ -72,6 +95,11 @@ class MongoBreakerStore:
     def _key(self, name: str) -> dict[str, Any]:
         return breaker_key(self._ns, name).primary
 
+    def _stored(self, name: str, what: str) -> dict[str, Any] | None:
+        with translate_errors(what):
+            doc: dict[str, Any] | None = self._c.find_one(self._key(name))
+        return doc
+
     def _modify(
         self,
         name: str,
@@ -79,10 +107,10 @@ class MongoBreakerStore:
         update: dict[str, Any],
         what: str,
         *,
-        after: bool = True,
         upsert: bool = False,
     ) -> dict[str, Any] | None:
-        """One find_one_and_update; with ``upsert`` a duplicate-key race is retried."""
+        """One find_one_and_update returning the document after it (None: refused); with
+        ``upsert`` a duplicate-key race is retried."""
         for attempt in range(_UPSERT_ATTEMPTS):
             try:
                 with translate_errors(what):
@@ -90,7 +118,7 @@ class MongoBreakerStore:
                         {**self._key(name), **condition},
                         update,
                         upsert=upsert,
-                        return_document=ReturnDocument.AFTER if after else ReturnDocument.BEFORE,
+                        return_document=ReturnDocument.AFTER,
                     )
                 return doc
             except DuplicateKeyError:
@@ -101,28 +129,97 @@ class MongoBreakerStore:
                     return None
         return None
 
+    def _count(
+        self,
+        name: str,
+        condition: dict[str, Any],
+        update: dict[str, Any],
+        what: str,
+        *,
+        upsert: bool = False,
+    ) -> BreakerRecord | None:
+        """A counting write: its token in ``rq`` makes a retry (its first response lost) count
+        once; the record after the write, or as stored when the retry is recognised."""
+        token = counting_token()
+        doc = self._modify(
+            name,
+            {**condition, "rq": {"$ne": token}},
+            {**update, "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}}},
+            what,
+            upsert=upsert,
+        )
+        if doc is None:
+            current = self._stored(name, what)
+            return BreakerRecord.from_item(current) if counted(current, token) else None
+        return BreakerRecord.from_item(doc)
+
+    def _transition(
+        self,
+        name: str,
+        condition: dict[str, Any],
+        update: list[dict[str, Any]],
+        token: str,
+        what: str,
+        *,
+        upsert: bool = False,
+    ) -> BreakerRecord | None:
+        """A trip or reset stamped with ``token``: the record as it was before (with ``upsert``,
+        closed when there was no document), or None when refused. A refusal by this call's own
+        write (applied by an attempt whose response was lost) answers what that attempt would
+        have: the stored record in the state it left (``req_from``)."""
+        query = {**self._key(name), **condition, "req": {"$ne": token}}
+        for _ in range(_UPSERT_ATTEMPTS):
+            try:
+                with translate_errors(what):
+                    old: dict[str, Any] | None = self._c.find_one_and_update(
+                        query, update, upsert=upsert, return_document=ReturnDocument.BEFORE
+                    )
+                if old is not None or upsert:
+                    return BreakerRecord.from_item(old)
+            except DuplicateKeyError:
+                pass  # exists but did not match: our own write, or a racing upsert's insert
+            current = self._stored(name, what)
+            if current is not None and current.get("req") == token:
+                return BreakerRecord.from_item(
+                    {**current, "state": current.get("req_from", _CLOSED)}
+                )
+            if not upsert:
+                return None
+        return None
+
+    def _outcome(
+        self, name: str, trial_round: int, update: list[dict[str, Any]], token: str, what: str
+    ) -> bool:
+        """A trial round's close or reopen stamped with ``token``: True when it applied, also
+        when the refusal shows this call's own write (applied, its first response lost)."""
+        with translate_errors(what):
+            result = self._c.update_one(
+                {
+                    **self._key(name),
+                    "state": _HALF,
+                    "trial_round": trial_round,
+                    "req": {"$ne": token},
+                },
+                update,
+            )
+        if result.matched_count == 1:
+            return True
+        with translate_errors(what):
+            current = self._c.find_one(self._key(name), {"req": 1})
+        return current is not None and current.get("req") == token
+
     def get(self, name: str) -> BreakerRecord:
         with translate_errors("breaker get"):
             return BreakerRecord.from_item(self._c.find_one(self._key(name)))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
-        # The request token makes a retried failure (its first response lost) count once.
-        token = counting_token()
-        doc = self._modify(
+        return self._count(
             name,
-            {"state": _CLOSED, "rq": {"$ne": token}},
-            {
-                "$set": {"updated_ms": now_ms},
-                "$inc": {"failures": 1},
-                "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}},
-            },
+            {"state": _CLOSED},
+            {"$set": {"updated_ms": now_ms}, "$inc": {"failures": 1}},
             "breaker record_failure",
             upsert=True,
         )
-        if doc is None:
-            current = self._c.find_one(self._key(name))
-            return BreakerRecord.from_item(current) if counted(current, token) else None
-        return BreakerRecord.from_item(doc)
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
         with translate_errors("breaker reset_failures"):
@@ -133,14 +230,13 @@ class MongoBreakerStore:
         return bool(result.matched_count == 1)
 
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
-        update = _open(now_ms)
+        token = request_token()
+        update = _open(now_ms, token, note_prior=True)
         if min_failures is None:
             # Unconditional (operator action): creates the document if there is none.
-            old = self._modify(name, {}, update, "breaker trip", after=False, upsert=True)
-            return BreakerRecord.from_item(old)
+            return self._transition(name, {}, update, token, "breaker trip", upsert=True)
         condition = {"state": _CLOSED, "failures": {"$gte": min_failures}}
-        old = self._modify(name, condition, update, "breaker trip", after=False)
-        return None if old is None else BreakerRecord.from_item(old)
+        return self._transition(name, condition, update, token, "breaker trip")
 
     def start_trial(self, name: str, now_ms: int, cutoff_ms: int) -> StartTrialResult:
         token = request_token()
@@ -174,7 +270,7 @@ class MongoBreakerStore:
     def join_trial(
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
     ) -> BreakerRecord | None:
-        doc = self._modify(
+        return self._count(
             name,
             {
                 "state": _HALF,
@@ -188,38 +284,27 @@ class MongoBreakerStore:
             },
             "breaker join_trial",
         )
-        return None if doc is None else BreakerRecord.from_item(doc)
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
-        doc = self._modify(
+        return self._count(
             name,
             {"state": _HALF, "trial_round": trial_round},
             {"$set": {"updated_ms": now_ms}, "$inc": {"successes": 1, "trial_calls": -1}},
             "breaker trial_success",
         )
-        return None if doc is None else BreakerRecord.from_item(doc)
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
-        with translate_errors("breaker close"):
-            result = self._c.update_one(
-                {**self._key(name), "state": _HALF, "trial_round": trial_round}, _close(now_ms)
-            )
-        return bool(result.matched_count == 1)
+        token = request_token()
+        return self._outcome(name, trial_round, _close(now_ms, token), token, "breaker close")
 
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
-        with translate_errors("breaker reopen"):
-            result = self._c.update_one(
-                {**self._key(name), "state": _HALF, "trial_round": trial_round},
-                _open(now_ms),
-            )
-        return bool(result.matched_count == 1)
+        token = request_token()
+        return self._outcome(name, trial_round, _open(now_ms, token), token, "breaker reopen")
 
     def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
         # Not a delete: trial_round is kept, so the next trial starts a new round and any outcome
         # still to come from a round started before the reset fails its round filter. No upsert:
         # an absent breaker is already closed.
-        with translate_errors("breaker reset"):
-            old: dict[str, Any] | None = self._c.find_one_and_update(
-                self._key(name), _close(now_ms), return_document=ReturnDocument.BEFORE
-            )
-        return None if old is None else BreakerRecord.from_item(old)
+        token = request_token()
+        update = _close(now_ms, token, note_prior=True)
+        return self._transition(name, {}, update, token, "breaker reset")

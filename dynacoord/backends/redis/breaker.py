@@ -1,9 +1,18 @@
 """The circuit-breaker store on Redis.
 
-Item: hash ``{CB#{ns}#{name}}`` (the pk in a hash tag) with ``state``, ``failures``, ``successes``, ``opened_at_ms``,
-``trial_round``, ``trial_calls``, ``trial_started_ms``, ``updated_ms``; no expiry (the state must
-outlive every process). Absent means closed with no failures; ``reset`` closes the hash in place
-(never deletes it) so that ``trial_round`` never goes back.
+Item: hash ``{CB#{ns}#{name}}`` (the pk in a hash tag) with ``state``, ``failures``,
+``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
+``updated_ms``, ``req`` (the request token of the last transition: trip, reset, start_trial,
+close, reopen) and ``req_from`` (the state the last trip or reset found, ``closed`` when the hash
+was absent); no expiry (the state must outlive every process). Absent means closed with no
+failures; ``reset`` closes the hash in place (never deletes it) so that ``trial_round`` never
+goes back. Beside it, ``{CB#{ns}#{name}}|rq`` (the same hash tag, so the same slot) holds the
+recent request tokens of the counting writes: record_failure, join_trial, trial_success.
+
+Lost responses (docs/guarantees.md): the client retries a script whose reply was lost after it
+ran. A transition that finds its own token in ``req``, or a counting write that finds its own in
+``|rq``, is that retry: it writes nothing and answers what the first run answered (a trip or
+reset: the record with the state it found, ``req_from``).
 
 Every method is one Lua script that checks the state it leaves and writes in the same atomic
 step (the conditions are those of the DynamoDB store), so of several processes racing for a
@@ -42,6 +51,19 @@ local function num(field)
   return nil
 end
 local st = redis.call('HGET', KEYS[1], 'state')
+-- the last transition was this call's (ARGV[i] its token): a retry whose first run applied
+local function ours(i)
+  return redis.call('HGET', KEYS[1], 'req') == ARGV[i]
+end
+-- the reply the first run of a trip or reset gave: the record, in the state it found
+local function as_found()
+  local out = reply(1)
+  local from = redis.call('HGET', KEYS[1], 'req_from')
+  for i = 2, #out - 1, 2 do
+    if out[i] == 'state' then out[i + 1] = from end
+  end
+  return out
+end
 """
 )
 
@@ -71,17 +93,18 @@ return {1}
 """
 )
 
-# ARGV: now, min failures|''  (replies with the record as it was)
+# ARGV: now, min failures|'', token  (replies with the record as it was)
 _TRIP = (
     _HEAD
     + """
+if ours(3) then return as_found() end
 if ARGV[2] ~= '' then
   local failures = num('failures')
   if st ~= 'closed' or not failures or failures < tonumber(ARGV[2]) then return {0} end
 end
 local old = reply(1)
 redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[1], 'successes', 0,
-           'trial_calls', 0, 'updated_ms', ARGV[1])
+           'trial_calls', 0, 'updated_ms', ARGV[1], 'req', ARGV[3], 'req_from', st or 'closed')
 redis.call('HDEL', KEYS[1], 'trial_started_ms')
 return old
 """
@@ -107,10 +130,13 @@ return reply(1)
 """
 )
 
-# ARGV: round, now, cutoff, max calls
+# ARGV: round, now, cutoff, max calls, token
 _JOIN_TRIAL = (
     _HEAD
+    + LUA_TOKENS
     + """
+-- KEYS[2] = recent request tokens: a retried join finds the slot its first run took
+if seen(KEYS[2], ARGV[5]) then return reply(1) end
 local calls = num('trial_calls')
 local started = num('trial_started_ms')
 if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) or not calls
@@ -119,56 +145,65 @@ if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) or not calls
 end
 redis.call('HSET', KEYS[1], 'trial_started_ms', ARGV[2], 'updated_ms', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'trial_calls', 1)
+remember(KEYS[2], ARGV[5], ARGV[2])
 return reply(1)
 """
 )
 
-# ARGV: round, now
+# ARGV: round, now, token
 _TRIAL_SUCCESS = (
     _HEAD
+    + LUA_TOKENS
     + """
+-- KEYS[2] = recent request tokens: a retried success counts (and frees its slot) once
+if seen(KEYS[2], ARGV[3]) then return reply(1) end
 if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) then return {0} end
 redis.call('HINCRBY', KEYS[1], 'successes', 1)
 redis.call('HINCRBY', KEYS[1], 'trial_calls', -1)
 redis.call('HSET', KEYS[1], 'updated_ms', ARGV[2])
+remember(KEYS[2], ARGV[3], ARGV[2])
 return reply(1)
 """
 )
 
-# ARGV: round, now
+# ARGV: round, now, token
 _CLOSE = (
     _HEAD
     + """
+if ours(3) then return {1} end
 if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) then return {0} end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0, 'trial_calls', 0,
-           'updated_ms', ARGV[2])
+           'updated_ms', ARGV[2], 'req', ARGV[3])
 redis.call('HDEL', KEYS[1], 'opened_at_ms', 'trial_started_ms')
 return {1}
 """
 )
 
-# ARGV: round, now
+# ARGV: round, now, token
 _REOPEN = (
     _HEAD
     + """
+if ours(3) then return {1} end
 if st ~= 'half_open' or num('trial_round') ~= tonumber(ARGV[1]) then return {0} end
 redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[2], 'successes', 0,
-           'trial_calls', 0, 'updated_ms', ARGV[2])
+           'trial_calls', 0, 'updated_ms', ARGV[2], 'req', ARGV[3])
 redis.call('HDEL', KEYS[1], 'trial_started_ms')
 return {1}
 """
 )
 
-# ARGV: now  (replies with the record as it was). Closes the hash in place rather than deleting
-# it: trial_round is kept, so the next trial starts a new round and any outcome still to come
-# from a round started before the reset fails its round check instead of acting on the new one.
+# ARGV: now, token  (replies with the record as it was). Closes the hash in place rather than
+# deleting it: trial_round is kept, so the next trial starts a new round and any outcome still to
+# come from a round started before the reset fails its round check instead of acting on the new
+# one.
 _RESET = (
     _HEAD
     + """
+if ours(2) then return as_found() end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local old = reply(1)
 redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0, 'trial_calls', 0,
-           'updated_ms', ARGV[1])
+           'updated_ms', ARGV[1], 'req', ARGV[2], 'req_from', st or 'closed')
 redis.call('HDEL', KEYS[1], 'opened_at_ms', 'trial_started_ms')
 return old
 """
@@ -204,7 +239,10 @@ class RedisBreakerStore:
 
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
         ok, rest = self._run(
-            _TRIP, name, [now_ms, "" if min_failures is None else min_failures], "breaker trip"
+            _TRIP,
+            name,
+            [now_ms, "" if min_failures is None else min_failures, request_token()],
+            "breaker trip",
         )
         return BreakerRecord.from_item(pairs(rest)) if ok else None
 
@@ -219,20 +257,30 @@ class RedisBreakerStore:
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
     ) -> BreakerRecord | None:
         ok, rest = self._run(
-            _JOIN_TRIAL, name, [trial_round, now_ms, cutoff_ms, max_calls], "breaker join_trial"
+            _JOIN_TRIAL,
+            name,
+            [trial_round, now_ms, cutoff_ms, max_calls, request_token()],
+            "breaker join_trial",
+            tokens=True,
         )
         return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
-        ok, rest = self._run(_TRIAL_SUCCESS, name, [trial_round, now_ms], "breaker trial_success")
+        ok, rest = self._run(
+            _TRIAL_SUCCESS,
+            name,
+            [trial_round, now_ms, request_token()],
+            "breaker trial_success",
+            tokens=True,
+        )
         return BreakerRecord.from_item(pairs(rest)) if ok else None
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:
-        return self._run(_CLOSE, name, [trial_round, now_ms], "breaker close")[0]
+        return self._run(_CLOSE, name, [trial_round, now_ms, request_token()], "breaker close")[0]
 
     def reopen(self, name: str, trial_round: int, now_ms: int) -> bool:
-        return self._run(_REOPEN, name, [trial_round, now_ms], "breaker reopen")[0]
+        return self._run(_REOPEN, name, [trial_round, now_ms, request_token()], "breaker reopen")[0]
 
     def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
-        ok, rest = self._run(_RESET, name, [now_ms], "breaker reset")
+        ok, rest = self._run(_RESET, name, [now_ms, request_token()], "breaker reset")
         return BreakerRecord.from_item(pairs(rest)) if ok else None
