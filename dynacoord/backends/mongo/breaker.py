@@ -8,7 +8,8 @@ document in place (never deletes it) so that ``trial_round`` never goes back.
 Every transition is one ``find_one_and_update``/``update_one`` whose filter is the state it
 leaves (the DynamoDB store's conditions), and counters use ``$inc``. ``record_failure`` upserts:
 when two first failures race on a breaker that has no document yet, one insert wins and the other
-gets ``DuplicateKeyError``; it then retries as a plain update, so both failures are counted.
+gets ``DuplicateKeyError``; it then writes once more as a plain update, so both failures are
+counted.
 
 Lost responses (pymongo re-sends a write whose response was lost after it applied): every
 transition (``start_trial``, ``trip``, ``reset``, ``close``, ``reopen``) stores its call's fresh
@@ -110,24 +111,27 @@ class MongoBreakerStore:
         upsert: bool = False,
     ) -> dict[str, Any] | None:
         """One find_one_and_update returning the document after it (None: refused); with
-        ``upsert`` a duplicate-key race is retried."""
-        for attempt in range(_UPSERT_ATTEMPTS):
-            try:
-                with translate_errors(what):
-                    doc: dict[str, Any] | None = self._c.find_one_and_update(
-                        {**self._key(name), **condition},
-                        update,
-                        upsert=upsert,
-                        return_document=ReturnDocument.AFTER,
-                    )
-                return doc
-            except DuplicateKeyError:
-                # The document exists but did not match: either it is in another state (the
-                # answer is "no"), or it was inserted by a racing upsert a moment ago (try again
-                # as an update).
-                if attempt == _UPSERT_ATTEMPTS - 1:
-                    return None
-        return None
+        ``upsert``, a duplicate-key refusal is tried once more as a plain update."""
+        try:
+            with translate_errors(what):
+                doc: dict[str, Any] | None = self._c.find_one_and_update(
+                    {**self._key(name), **condition},
+                    update,
+                    upsert=upsert,
+                    return_document=ReturnDocument.AFTER,
+                )
+            return doc
+        except DuplicateKeyError:
+            # The document exists but did not match: either it is in another state (the answer
+            # is "no"), or a racing upsert inserted it a moment ago. It exists now, so a plain
+            # filtered update tells which, in one more request.
+            with translate_errors(what):
+                doc = self._c.find_one_and_update(
+                    {**self._key(name), **condition},
+                    update,
+                    return_document=ReturnDocument.AFTER,
+                )
+            return doc
 
     def _count(
         self,
