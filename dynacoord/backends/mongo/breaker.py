@@ -112,26 +112,20 @@ class MongoBreakerStore:
     ) -> dict[str, Any] | None:
         """One find_one_and_update returning the document after it (None: refused); with
         ``upsert``, a duplicate-key refusal is tried once more as a plain update."""
-        try:
-            with translate_errors(what):
-                doc: dict[str, Any] | None = self._c.find_one_and_update(
-                    {**self._key(name), **condition},
-                    update,
-                    upsert=upsert,
-                    return_document=ReturnDocument.AFTER,
-                )
-            return doc
-        except DuplicateKeyError:
-            # The document exists but did not match: either it is in another state (the answer
-            # is "no"), or a racing upsert inserted it a moment ago. It exists now, so a plain
-            # filtered update tells which, in one more request.
-            with translate_errors(what):
-                doc = self._c.find_one_and_update(
-                    {**self._key(name), **condition},
-                    update,
-                    return_document=ReturnDocument.AFTER,
-                )
-            return doc
+        query = {**self._key(name), **condition}
+        for insert in (upsert, False):
+            try:
+                with translate_errors(what):
+                    doc: dict[str, Any] | None = self._c.find_one_and_update(
+                        query, update, upsert=insert, return_document=ReturnDocument.AFTER
+                    )
+                return doc
+            except DuplicateKeyError:
+                # The document exists but did not match: either it is in another state (the
+                # answer is "no"), or a racing upsert inserted it a moment ago. It exists now,
+                # so a plain filtered update tells which.
+                continue
+        return None
 
     def _count(
         self,
