@@ -246,6 +246,50 @@ def test_a_trial_slot_joined_with_a_lost_response_is_the_callers(lossy):
             assert breaker.status().trial_calls == 2, "the slot is taken once"
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        "locks.force_release",
+        "idempotency.release",
+        "idempotency.delete",
+        "cache.delete",
+        "counters.delete",
+    ],
+)
+def test_a_removal_with_a_lost_response_is_applied_and_reports_false(lossy, case):
+    """The documented exception (docs/guarantees.md): a write that removes what it reports on
+    finds nothing on its retry, so it reports False; what is stored is right."""
+    backend = lossy.backend()
+    if case == "locks.force_release":
+        assert backend.locks.acquire("k", ttl=30) is not None
+        lossy.lose_next()
+        assert backend.locks.force_release("k") is False
+        assert backend.locks.get("k") is None
+        assert backend.locks.acquire("k", ttl=30, timeout=0) is not None, "free for anyone"
+    elif case.startswith("idempotency."):
+        claim = backend.idempotency.try_claim("k").claim
+        assert claim is not None
+        lossy.lose_next()
+        if case == "idempotency.release":
+            assert backend.idempotency.release(claim) is False
+        else:
+            assert backend.idempotency.delete("k") is False
+        assert backend.idempotency.get("k") is None
+        assert backend.idempotency.try_claim("k").claim is not None, "the key is free again"
+    elif case == "cache.delete":
+        cache = backend.cache()
+        cache.set("k", 1)
+        lossy.lose_next()
+        assert cache.delete("k") is False
+        assert cache.get("k") is None
+    else:
+        backend.counters.increment("k")
+        lossy.lose_next()
+        assert backend.counters.delete("k") is False
+        assert backend.counters.get("k") is None
+    assert lossy.lost == 1
+
+
 # -- outbox -------------------------------------------------------------------------------------
 
 
