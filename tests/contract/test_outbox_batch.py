@@ -577,4 +577,4 @@ def test_the_one_event_outcomes_keep_an_ordered_group_going(make_backend):
     assert last is not None, "a failed event lets its group go on"
     assert store.complete("o2", last, now(), None) is True
     assert outbox.get("o2") is None
-    assert store.complete("o2", uuid.uuid4().hex, now(), 60_000) is False, "not its claim"
+    assert store.complete("o2", uuid.uuid4().hex, now(), 60_000) is False, "gone, and not its claim"
