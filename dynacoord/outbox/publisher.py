@@ -88,21 +88,21 @@ class Outbox:
                 # now_ms(self.clock), inline
                 entry, bound = self._store.transaction_entry(events, int(self.clock.time() * 1000))
                 tx._add_entry(("publish event", event_id), event_id, entry, bound)
-                if self._metrics.enabled:  # counted once written, as a direct publish is
-                    tx._on_commit(functools.partial(self._metrics.count, "OutboxPublished", 1))
-                return [event_id]
-            items = _as_events(events)
-            now = now_ms(self.clock)
-            tx._add_entries(
-                [
-                    (("publish event", e.id), e.id, *self._store.transaction_entry(e, now))
-                    for e in items
-                ]
-            )
-            if self._metrics.enabled and items:
-                count = functools.partial(self._metrics.count, "OutboxPublished", len(items))
+                ids = [event_id]
+            else:
+                items = _as_events(events)
+                now = now_ms(self.clock)
+                tx._add_entries(
+                    [
+                        (("publish event", e.id), e.id, *self._store.transaction_entry(e, now))
+                        for e in items
+                    ]
+                )
+                ids = [e.id for e in items]
+            if self._metrics.enabled and ids:  # counted once written, as a direct publish is
+                count = functools.partial(self._metrics.count, "OutboxPublished", len(ids))
                 tx._on_commit(count)
-            return [e.id for e in items]
+            return ids
         items = _as_events(events)
         if len(items) > MAX_EVENTS_PER_PUBLISH:
             raise TransactionTooLargeError(

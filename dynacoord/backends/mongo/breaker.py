@@ -45,7 +45,6 @@ from ._collection import (
 
 __all__ = ["MongoBreakerStore"]
 
-_UPSERT_ATTEMPTS = 3
 _CLOSED, _OPEN, _HALF = State.CLOSED.value, State.OPEN.value, State.HALF_OPEN.value
 
 
@@ -100,6 +99,12 @@ class MongoBreakerStore:
         with translate_errors(what):
             doc: dict[str, Any] | None = self._c.find_one(self._key(name))
         return doc
+
+    def _own(self, name: str, token: str, what: str) -> dict[str, Any] | None:
+        """The stored document if its last transition carries ``token``: this call's write,
+        applied by an attempt whose response was lost (read only on a refusal)."""
+        doc = self._stored(name, what)
+        return doc if doc is not None and doc.get("req") == token else None
 
     def _modify(
         self,
@@ -166,24 +171,23 @@ class MongoBreakerStore:
         write (applied by an attempt whose response was lost) answers what that attempt would
         have: the stored record in the state it left (``req_from``)."""
         query = {**self._key(name), **condition, "req": {"$ne": token}}
-        for _ in range(_UPSERT_ATTEMPTS):
+        for insert in (upsert, False):
             try:
                 with translate_errors(what):
                     old: dict[str, Any] | None = self._c.find_one_and_update(
-                        query, update, upsert=upsert, return_document=ReturnDocument.BEFORE
+                        query, update, upsert=insert, return_document=ReturnDocument.BEFORE
                     )
-                if old is not None or upsert:
+                if old is not None or insert:
                     return BreakerRecord.from_item(old)
+                break
             except DuplicateKeyError:
-                pass  # exists but did not match: our own write, or a racing upsert's insert
-            current = self._stored(name, what)
-            if current is not None and current.get("req") == token:
-                return BreakerRecord.from_item(
-                    {**current, "state": current.get("req_from", _CLOSED)}
-                )
-            if not upsert:
-                return None
-        return None
+                # Exists but did not match: our own write, or a racing upsert's insert. It
+                # exists now, so a plain filtered update tells which.
+                continue
+        own = self._own(name, token, what)
+        if own is None:
+            return None
+        return BreakerRecord.from_item({**own, "state": own.get("req_from", _CLOSED)})
 
     def _outcome(
         self, name: str, trial_round: int, update: list[dict[str, Any]], token: str, what: str
@@ -200,15 +204,10 @@ class MongoBreakerStore:
                 },
                 update,
             )
-        if result.matched_count == 1:
-            return True
-        with translate_errors(what):
-            current = self._c.find_one(self._key(name), {"req": 1})
-        return current is not None and current.get("req") == token
+        return result.matched_count == 1 or self._own(name, token, what) is not None
 
     def get(self, name: str) -> BreakerRecord:
-        with translate_errors("breaker get"):
-            return BreakerRecord.from_item(self._c.find_one(self._key(name)))
+        return BreakerRecord.from_item(self._stored(name, "breaker get"))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         return self._count(
