@@ -353,10 +353,15 @@ def test_store_errors_are_counted(redis_backend_factory, redis_server):
 
 
 def test_lock_metrics(make_backend):
+    from dynacoord import ManualClock
+
+    # A manual clock: the lease and the wait are measured on it, so a slow first request (moto
+    # loads lazily) cannot eat the 0.3 s lease before the other process starts waiting.
+    clock = ManualClock()
     recorder = Recorder()
-    backend = make_backend(metrics=recorder)
+    backend = make_backend(metrics=recorder, clock=clock)
     # another process (its own Locks object) in the same namespace
-    elsewhere = make_backend(metrics=recorder, namespace=backend.namespace)
+    elsewhere = make_backend(metrics=recorder, namespace=backend.namespace, clock=clock)
     held = backend.locks.acquire("L", ttl=0.3)
     waited = elsewhere.locks.acquire("L", ttl=5, owner="w", timeout=5)
     assert waited is not None
@@ -367,7 +372,7 @@ def test_lock_metrics(make_backend):
     assert names.count("LockContended") >= 2
     assert names.count("LockNotAcquired") == 1 and names.count("LockLost") == 1
     wait = [p for p in recorder.points if p[0] == "LockWait"]
-    assert len(wait) == 1 and wait[0][2] == "Milliseconds" and wait[0][1] >= 100
+    assert len(wait) == 1 and wait[0][2] == "Milliseconds" and wait[0][1] >= 300
     assert wait[0][3] == {"Primitive": "lock", "DynacoordNamespace": backend.namespace}
 
 
