@@ -16,6 +16,7 @@ import pytest
 
 from dynacoord._clock import ManualClock
 from dynacoord.errors import InvalidValueError, NotSupportedError
+from dynacoord.keys import outbox_index_pk, shard_of
 from dynacoord.outbox import Event, EventStatus
 
 from ..conftest import _dynamodb_factory, needs_atomic_store
@@ -29,6 +30,10 @@ def make_ddb(ddb_table: tuple[Any, str]) -> Any:
     caller transactions, IAM scoping)."""
     client, table = ddb_table
     return _dynamodb_factory(client, table)
+
+
+def _raise(event: Event) -> None:
+    raise RuntimeError(f"poison {event.id}")
 
 
 class Crash(BaseException):
@@ -298,6 +303,39 @@ def test_a_failed_head_lets_its_group_go_on(make_backend):
     ok = outbox.worker(lambda e: delivered.append(e.id), heartbeat=False)
     assert ok.run_once() == 1
     assert delivered == ["f1", "f2", "f0"]
+
+
+def test_a_retried_ordered_event_goes_back_to_its_groups_shard(make_ddb):
+    # With shards, a group's events share one index partition (one worker sees the group); a
+    # failed event retried by hand goes back to that partition, not to its own id's.
+    clock = ManualClock()
+    backend = make_ddb(shards=8, clock=clock)
+    outbox = backend.outbox
+    # ids whose own shard differs from the group's
+    store = outbox._store
+    ids = [f"r{i}" for i in range(40)]
+    group_shard = shard_of("grp", 8)
+    ids = [i for i in ids if shard_of(i, 8) != group_shard][:2]
+    outbox.publish([Event("t", n, group="grp", ordered=True, id=i) for n, i in enumerate(ids)])
+    outbox.publish(Event("t", "plain", id="u0"))
+    worker = outbox.worker(_raise, max_attempts=1, heartbeat=False)
+    while worker.run_once():
+        clock.advance(2)
+    assert outbox.retry_report([ids[0], "u0"]).retried == [ids[0], "u0"]
+
+    def partition(event_id: str) -> str:
+        item = backend.client.get_item(TableName=backend.table_name, Key=store._key(event_id))
+        return str(item["Item"]["gsi1pk"]["S"])
+
+    assert partition(ids[0]) == outbox_index_pk(backend.namespace, "pending", group_shard)
+    assert partition("u0") == outbox_index_pk(backend.namespace, "pending", shard_of("u0", 8))
+    report = outbox.retry_report([ids[0], "nope"])
+    assert report.not_failed == [ids[0]] and report.not_found == ["nope"]
+    got: list[str] = []
+    ok = outbox.worker(lambda e: got.append(e.id), heartbeat=False)
+    while ok.run_once():
+        clock.advance(2)
+    assert sorted(got) == sorted([ids[0], "u0"])
 
 
 def test_a_follower_is_not_claimed_while_its_head_is_in_flight(make_backend):

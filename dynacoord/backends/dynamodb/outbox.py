@@ -1034,12 +1034,42 @@ class DynamoDBOutboxStore:
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         gpk, gsk = self._index(event_id, EventStatus.PENDING, now_ms)
+        # Sharded, an ordered event goes back to its group's partition, which only the stored
+        # item names: the first try moves an unordered event (one request), and its refusal shows
+        # an ordered one's group for a second try. One shard: any failed event, at once.
+        sharded = self._own_shards > 1
+        outcome = self._retry_failed(event_id, now_ms, token, gpk, gsk, None if sharded else "")
+        if isinstance(outcome, str):
+            return outcome
+        group_pk = self._index_pk(outcome, EventStatus.PENDING)
+        retried = self._retry_failed(event_id, now_ms, token, group_pk, gsk, outcome.group)
+        return retried if isinstance(retried, str) else "not_failed"  # its group changed: never
+
+    def _retry_failed(
+        self,
+        event_id: str,
+        now_ms: int,
+        token: str,
+        gpk: str,
+        gsk: str,
+        group: str | None,
+    ) -> RetryOutcome | Event:
+        """One try of :meth:`retry_failed` into partition ``gpk``. ``group``: "" moves any failed
+        event; None only an unordered one, answering an ordered one with its event (for its
+        group); a group name only an ordered event of that group."""
+        condition = "attribute_exists(pk) AND #status = :failed"
+        extra: dict[str, Any] = {}
+        if group is None:
+            condition += " AND attribute_not_exists(seq)"
+        elif group:
+            condition += " AND attribute_exists(seq) AND event_group = :group"
+            extra["group"] = group
         try:
             self._table.call(
                 "update_item",
                 Key=self._key(event_id),
                 # Never creates: an unknown id fails attribute_exists; only failed events move.
-                ConditionExpression="attribute_exists(pk) AND #status = :failed",
+                ConditionExpression=condition,
                 UpdateExpression=(
                     "SET #status = :pending, attempts = :zero, due_ms = :now, gsi1pk = :gpk, "
                     "gsi1sk = :gsk, updated_ms = :now, retried_by = :token, manual_retries = "
@@ -1055,15 +1085,19 @@ class DynamoDBOutboxStore:
                     gpk=gpk,
                     gsk=gsk,
                     token=token,
+                    **extra,
                 ),
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
             if failed.item is not None and failed.item.get("retried_by") == token:
                 return "retried"  # this very retry, applied, its answer lost
-            return (
-                "not_found" if EventRecord.from_item(failed.item, now_ms) is None else "not_failed"
-            )
+            record = EventRecord.from_item(failed.item, now_ms)
+            if record is None:
+                return "not_found"
+            if group is None and record.status is EventStatus.FAILED and record.event.ordered:
+                return record.event
+            return "not_failed"
         return "retried"
 
     # -- stream images (issue 15: the stream relay) -----------------------------------------------
