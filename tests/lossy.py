@@ -107,16 +107,19 @@ class _Faults:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: list[str | None] = []  # one per response to lose: an operation or any
+        # one per response to lose: an operation (or None: any) and what runs in the gap
+        self._slots: list[tuple[str | None, Callable[[], object] | None]] = []
         self._retrying = threading.local()  # per thread: fingerprint of the request just lost
         self.lost = 0
         self.log: list[tuple[str, bool]] = []  # (operation, lost) of every write seen
 
-    def arm(self, count: int, operation: str | None) -> None:
+    def arm(
+        self, count: int, operation: str | None, then: Callable[[], object] | None = None
+    ) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
         with self._lock:
-            self._slots.extend([operation] * count)
+            self._slots.extend([(operation, then)] * count)
 
     def is_retry(self, fingerprint: Any) -> bool:
         """True (once) when this thread re-sends the request whose response was just lost."""
@@ -126,17 +129,22 @@ class _Faults:
 
     def wants(self, operation: str) -> bool:
         """Whether a (successful) write of ``operation`` is to lose its response: consumes the
-        first armed slot that matches."""
+        first armed slot that matches, and runs the slot's ``then`` (the write is applied, its
+        retry not sent yet)."""
         with self._lock:
-            for index, slot in enumerate(self._slots):
-                if slot is None or slot == operation:
-                    del self._slots[index]
-                    return True
-        return False
+            index = next(
+                (i for i, (slot, _) in enumerate(self._slots) if slot in (None, operation)), None
+            )
+            if index is None:
+                return False
+            then = self._slots.pop(index)[1]
+        if then is not None:
+            then()
+        return True
 
     def armed_for(self, operation: str) -> bool:
         with self._lock:
-            return any(slot is None or slot == operation for slot in self._slots)
+            return any(slot is None or slot == operation for slot, _ in self._slots)
 
     def record(self, operation: str, lost: bool, fingerprint: Any = None) -> None:
         with self._lock:
@@ -163,11 +171,18 @@ class Lossy:
         """A backend in a fresh namespace (unless given) wired through the lossy client."""
         return self._make(clock=clock, namespace=namespace or unique_name("lossy"), **kwargs)
 
-    def lose_next(self, count: int = 1, *, operation: str | None = None) -> None:
+    def lose_next(
+        self,
+        count: int = 1,
+        *,
+        operation: str | None = None,
+        then: Callable[[], object] | None = None,
+    ) -> None:
         """The next ``count`` WRITE requests (only those named ``operation`` when given) are
         applied for real, then their response is lost, and the client's own retry sends them
-        again (see the module docstring for names and rules)."""
-        self._faults.arm(count, operation)
+        again (see the module docstring for names and rules). ``then`` runs in the gap, after
+        the write applied and before its retry: another process's request that lands there."""
+        self._faults.arm(count, operation, then)
 
     @property
     def lost(self) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...keys import LOCK_SK, lock_pk
 from ...locks import AcquireResult, LockInfo
-from ._table import FREE, ConditionFailedError, DynamoTable, unmarshal, values
+from ._table import FREE, ConditionFailedError, DynamoTable, request_token, unmarshal, values
 
 __all__ = ["DynamoDBLockStore"]
 
@@ -124,19 +124,43 @@ class DynamoDBLockStore:
         return self._if_held(key, owner, fence, now_ms, update, ttl=self._ttl(now_ms))
 
     def force_release(self, key: str, now_ms: int) -> bool:
+        token = request_token()
         try:
             response = self._table.call(
                 "update_item",
                 Key=self._key(key),
-                # Only touch an existing item: force_release never creates one.
-                ConditionExpression="attribute_exists(pk)",
-                UpdateExpression="SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner",
+                # Only touch an existing item (force_release never creates one), and only once
+                # per call: a retry after a lost answer must not free a lock taken in the gap.
+                ConditionExpression=(
+                    "attribute_exists(pk) AND (attribute_not_exists(released_by) OR "
+                    "released_by <> :token)"
+                ),
+                # The holder it freed (operands read the item before the update) is kept, so the
+                # retry of an applied call can answer as the call did.
+                UpdateExpression=(
+                    "SET released_by = :token, released_owner = if_not_exists(#owner, :none), "
+                    "released_until = if_not_exists(expires_at_ms, :zero), expires_at_ms = :now, "
+                    "#ttl = :ttl REMOVE #owner"
+                ),
                 ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
-                ExpressionAttributeValues=values(now=now_ms, ttl=self._ttl(now_ms)),
+                ExpressionAttributeValues={
+                    **values(now=now_ms, ttl=self._ttl(now_ms), token=token, zero=0),
+                    ":none": {"NULL": True},
+                },
                 ReturnValues="ALL_OLD",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ConditionFailedError:
-            return False
+        except ConditionFailedError as refused:
+            item = refused.raw
+            if not item or item.get("released_by") != {"S": token}:
+                return False
+            # this very call, applied, its answer lost: was the lock it freed live?
+            until = item.get("released_until", {}).get("N")
+            return (
+                "S" in item.get("released_owner", {})
+                and until is not None
+                and (int(until) > now_ms)
+            )
         return self._raw_info(key, response.get("Attributes"), now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:

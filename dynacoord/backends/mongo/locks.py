@@ -1,7 +1,8 @@
 """The lock store on MongoDB.
 
 Document: ``pk=LOCK#{ns}#{key}``, ``sk=LOCK``, ``owner``, ``fence``, ``expires_at_ms``,
-``expires_at`` (TTL monitor only).
+``expires_at`` (TTL monitor only); after a ``force_release``, ``released_by`` (its request
+token), ``released_owner`` and ``released_until`` (the holder it freed).
 
 Acquire is one upserting ``find_one_and_update`` whose filter says "free" (``expires_at_ms <=
 now``; a released lock has its expiry set to the release time). When the lock is held, the filter
@@ -23,7 +24,7 @@ from pymongo.errors import DuplicateKeyError
 
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
-from ._collection import MongoCollection, literal, translate_errors
+from ._collection import MongoCollection, literal, request_token, translate_errors
 
 __all__ = ["MongoLockStore"]
 
@@ -116,18 +117,37 @@ class MongoLockStore:
         return self._if_held(key, owner, fence, now_ms, update, "lock release")
 
     def force_release(self, key: str, now_ms: int) -> bool:
+        token = request_token()
+        # Once per call (``released_by``): a retry after a lost answer must not free a lock
+        # taken in the gap. A pipeline keeps the holder it freed (read from the document as it
+        # was), so that retry answers as the call did.
+        update = [
+            {
+                "$set": {
+                    "released_by": literal(token),
+                    "released_owner": {"$ifNull": ["$owner", None]},
+                    "released_until": {"$ifNull": ["$expires_at_ms", 0]},
+                    "expires_at_ms": literal(now_ms),
+                    "expires_at": literal(self._coll.gc_date(now_ms, now_ms, self._grace_ms)),
+                }
+            },
+            # $project, not the $unset stage: the same in MongoDB, and mongomock only knows it
+            {"$project": {"owner": 0}},
+        ]
         with translate_errors("lock force_release"):
             old = self._c.find_one_and_update(
-                self._filter(key),
-                {
-                    "$set": {
-                        "expires_at_ms": now_ms,
-                        "expires_at": self._coll.gc_date(now_ms, now_ms, self._grace_ms),
-                    },
-                    "$unset": {"owner": ""},
-                },
+                {**self._filter(key), "released_by": {"$ne": token}},
+                update,
                 return_document=ReturnDocument.BEFORE,
             )
+            if old is None:  # absent, or this very call applied and its answer was lost
+                done = self._c.find_one(self._filter(key))
+                return (
+                    done is not None
+                    and done.get("released_by") == token
+                    and done.get("released_owner") is not None
+                    and done.get("released_until", 0) > now_ms
+                )
         return self._info(key, old, now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:

@@ -1,6 +1,7 @@
 """The lock store on Redis.
 
-Item: hash ``{LOCK#{ns}#{key}}`` (the pk in a hash tag, docs/redis.md) with ``owner``, ``fence``, ``expires_at_ms``.
+Item: hash ``{LOCK#{ns}#{key}}`` (the pk in a hash tag, docs/redis.md) with ``owner``, ``fence``, ``expires_at_ms``;
+after a ``force_release`` also ``released_by`` (its request token) and ``released_held``.
 
 As on DynamoDB, a released lock is kept (``owner`` removed, ``expires_at_ms`` set to now) rather
 than deleted, so that the next acquire continues from ``fence + 1``. Once the hash is gone (its
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
-from ._conn import RedisConn, as_int, as_str, item_key, translate_errors
+from ._conn import RedisConn, as_int, as_str, item_key, request_token, translate_errors
 
 __all__ = ["RedisLockStore"]
 
@@ -63,14 +64,18 @@ _FORCE_RELEASE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'expires_at_ms')
-redis.call('HDEL', KEYS[1], 'owner')
-redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if cur[1] and tonumber(cur[2]) > tonumber(ARGV[1]) then
-  return 1
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'expires_at_ms', 'released_by', 'released_held')
+if cur[3] == ARGV[3] then
+  return tonumber(cur[4]) or 0
 end
-return 0
+local held = 0
+if cur[1] and tonumber(cur[2]) > tonumber(ARGV[1]) then
+  held = 1
+end
+redis.call('HDEL', KEYS[1], 'owner')
+redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[1], 'released_by', ARGV[3], 'released_held', held)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return held
 """
 
 
@@ -114,7 +119,12 @@ class RedisLockStore:
 
     def force_release(self, key: str, now_ms: int) -> bool:
         ok = self._conn.run(
-            _FORCE_RELEASE, [self._key(key)], [now_ms, self._grace_ms], "lock force_release"
+            _FORCE_RELEASE,
+            [self._key(key)],
+            # the call's token: its re-sent script (a lost reply) answers as the call did and
+            # frees no lock taken in between
+            [now_ms, self._grace_ms, request_token()],
+            "lock force_release",
         )
         return as_int(ok) == 1
 
