@@ -246,6 +246,26 @@ def test_a_trial_slot_joined_with_a_lost_response_is_the_callers(lossy):
             assert breaker.status().trial_calls == 2, "the slot is taken once"
 
 
+def test_a_release_with_a_lost_response_reports_it_and_frees_no_later_holder(lossy):
+    locks = lossy.backend().locks
+    lease = locks.acquire("k", ttl=30, owner="a")
+    assert lease is not None
+    taken: list[object] = []
+    lossy.lose_next(then=lambda: taken.append(locks.acquire("k", ttl=30, owner="b", timeout=0)))
+    assert lease.release() is True, "the lease was released by this call"
+    assert lossy.lost == 1 and taken[0] is not None
+    holder = locks.get("k")
+    assert holder is not None and holder.owner == "b"
+    # with nothing in the gap: released, reported True, the lock free
+    second = locks.acquire("j", ttl=30, owner="a")
+    assert second is not None
+    lossy.lose_next()
+    assert second.release() is True
+    assert lossy.lost == 2 and locks.get("j") is None
+    # a lease already lost still reports False
+    assert second.release() is False
+
+
 def test_a_force_release_with_a_lost_response_reports_it_and_frees_no_later_holder(lossy):
     locks = lossy.backend().locks
     assert locks.acquire("k", ttl=30, owner="a") is not None

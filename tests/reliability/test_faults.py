@@ -169,14 +169,14 @@ def test_lock_extend_after_lost_response_is_idempotent(faulty):
     assert locks.get("ext").expires_at_ms == lease.expires_at_ms
 
 
-def test_lock_release_after_lost_response_frees_the_lock_but_reports_false(faulty):
-    """Documented ambiguity: the release was applied, the retry finds nothing to release, so the
-    caller hears False ("already lost"). The lock is free and no one else's lock was touched."""
+def test_lock_release_after_lost_response_frees_the_lock_and_reports_it(faulty):
+    """The release was applied, and its retry recognises it (the item keeps the call's token):
+    the caller hears True. The lock is free and no one else's lock was touched."""
     make, faults, _ = faulty
     locks = make().locks
     lease = locks.acquire("rel", ttl=30, owner="me")
     faults.inject("UpdateItem", "lost-timeout")
-    assert lease.release() is False
+    assert lease.release() is True
     assert faults.applied("UpdateItem") == 1
     assert locks.get("rel") is None
     nxt = locks.acquire("rel", ttl=30, owner="b")

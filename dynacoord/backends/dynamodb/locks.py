@@ -85,9 +85,11 @@ class DynamoDBLockStore:
         update: str,
         ttl: int,
         exp: int | None = None,
+        token: str | None = None,
     ) -> bool:
         """One UpdateItem, made only while ``owner`` holds the unexpired lock with ``fence``;
-        ``update`` uses ``:ttl`` and ``:exp`` (if given)."""
+        ``update`` uses ``:ttl``, ``:exp`` and ``:token`` (if given). With ``token``, a refusal
+        that shows ``released_by`` = ``token`` is this very write, applied, its answer lost."""
         # what values(owner=, fence=, now=, [exp=,] ttl=) makes of them, in that order
         attr_values = {
             ":owner": {"S": owner},
@@ -97,17 +99,20 @@ class DynamoDBLockStore:
         if exp is not None:
             attr_values[":exp"] = {"N": str(exp)}
         attr_values[":ttl"] = {"N": str(ttl)}
+        request: dict[str, Any] = {
+            "Key": self._key(key),
+            "ConditionExpression": "#owner = :owner AND fence = :fence AND expires_at_ms > :now",
+            "UpdateExpression": update,
+            "ExpressionAttributeNames": {"#owner": "owner", "#ttl": "ttl"},
+            "ExpressionAttributeValues": attr_values,
+        }
+        if token is not None:
+            attr_values[":token"] = {"S": token}
+            request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         try:
-            self._table.call(
-                "update_item",
-                Key=self._key(key),
-                ConditionExpression="#owner = :owner AND fence = :fence AND expires_at_ms > :now",
-                UpdateExpression=update,
-                ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
-                ExpressionAttributeValues=attr_values,
-            )
-        except ConditionFailedError:
-            return False
+            self._table.call("update_item", **request)
+        except ConditionFailedError as refused:
+            return token is not None and (refused.raw or {}).get("released_by") == {"S": token}
         return True
 
     def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
@@ -120,8 +125,10 @@ class DynamoDBLockStore:
         return LockInfo(key, owner, fence, expires)
 
     def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
-        update = "SET expires_at_ms = :now, #ttl = :ttl REMOVE #owner"
-        return self._if_held(key, owner, fence, now_ms, update, ttl=self._ttl(now_ms))
+        # released_by: the retry of a release whose answer was lost knows it applied
+        update = "SET expires_at_ms = :now, #ttl = :ttl, released_by = :token REMOVE #owner"
+        ttl = self._ttl(now_ms)
+        return self._if_held(key, owner, fence, now_ms, update, ttl=ttl, token=request_token())
 
     def force_release(self, key: str, now_ms: int) -> bool:
         token = request_token()

@@ -1,8 +1,9 @@
 """The lock store on MongoDB.
 
 Document: ``pk=LOCK#{ns}#{key}``, ``sk=LOCK``, ``owner``, ``fence``, ``expires_at_ms``,
-``expires_at`` (TTL monitor only); after a ``force_release``, ``released_by`` (its request
-token), ``released_owner`` and ``released_until`` (the holder it freed).
+``expires_at`` (TTL monitor only); after a release or ``force_release``, ``released_by`` (the
+call's request token: its retry after a lost answer knows it applied), and after a
+``force_release`` ``released_owner`` and ``released_until`` (the holder it freed).
 
 Acquire is one upserting ``find_one_and_update`` whose filter says "free" (``expires_at_ms <=
 now``; a released lock has its expiry set to the release time). When the lock is held, the filter
@@ -107,14 +108,21 @@ class MongoLockStore:
         return LockInfo(key, owner, fence, expires)
 
     def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+        token = request_token()
         update = {
             "$set": {
                 "expires_at_ms": now_ms,
                 "expires_at": self._coll.gc_date(now_ms, now_ms, self._grace_ms),
+                "released_by": token,
             },
             "$unset": {"owner": ""},
         }
-        return self._if_held(key, owner, fence, now_ms, update, "lock release")
+        if self._if_held(key, owner, fence, now_ms, update, "lock release"):
+            return True
+        # refused: by this very release, applied, its answer lost (pymongo re-sent it)?
+        with translate_errors("lock release"):
+            doc = self._c.find_one(self._filter(key), {"released_by": 1})
+        return doc is not None and doc.get("released_by") == token
 
     def force_release(self, key: str, now_ms: int) -> bool:
         token = request_token()

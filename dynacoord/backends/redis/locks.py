@@ -1,7 +1,9 @@
 """The lock store on Redis.
 
-Item: hash ``{LOCK#{ns}#{key}}`` (the pk in a hash tag, docs/redis.md) with ``owner``, ``fence``, ``expires_at_ms``;
-after a ``force_release`` also ``released_by`` (its request token) and ``released_held``.
+Item: hash ``{LOCK#{ns}#{key}}`` (the pk in a hash tag, docs/redis.md) with ``owner``, ``fence``,
+``expires_at_ms``; after a release or ``force_release`` also ``released_by`` (the call's request
+token: its retry after a lost reply knows it applied) and after a ``force_release``
+``released_held`` (whether it freed a live lock).
 
 As on DynamoDB, a released lock is kept (``owner`` removed, ``expires_at_ms`` set to now) rather
 than deleted, so that the next acquire continues from ``fence + 1``. Once the hash is gone (its
@@ -47,19 +49,22 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 """
 
-# KEYS[1]=lock; ARGV: owner, fence, now, gc ms
+# KEYS[1]=lock; ARGV: owner, fence, now, gc ms, request token
 _RELEASE = """
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'expires_at_ms')
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'expires_at_ms', 'released_by')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= tonumber(ARGV[3]) then
+  if cur[4] == ARGV[5] then
+    return 1
+  end
   return 0
 end
 redis.call('HDEL', KEYS[1], 'owner')
-redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[3])
+redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[3], 'released_by', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS[1]=lock; ARGV: now, gc ms
+# KEYS[1]=lock; ARGV: now, gc ms, request token
 _FORCE_RELEASE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
@@ -113,7 +118,11 @@ class RedisLockStore:
 
     def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
         ok = self._conn.run(
-            _RELEASE, [self._key(key)], [owner, fence, now_ms, self._grace_ms], "lock release"
+            _RELEASE,
+            [self._key(key)],
+            # the call's token: its re-sent script (a lost reply) knows it applied
+            [owner, fence, now_ms, self._grace_ms, request_token()],
+            "lock release",
         )
         return as_int(ok) == 1
 
