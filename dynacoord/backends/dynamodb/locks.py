@@ -163,11 +163,7 @@ class DynamoDBLockStore:
                 return False
             # this very call, applied, its answer lost: was the lock it freed live?
             until = item.get("released_until", {}).get("N")
-            return (
-                "S" in item.get("released_owner", {})
-                and until is not None
-                and (int(until) > now_ms)
-            )
+            return "S" in item.get("released_owner", {}) and int(until or 0) > now_ms
         return self._raw_info(key, response.get("Attributes"), now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
