@@ -4,6 +4,9 @@ is the one the caller would have got had the first response arrived (every backe
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 
 from dynacoord import ManualClock
@@ -246,6 +249,38 @@ def test_a_trial_slot_joined_with_a_lost_response_is_the_callers(lossy):
             assert breaker.status().trial_calls == 2, "the slot is taken once"
 
 
+def test_an_idempotency_completion_with_a_lost_response_reports_it(lossy):
+    idempotency = lossy.backend().idempotency
+    claim = idempotency.try_claim("k").claim
+    assert claim is not None
+    lossy.lose_next()
+    assert idempotency.complete(claim, {"r": 1}) is True
+    assert lossy.lost == 1
+    record = idempotency.get("k")
+    assert record is not None and record.completed and record.result == {"r": 1}
+    # a claim that never completed this record is still refused
+    other = idempotency.try_claim("j").claim
+    assert other is not None and idempotency.complete(other, 1) is True
+    assert idempotency.complete(dataclasses.replace(claim, key="j"), 2) is False
+
+
+def test_an_idempotent_call_whose_completion_answer_is_lost_logs_no_takeover(lossy, caplog):
+    backend = lossy.backend()
+    calls: list[int] = []
+
+    @backend.idempotent(key="id")
+    def handler(event: dict[str, str]) -> dict[str, str]:
+        calls.append(1)
+        lossy.lose_next()  # the completion that follows loses its answer
+        return {"ok": event["id"]}
+
+    with caplog.at_level(logging.WARNING):
+        assert handler({"id": "x"}) == {"ok": "x"}
+    assert lossy.lost == 1 and calls == [1]
+    assert "lost before completion" not in caplog.text
+    assert handler({"id": "x"}) == {"ok": "x"} and calls == [1]
+
+
 def test_a_release_with_a_lost_response_reports_it_and_frees_no_later_holder(lossy):
     locks = lossy.backend().locks
     lease = locks.acquire("k", ttl=30, owner="a")
@@ -364,6 +399,26 @@ def test_outbox_retry_with_a_lost_response_reports_the_event_retried(lossy):
     assert record.status is EventStatus.PENDING and record.attempts == 0
     # a second retry, by anyone, finds it pending: not failed
     assert outbox.retry_report("doomed").not_failed == ["doomed"]
+
+
+def test_an_outbox_retry_with_a_lost_response_is_not_applied_again(lossy):
+    outbox = lossy.backend().outbox
+    outbox.publish(Event("t", 1, id="x"))
+    attempts: list[int] = []
+
+    def poison(event: Event) -> None:
+        attempts.append(event.attempt)
+        raise RuntimeError("poison")
+
+    worker = outbox.worker(poison, max_attempts=1, heartbeat=False)
+    worker.run_once()
+    # In the gap: a worker delivers the retried event and it fails again. The retry of the
+    # move must not put it back to pending a second time.
+    lossy.lose_next(then=worker.run_once)
+    assert outbox.retry_report("x").retried == ["x"]
+    assert lossy.lost == 1 and len(attempts) == 2
+    assert outbox.get("x").status is EventStatus.FAILED
+    assert worker.run_once() == 0 and len(attempts) == 2
 
 
 def _has_batch_claim(backend) -> bool:

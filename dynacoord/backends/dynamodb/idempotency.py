@@ -4,7 +4,8 @@ Item: ``pk=IDEMP#{ns}#{key}``, ``sk=IDEMP``, ``status`` (IN_PROGRESS / COMPLETED
 ``expires_at_ms`` (the lease while in progress, the result's expiry once completed), ``ttl``
 (epoch seconds, for DynamoDB's sweeper), ``token`` (the claim, while in progress),
 ``payload_hash`` (optional), ``result`` (codec text, once completed), ``created_ms``,
-``completed_ms``.
+``completed_ms``, ``completed_by`` (the completing call's request token, which its retry after a
+lost answer recognises).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus, _status
 from ...keys import IDEMPOTENCY_SK, idempotency_pk
-from ._table import ConditionFailedError, DynamoTable, to_av, unmarshal, values
+from ._table import ConditionFailedError, DynamoTable, request_token, to_av, unmarshal, values
 
 __all__ = ["DynamoDBIdempotencyStore"]
 
@@ -60,6 +61,7 @@ class DynamoDBIdempotencyStore:
 
     def complete(self, key: str, token: str, result_text: str, ttl_ms: int, now_ms: int) -> bool:
         expires = now_ms + ttl_ms
+        req = request_token()
         try:
             self._table.call(
                 "update_item",
@@ -67,11 +69,13 @@ class DynamoDBIdempotencyStore:
                 # Only our own claim: a call that lost its lease must not overwrite the record of
                 # the call that took the key over. A record carries a token only while in
                 # progress (the claim writes both, this completion removes the token), so the
-                # token alone says the claim is still ours and open.
+                # token alone says the claim is still ours and open. ``completed_by`` keeps this
+                # call's request token: its retry after a lost answer knows it applied (another
+                # completion by the same claim is still refused).
                 ConditionExpression="#token = :token",
                 UpdateExpression=(
                     "SET #status = :completed, #result = :result, expires_at_ms = :exp, "
-                    "#ttl = :ttl, completed_ms = :now REMOVE #token"
+                    "#ttl = :ttl, completed_ms = :now, completed_by = :req REMOVE #token"
                 ),
                 ExpressionAttributeNames=_NAMES,
                 # what values() makes of them: the codec's text, the ints of the clock and (from
@@ -83,10 +87,13 @@ class DynamoDBIdempotencyStore:
                     ":exp": {"N": str(expires)},
                     ":ttl": {"N": str(math.ceil(expires / 1000))},
                     ":now": {"N": str(now_ms)},
+                    ":req": {"S": req},
                 },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ConditionFailedError:
-            return False
+        except ConditionFailedError as refused:
+            # this very completion, applied, its answer lost (botocore re-sent it)?
+            return (refused.raw or {}).get("completed_by") == {"S": req}
         return True
 
     def release(self, key: str, token: str) -> bool:

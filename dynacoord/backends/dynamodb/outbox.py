@@ -1057,7 +1057,12 @@ class DynamoDBOutboxStore:
         """One try of :meth:`retry_failed` into partition ``gpk``. ``group``: "" moves any failed
         event; None only an unordered one, answering an ordered one with its event (for its
         group); a group name only an ordered event of that group."""
-        condition = "attribute_exists(pk) AND #status = :failed"
+        # once per retry: its re-sent write after a lost answer must not move the event again
+        # if it failed again in between
+        condition = (
+            "attribute_exists(pk) AND #status = :failed AND "
+            "(attribute_not_exists(retried_by) OR retried_by <> :token)"
+        )
         extra: dict[str, Any] = {}
         if group is None:
             condition += " AND attribute_not_exists(seq)"

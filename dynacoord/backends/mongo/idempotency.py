@@ -2,7 +2,8 @@
 
 Document: ``pk=IDEMP#{ns}#{key}``, ``sk=IDEMP``, ``status``, ``expires_at_ms``, ``expires_at``
 (TTL monitor only), ``token`` (in progress), ``payload_hash`` (optional), ``result`` (completed),
-``created_ms``, ``completed_ms``.
+``created_ms``, ``completed_ms``, ``completed_by`` (the completing call's request token, which
+its retry after a lost answer recognises).
 
 Claim is one upserting ``replace_one`` whose filter says "free" (expired). If the record is live
 the upsert's insert hits the unique (pk, sk) index: ``DuplicateKeyError`` means "taken", and the
@@ -17,7 +18,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
 from ...keys import idempotency_key
-from ._collection import MongoCollection, translate_errors
+from ._collection import MongoCollection, request_token, translate_errors
 
 __all__ = ["MongoIdempotencyStore"]
 
@@ -59,6 +60,7 @@ class MongoIdempotencyStore:
 
     def complete(self, key: str, token: str, result_text: str, ttl_ms: int, now_ms: int) -> bool:
         expires = now_ms + ttl_ms
+        req = request_token()  # kept as completed_by: its retry after a lost answer knows it
         with translate_errors("idempotency complete"):
             result = self._c.update_one(
                 {
@@ -73,11 +75,16 @@ class MongoIdempotencyStore:
                         "expires_at_ms": expires,
                         "expires_at": self._coll.gc_date(expires, now_ms),
                         "completed_ms": now_ms,
+                        "completed_by": req,
                     },
                     "$unset": {"token": ""},
                 },
             )
-        return bool(result.matched_count == 1)
+            if result.matched_count == 1:
+                return True
+            # refused: by this very completion, applied, its answer lost (pymongo re-sent it)?
+            doc = self._c.find_one(self._filter(key), {"completed_by": 1})
+        return doc is not None and doc.get("completed_by") == req
 
     def release(self, key: str, token: str) -> bool:
         with translate_errors("idempotency release"):

@@ -727,8 +727,13 @@ class MongoOutboxStore:
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         with translate_errors("outbox retry"):
             result = self._c.update_one(
-                # Never creates (no upsert); only failed events move.
-                {**self._key(event_id), "status": EventStatus.FAILED.value},
+                # Never creates (no upsert); only failed events move, once per retry (its re-sent
+                # write after a lost answer must not move the event again if it failed again).
+                {
+                    **self._key(event_id),
+                    "status": EventStatus.FAILED.value,
+                    "retried_by": {"$ne": token},
+                },
                 {
                     "$set": {
                         "status": EventStatus.PENDING.value,

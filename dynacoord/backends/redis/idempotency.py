@@ -1,7 +1,9 @@
 """The idempotency store on Redis.
 
-Item: hash ``{IDEMP#{ns}#{key}}`` (the pk in a hash tag) with ``status``, ``expires_at_ms``, ``token`` (in progress),
-``payload_hash`` (optional), ``result`` (completed), ``created_ms``, ``completed_ms``.
+Item: hash ``{IDEMP#{ns}#{key}}`` (the pk in a hash tag) with ``status``, ``expires_at_ms``,
+``token`` (in progress), ``payload_hash`` (optional), ``result`` (completed), ``created_ms``,
+``completed_ms``, ``completed_by`` (the completing call's request token, which its retry after a
+lost reply recognises).
 
 Claim, complete and release are Lua scripts: the check (free? our token?) and the write are one
 atomic step, so two racing claims cannot both win and a call that lost its lease cannot overwrite
@@ -14,7 +16,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord
 from ...keys import idempotency_key
-from ._conn import RedisConn, as_int, as_str, item_key, translate_errors
+from ._conn import RedisConn, as_int, as_str, item_key, request_token, translate_errors
 
 __all__ = ["RedisIdempotencyStore"]
 
@@ -36,14 +38,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {1}
 """
 
-# KEYS[1]=record; ARGV: token, result, now, expires, gc ms
+# KEYS[1]=record; ARGV: token, result, now, expires, gc ms, request token
 _COMPLETE = """
-local cur = redis.call('HMGET', KEYS[1], 'status', 'token')
+local cur = redis.call('HMGET', KEYS[1], 'status', 'token', 'completed_by')
 if cur[1] ~= 'IN_PROGRESS' or cur[2] ~= ARGV[1] then
+  if cur[1] == 'COMPLETED' and cur[3] == ARGV[6] then
+    return 1
+  end
   return 0
 end
 redis.call('HSET', KEYS[1], 'status', 'COMPLETED', 'result', ARGV[2], 'expires_at_ms', ARGV[4],
-           'completed_ms', ARGV[3])
+           'completed_ms', ARGV[3], 'completed_by', ARGV[6])
 redis.call('HDEL', KEYS[1], 'token')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
@@ -91,7 +96,15 @@ class RedisIdempotencyStore:
         ok = self._conn.run(
             _COMPLETE,
             [self._key(key)],
-            [token, result_text, now_ms, expires, self._conn.gc_ms(expires, now_ms)],
+            # the call's request token: its re-sent script (a lost reply) knows it applied
+            [
+                token,
+                result_text,
+                now_ms,
+                expires,
+                self._conn.gc_ms(expires, now_ms),
+                request_token(),
+            ],
             "idempotency complete",
         )
         return as_int(ok) == 1

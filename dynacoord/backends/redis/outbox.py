@@ -278,11 +278,10 @@ _RETRY_FAILED = (
     _HEAD
     + """
 if not live(KEYS[1], now) then return 'not_found' end
-if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then
-  -- this very retry (ARGV[5], its token), run again after its answer was lost
-  if redis.call('HGET', KEYS[1], 'retried_by') == ARGV[5] then return 'retried' end
-  return 'not_failed'
-end
+-- this very retry (ARGV[5], its token), run again after its answer was lost: never applied
+-- twice, also when the event failed again in between
+if redis.call('HGET', KEYS[1], 'retried_by') == ARGV[5] then return 'retried' end
+if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then return 'not_failed' end
 move('pending', ARGV[4])
 redis.call('HSET', KEYS[1], 'attempts', 0, 'due_ms', ARGV[1], 'updated_ms', ARGV[1],
   'retried_by', ARGV[5])
