@@ -280,3 +280,36 @@ def test_tiny_run_writes_every_section(dynamodb_local: DynamoDBLocal, tmp_path: 
     contention = results["sections"]["contention"]
     assert contention["mutual_exclusion_violations"] == 0
     assert contention["acquisitions"] == sum(contention["per_thread"]) > 0
+
+
+def _shape(params: dict[str, Any]) -> dict[str, Any]:
+    """A request without its key, table and values: the expressions, names, value placeholders
+    (with their types) and return options."""
+    shape = {k: v for k, v in params.items() if k not in ("Key", "TableName")}
+    values = shape.pop("ExpressionAttributeValues", {})
+    shape["values"] = sorted((name, next(iter(value))) for name, value in values.items())
+    return shape
+
+
+def test_the_raw_lock_requests_are_the_ones_dynacoord_sends(dynamodb_local: DynamoDBLocal) -> None:
+    # The lock rows' raw sides are written by hand (the other primitives replay the captured
+    # request): they must stay the same requests, or the overhead row compares unlike work.
+    from bench._harness import bench_env
+    from bench.overhead import _lock_pairs
+
+    with bench_env(TINY, dynamodb_local) as env:
+        pairs = _lock_pairs(env, 2)
+        seen: list[tuple[str, dict[str, Any]]] = []
+
+        def capture(params: dict[str, Any], model: Any, **_: Any) -> None:
+            seen.append((model.name, dict(params)))
+
+        env.client.meta.events.register("before-parameter-build.dynamodb", capture)
+        for pair in pairs:
+            seen.clear()
+            pair.dynacoord(0)
+            ours = [(name, _shape(params)) for name, params in seen]
+            seen.clear()
+            pair.raw(0)
+            raw = [(name, _shape(params)) for name, params in seen]
+            assert ours == raw, pair.operation
