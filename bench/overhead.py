@@ -99,6 +99,8 @@ def _expect_condition_failure(call: Callable[[], object]) -> None:
 
 
 def _lock_pairs(env: BenchEnv, total: int) -> list[Pair]:
+    from dynacoord.backends.dynamodb.locks import FORCE_RELEASE_CONDITION, FORCE_RELEASE_UPDATE
+
     backend = env.backend()
     locks = backend.locks
     ns = backend.namespace
@@ -248,15 +250,8 @@ def _lock_pairs(env: BenchEnv, total: int) -> list[Pair]:
         client.update_item(
             TableName=table,
             Key=key(f"raw-a{i}"),
-            ConditionExpression=(
-                "attribute_exists(pk) AND (attribute_not_exists(released_by) OR "
-                "released_by <> :token)"
-            ),
-            UpdateExpression=(
-                "SET released_by = :token, released_owner = if_not_exists(#owner, :none), "
-                "released_until = if_not_exists(expires_at_ms, :zero), expires_at_ms = :now, "
-                "#ttl = :ttl REMOVE #owner"
-            ),
+            ConditionExpression=FORCE_RELEASE_CONDITION,
+            UpdateExpression=FORCE_RELEASE_UPDATE,
             ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
             ExpressionAttributeValues={
                 ":now": _n(now),

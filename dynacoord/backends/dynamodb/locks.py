@@ -22,6 +22,19 @@ from ._table import FREE, ConditionFailedError, DynamoTable, request_token, unma
 
 __all__ = ["DynamoDBLockStore"]
 
+#: force_release touches only an existing item (it never creates one), and only once per call: a
+#: retry after a lost answer must not free a lock taken in the gap.
+FORCE_RELEASE_CONDITION = (
+    "attribute_exists(pk) AND (attribute_not_exists(released_by) OR released_by <> :token)"
+)
+#: It keeps the holder it freed (operands read the item before the update), so the retry of an
+#: applied call answers as the call did.
+FORCE_RELEASE_UPDATE = (
+    "SET released_by = :token, released_owner = if_not_exists(#owner, :none), "
+    "released_until = if_not_exists(expires_at_ms, :zero), expires_at_ms = :now, "
+    "#ttl = :ttl REMOVE #owner"
+)
+
 
 class DynamoDBLockStore:
     def __init__(self, table: DynamoTable, namespace: str, *, fence_grace_s: int = 3600) -> None:
@@ -136,19 +149,8 @@ class DynamoDBLockStore:
             response = self._table.call(
                 "update_item",
                 Key=self._key(key),
-                # Only touch an existing item (force_release never creates one), and only once
-                # per call: a retry after a lost answer must not free a lock taken in the gap.
-                ConditionExpression=(
-                    "attribute_exists(pk) AND (attribute_not_exists(released_by) OR "
-                    "released_by <> :token)"
-                ),
-                # The holder it freed (operands read the item before the update) is kept, so the
-                # retry of an applied call can answer as the call did.
-                UpdateExpression=(
-                    "SET released_by = :token, released_owner = if_not_exists(#owner, :none), "
-                    "released_until = if_not_exists(expires_at_ms, :zero), expires_at_ms = :now, "
-                    "#ttl = :ttl REMOVE #owner"
-                ),
+                ConditionExpression=FORCE_RELEASE_CONDITION,
+                UpdateExpression=FORCE_RELEASE_UPDATE,
                 ExpressionAttributeNames={"#owner": "owner", "#ttl": "ttl"},
                 ExpressionAttributeValues={
                     **values(now=now_ms, ttl=self._ttl(now_ms), token=token, zero=0),
