@@ -106,6 +106,32 @@ class MongoBreakerStore:
         doc = self._stored(name, what)
         return doc if doc is not None and doc.get("req") == token else None
 
+    def _find_and_update(
+        self,
+        query: dict[str, Any],
+        update: dict[str, Any] | list[dict[str, Any]],
+        what: str,
+        *,
+        upsert: bool,
+        document: bool,  # ReturnDocument.BEFORE or AFTER
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """One find_one_and_update: (applied, the document ``document`` names). With ``upsert``,
+        a duplicate-key refusal is tried once more as a plain update."""
+        for insert in (upsert, False):
+            try:
+                with translate_errors(what):
+                    doc: dict[str, Any] | None = self._c.find_one_and_update(
+                        query, update, upsert=insert, return_document=document
+                    )
+            except DuplicateKeyError:
+                # The document exists but did not match: either it is in another state (the
+                # answer is "no"), or a racing upsert inserted it a moment ago. It exists now,
+                # so a plain filtered update tells which.
+                continue
+            # an upsert that raised nothing matched or inserted (BEFORE an insert is None)
+            return doc is not None or insert, doc
+        return False, None
+
     def _modify(
         self,
         name: str,
@@ -115,22 +141,15 @@ class MongoBreakerStore:
         *,
         upsert: bool = False,
     ) -> dict[str, Any] | None:
-        """One find_one_and_update returning the document after it (None: refused); with
-        ``upsert``, a duplicate-key refusal is tried once more as a plain update."""
-        query = {**self._key(name), **condition}
-        for insert in (upsert, False):
-            try:
-                with translate_errors(what):
-                    doc: dict[str, Any] | None = self._c.find_one_and_update(
-                        query, update, upsert=insert, return_document=ReturnDocument.AFTER
-                    )
-                return doc
-            except DuplicateKeyError:
-                # The document exists but did not match: either it is in another state (the
-                # answer is "no"), or a racing upsert inserted it a moment ago. It exists now,
-                # so a plain filtered update tells which.
-                continue
-        return None
+        """The document after the write (None: refused)."""
+        _, doc = self._find_and_update(
+            {**self._key(name), **condition},
+            update,
+            what,
+            upsert=upsert,
+            document=ReturnDocument.AFTER,
+        )
+        return doc
 
     def _count(
         self,
@@ -170,20 +189,15 @@ class MongoBreakerStore:
         closed when there was no document), or None when refused. A refusal by this call's own
         write (applied by an attempt whose response was lost) answers what that attempt would
         have: the stored record in the state it left (``req_from``)."""
-        query = {**self._key(name), **condition, "req": {"$ne": token}}
-        for insert in (upsert, False):
-            try:
-                with translate_errors(what):
-                    old: dict[str, Any] | None = self._c.find_one_and_update(
-                        query, update, upsert=insert, return_document=ReturnDocument.BEFORE
-                    )
-                if old is not None or insert:
-                    return BreakerRecord.from_item(old)
-                break
-            except DuplicateKeyError:
-                # Exists but did not match: our own write, or a racing upsert's insert. It
-                # exists now, so a plain filtered update tells which.
-                continue
+        applied, old = self._find_and_update(
+            {**self._key(name), **condition, "req": {"$ne": token}},
+            update,
+            what,
+            upsert=upsert,
+            document=ReturnDocument.BEFORE,
+        )
+        if applied:
+            return BreakerRecord.from_item(old)
         own = self._own(name, token, what)
         if own is None:
             return None
