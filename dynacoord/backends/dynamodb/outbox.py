@@ -672,19 +672,38 @@ class DynamoDBOutboxStore:
         return [claimed[r.id] for r, _ in claimable if r.id in claimed]
 
     def _postpone(self, seen: EventRecord, due_ms: int, now_ms: int) -> None:
+        """Move ``seen``, held back by its group's gate, out of the due queue's way until
+        ``due_ms``: a pending event is pushed back; an in-flight one whose lease ran out (its
+        worker died or overran) goes back to pending, its counted attempts kept. Left in flight,
+        blocked followers found by the expired-lease scan stayed at the front of the in-flight
+        queue, and a scan full of them found nothing else, poll after poll (issue 28, case 1)."""
         gpk, gsk = self._record_index(seen.event, EventStatus.PENDING, due_ms)
+        args: dict[str, Any] = {
+            "pending": EventStatus.PENDING.value,
+            "now": now_ms,
+            "due": due_ms,
+            "gpk": gpk,
+            "gsk": gsk,
+        }
+        update = "SET #status = :pending, due_ms = :due, gsi1pk = :gpk, gsi1sk = :gsk"
+        if seen.status is EventStatus.IN_FLIGHT and seen.lease_token is not None:
+            # Still held by the claim we saw, and that claim's lease is over: no worker can
+            # finish it any more (every outcome needs the token this removes).
+            condition = "#status = :in_flight AND lease_token = :seen AND due_ms <= :now"
+            args.update(in_flight=EventStatus.IN_FLIGHT.value, seen=seen.lease_token)
+            update += " REMOVE lease_token"
+        else:
+            condition = (
+                "#status = :pending AND attribute_not_exists(lease_token) AND due_ms <= :now"
+            )
         with contextlib.suppress(ConditionFailedError):  # claimed or moved meanwhile
             self._table.call(
                 "update_item",
                 Key=self._key(seen.id),
-                ConditionExpression=(
-                    "#status = :pending AND attribute_not_exists(lease_token) AND due_ms <= :now"
-                ),
-                UpdateExpression="SET due_ms = :due, gsi1pk = :gpk, gsi1sk = :gsk",
+                ConditionExpression=condition,
+                UpdateExpression=update,
                 ExpressionAttributeNames=_NAMES,
-                ExpressionAttributeValues=values(
-                    pending=EventStatus.PENDING.value, now=now_ms, due=due_ms, gpk=gpk, gsk=gsk
-                ),
+                ExpressionAttributeValues=values(**args),
             )
 
     def _transact(

@@ -1,0 +1,77 @@
+"""The store-level cases of issue 28 ("The outbox under failure"), each a history that broke a
+promise of docs/outbox.md before its fix: a wedge behind dead workers' ordered followers, shard
+counts that disagree, ordered publishes past the item limit or under contention, and batched
+writes whose later part is refused or raises.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from dynacoord._clock import ManualClock
+from dynacoord.keys import shard_of
+from dynacoord.outbox import ORDERED_RECHECK_MS, Event
+
+from ..conftest import _dynamodb_factory
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+
+LEASE_S = 30
+
+
+@pytest.fixture()
+def make_ddb(ddb_table: tuple[Any, str]) -> Any:
+    """Backends on DynamoDB Local only (shards exist on the DynamoDB backend only)."""
+    client, table = ddb_table
+    return _dynamodb_factory(client, table)
+
+
+def _die_holding(outbox: Any, ids: list[str], clock: ManualClock) -> None:
+    """A worker claims ``ids`` (as they are stored now) and dies: it never finishes them."""
+    store = outbox._store
+    now = int(clock.time() * 1000)
+    seen = [outbox.get(i) for i in ids]
+    claimed = store.claim_many(seen, [f"dead-{i}" for i in ids], now + LEASE_S * 1000, now)
+    assert sorted(r.id for r in claimed) == sorted(ids)
+
+
+def _poll_gap_s(worker: Any) -> float:
+    """More than a recheck of a blocked group and than the expired-lease scan's interval."""
+    return max(ORDERED_RECHECK_MS, worker.lease_ms // 2) / 1000 + 1
+
+
+# -- case 1: blocked ordered followers with expired leases wedged the in-flight queue -----------
+
+
+@pytest.mark.parametrize("batch_size", [25, 1])
+def test_dead_workers_blocked_followers_do_not_wedge_the_outbox(make_backend, batch_size):
+    # Two workers die holding the heads and followers of 2 groups (on one shard of 4); every
+    # follower's id sorts before its head's, so the expired-lease scan (lease end, then id)
+    # sees only followers of a group whose head is not done: a full page of blocked events.
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    assert shard_of("a", 4) == shard_of("c", 4)
+    groups = {g: [f"zz-{g}"] + [f"{g}-{i:02d}" for i in range(1, 25)] for g in ("a", "c")}
+    for g, ids in groups.items():
+        outbox.publish([Event("t", n, group=g, ordered=True, id=i) for n, i in enumerate(ids)])
+    for ids in groups.values():
+        _die_holding(outbox, ids, clock)
+    outbox.publish(Event("t", "free", id="free"))
+    clock.advance(LEASE_S + 1)  # the dead workers' leases ran out
+    delivered: dict[str, list[int]] = defaultdict(list)
+
+    def handle(event: Event) -> None:
+        delivered[event.group or "-"].append(event.payload)
+
+    worker = outbox.worker(handle, batch_size=batch_size, heartbeat=False)
+    for poll in range(200):  # bounded: a wedged outbox never drains
+        worker.run_once()
+        clock.advance(_poll_gap_s(worker))
+        if poll % 10 == 9 and sum(outbox.stats().as_dict().values()) == 0:
+            break
+    assert outbox.stats().as_dict() == {"pending": 0, "due": 0, "in_flight": 0, "failed": 0}
+    assert delivered == {"a": list(range(25)), "c": list(range(25)), "-": ["free"]}
+
