@@ -75,3 +75,44 @@ def test_dead_workers_blocked_followers_do_not_wedge_the_outbox(make_backend, ba
     assert outbox.stats().as_dict() == {"pending": 0, "due": 0, "in_flight": 0, "failed": 0}
     assert delivered == {"a": list(range(25)), "c": list(range(25)), "-": ["free"]}
 
+
+# -- case 4: a worker with more shards than the namespace's recorded count ---------------------
+
+
+class Crash(BaseException):
+    """A handler that kills its worker (not an Exception: the worker does not record it)."""
+
+
+def _crash(event: Event) -> None:
+    raise Crash()
+
+
+def test_a_worker_with_more_shards_than_recorded_strands_nothing(make_ddb):
+    # A 4-shard publisher records 4; a worker configured with 8 claims a batch and dies on its
+    # first event: the batch's rest is given back (pending) and the first stays in flight, each
+    # placed by the worker's own 8 shards. Readers and workers with 4 (and the default) must see
+    # them all and recover them.
+    clock = ManualClock()
+    publisher = make_ddb(shards=4, clock=clock)
+    ns = publisher.namespace
+    ids = [f"e{i:02d}" for i in range(20)]
+    assert any(shard_of(i, 8) >= 4 for i in ids)  # some land on shards a 4-shard reader skips
+    publisher.outbox.publish([Event("t", i, id=i) for i in ids])
+    wide = make_ddb(namespace=ns, shards=8, clock=clock).outbox.worker(_crash, heartbeat=False)
+    with pytest.raises(Crash):
+        wide.run_once()
+    for reader in (
+        make_ddb(namespace=ns, shards=4, clock=clock),
+        make_ddb(namespace=ns, clock=clock),
+    ):
+        stats = reader.outbox.stats()
+        assert (stats.pending, stats.in_flight) == (19, 1), reader.shards
+    clock.advance(LEASE_S + 1)  # the dead worker's lease ran out
+    got: list[str] = []
+    narrow = make_ddb(namespace=ns, shards=4, clock=clock).outbox
+    worker = narrow.worker(lambda e: got.append(e.id), heartbeat=False)
+    for _ in range(10):
+        worker.run_once()
+        clock.advance(_poll_gap_s(worker))
+    assert sorted(got) == ids
+    assert sum(narrow.stats().as_dict().values()) == 0

@@ -157,8 +157,18 @@ class DynamoDBOutboxStore:
         return max(self._own_shards, self._recorded_shards)
 
     def _record_shards(self) -> None:
-        """Once per store: make the namespace's recorded shard count at least this store's."""
+        """Once per store: make the namespace's recorded shard count at least this store's.
+
+        Called before every write that places an index entry (a publish, a claim, an outcome, a
+        lease extension, a retry, a postpone): an entry on a shard beyond the recorded count is
+        on a partition no reader with fewer shards polls, so a worker configured with more
+        shards than the namespace's publishers would strand the events it claims and dies with,
+        gives back or fails (issue 28, case 4). No request when the count read already covers
+        this store's (the count never goes down)."""
         if self._shards_written:
+            return
+        if self._recorded_shards is not None and self._recorded_shards >= self._own_shards:
+            self._shards_written = True
             return
         with contextlib.suppress(ConditionFailedError):  # already as many or more
             self._table.call(
@@ -493,6 +503,7 @@ class DynamoDBOutboxStore:
         """One unordered event, one conditional UpdateItem returning the claimed item."""
         if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
             return None
+        self._record_shards()
         gpk, gsk = self._index(seen.id, EventStatus.IN_FLIGHT, lease_until_ms)
         # Still as we saw it (status and lease token) and due: a pending event whose next attempt
         # has come, or an in-flight one whose lease has run out (its worker died or overran).
@@ -580,6 +591,7 @@ class DynamoDBOutboxStore:
     def claim_many(
         self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
     ) -> list[EventRecord]:
+        self._record_shards()
         # Of each ordered group, the run of consecutive places from the smallest one seen (events
         # after a gap are left as they are: the next poll looks again).
         runs = _Runs({}, {})
@@ -677,6 +689,7 @@ class DynamoDBOutboxStore:
         worker died or overran) goes back to pending, its counted attempts kept. Left in flight,
         blocked followers found by the expired-lease scan stayed at the front of the in-flight
         queue, and a scan full of them found nothing else, poll after poll (issue 28, case 1)."""
+        self._record_shards()
         gpk, gsk = self._record_index(seen.event, EventStatus.PENDING, due_ms)
         args: dict[str, Any] = {
             "pending": EventStatus.PENDING.value,
@@ -780,6 +793,7 @@ class DynamoDBOutboxStore:
     def finish_many(
         self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
     ) -> list[bool]:
+        self._record_shards()
         results: dict[int, bool] = {}
         entries: list[_Entry] = []
         for index, outcome in enumerate(outcomes):
@@ -921,6 +935,7 @@ class DynamoDBOutboxStore:
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
     ) -> list[bool]:
+        self._record_shards()
         results: dict[int, bool] = {}
         entries = []
         for index, record in enumerate(held):
@@ -993,6 +1008,7 @@ class DynamoDBOutboxStore:
         return True
 
     def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
+        self._record_shards()
         _, gsk = self._index(event_id, EventStatus.IN_FLIGHT, lease_until_ms)
         return self._if_held(
             event_id,
@@ -1052,6 +1068,7 @@ class DynamoDBOutboxStore:
         return written
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
+        self._record_shards()
         gpk, gsk = self._index(event_id, EventStatus.PENDING, now_ms)
         # Sharded, an ordered event goes back to its group's partition, which only the stored
         # item names: the first try moves an unordered event (one request), and its refusal shows
