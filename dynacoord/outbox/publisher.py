@@ -242,7 +242,7 @@ class Outbox:
     ) -> list[EventRecord]:
         check_int(limit, "limit", minimum=1)
         found: list[EventRecord] = []
-        for shard in range(self._store.shards):
+        for shard in range(self._shards()):
             cursor: Any = None
             taken = 0
             while taken < limit:
@@ -255,6 +255,14 @@ class Outbox:
                     break
         found.sort(key=lambda r: (r.due_at_ms, r.id))
         return found[:limit]
+
+    def _shards(self) -> int:
+        """The namespace's shard count, read again for every listing and count: a publisher (or
+        a worker) with more shards may have started since this process last read it, and a
+        count kept from then misses the events on the newer shards (issue 28, case 5). One
+        GetItem on DynamoDB (none on Redis and MongoDB), against one Query per shard and status
+        that the listing costs anyway."""
+        return max(1, self._store.refresh_shards())
 
     def retry(self, ids: str | Iterable[str]) -> int:
         """Put failed events back to pending (due now, attempts reset); return how many moved.
@@ -288,10 +296,11 @@ class Outbox:
         """Counts of pending (and due), in-flight and failed events (COUNT queries, every shard
         and page). Completed events are not counted (that would need a scan)."""
         now = now_ms(self.clock)
+        shards = self._shards()
 
         def count(status: EventStatus, due_before: int | None = None) -> int:
             total = 0
-            for shard in range(self._store.shards):
+            for shard in range(shards):
                 cursor: Any = None
                 while True:
                     n, cursor = self._store.count_page(

@@ -116,3 +116,19 @@ def test_a_worker_with_more_shards_than_recorded_strands_nothing(make_ddb):
         clock.advance(_poll_gap_s(worker))
     assert sorted(got) == ids
     assert sum(narrow.stats().as_dict().values()) == 0
+
+
+# -- case 5: a long-lived reader kept the shard count it read first -----------------------------
+
+
+def test_a_long_lived_reader_counts_events_of_a_publisher_with_more_shards(make_ddb):
+    reader = make_ddb(shards=4)
+    assert reader.outbox.stats().pending == 0  # reads the namespace's shard count once
+    publisher = make_ddb(namespace=reader.namespace, shards=8)
+    ids = [f"p{i:02d}" for i in range(40)]
+    assert any(shard_of(i, 8) >= 4 for i in ids)
+    publisher.outbox.publish([Event("t", i, id=i) for i in ids])
+    outbox = reader.outbox
+    assert outbox.stats().pending == 40
+    assert sorted(r.id for r in outbox.pending()) == ids
+    assert outbox.failed() == [] and outbox.in_flight() == []
