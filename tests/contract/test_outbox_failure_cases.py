@@ -6,6 +6,7 @@ writes whose later part is refused or raises.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from dynacoord._clock import ManualClock
 from dynacoord.keys import shard_of
-from dynacoord.outbox import ORDERED_RECHECK_MS, Event
+from dynacoord.outbox import ORDERED_RECHECK_MS, Event, Outcome
 
 from ..conftest import _dynamodb_factory
 
@@ -132,3 +133,33 @@ def test_a_long_lived_reader_counts_events_of_a_publisher_with_more_shards(make_
     assert outbox.stats().pending == 40
     assert sorted(r.id for r in outbox.pending()) == ids
     assert outbox.failed() == [] and outbox.in_flight() == []
+
+
+# -- case 9a: a group's gate moved past an outcome that was refused -----------------------------
+
+
+def test_a_refused_outcome_does_not_move_its_groups_gate(make_backend):
+    # A worker holds places 1 and 2 of a group and has lost the lease on place 2 (another claim
+    # holds it now): its outcomes are written for place 1 only, and the gate must stop at 2.
+    clock = ManualClock()
+    outbox = make_backend(clock=clock).outbox
+    outbox.publish([Event("t", n, group="g", ordered=True, id=f"g{n}") for n in (1, 2, 3)])
+    store = outbox._store
+    now = int(clock.time() * 1000)
+    seen = [outbox.get("g1"), outbox.get("g2")]
+    held = store.claim_many(seen, ["t1", "t2"], now + LEASE_S * 1000, now)
+    assert [r.id for r in held] == ["g1", "g2"]
+    lost = dataclasses.replace(held[1], lease_token="someone-else")
+    written = store.finish_many(
+        [Outcome(held[0], "completed"), Outcome(lost, "completed")], now, None
+    )
+    assert written == [True, False]
+    got: list[str] = []
+    worker = outbox.worker(lambda e: got.append(e.id), heartbeat=False)
+    worker.run_once()
+    assert got == []  # place 3 waits: place 2 is still in flight, not delivered
+    clock.advance(LEASE_S + 1)
+    for _ in range(5):
+        worker.run_once()
+        clock.advance(_poll_gap_s(worker))
+    assert got == ["g2", "g3"]

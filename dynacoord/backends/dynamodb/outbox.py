@@ -809,10 +809,16 @@ class DynamoDBOutboxStore:
         for outcome in outcomes:
             if outcome.record.seq is not None and outcome.record.event.group is not None:
                 by_group.setdefault(outcome.record.event.group, []).append(outcome)
+        gates: dict[str, _Entry] = {}
         for group, members in by_group.items():
             gate_op = self._gate_finish(group, members)
             if gate_op is not None:
-                entries.append(_Entry({"Update": gate_op}, group=group))
+                gates[group] = _Entry({"Update": gate_op}, group=group)
+                entries.append(gates[group])
+        # Indexes of the outcomes refused (not our own write): their group's gate must not move
+        # past them. A group's items travel in one transaction, so a refusal cancels the gate
+        # move too and the rest is sent again: with a gate move computed from the rest.
+        lost: set[int] = set()
 
         def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
             if entry.index is None:
@@ -823,12 +829,30 @@ class DynamoDBOutboxStore:
                 results[entry.index] = retention_ms is None
             else:
                 results[entry.index] = item.get("finished_by") == entry.token
+            if not results[entry.index]:
+                lost.add(entry.index)
 
         def written(entry: _Entry) -> None:
             if entry.index is not None:
                 results[entry.index] = True
 
-        self._transact(entries, refused, written, _group_closure)
+        def still_wanted(entry: _Entry) -> bool:
+            group = entry.group
+            if entry.index is not None or group is None or not lost:
+                return True
+            # The gate of a group whose outcome was refused: moved only by the outcomes that
+            # are written (as Redis and MongoDB do), never past the refused one.
+            kept = [o for i, o in enumerate(outcomes) if i not in lost]
+            members = [
+                o for o in kept if o.record.seq is not None and o.record.event.group == group
+            ]
+            gate_op = self._gate_finish(group, members) if members else None
+            if gate_op is None:
+                return False
+            entry.item = {"Update": gate_op}
+            return True
+
+        self._transact(entries, refused, written, _group_closure, still_wanted)
         return [results.get(i, False) for i in range(len(outcomes))]
 
     def _outcome_op(
