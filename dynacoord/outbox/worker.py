@@ -10,7 +10,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from .._clock import Clock, now_ms
@@ -48,8 +48,12 @@ def _error_text(exc: BaseException) -> str:
 
 class _LeaseKeeper(threading.Thread):
     """One per worker while it holds claims: every ``interval`` seconds, extends (in one store
-    call) the leases of the events it holds that were claimed or extended more than
-    ``interval`` ago, so fast batches cost no extension at all."""
+    call) the leases of the events it holds that were claimed or extended more than half a beat
+    ago, so fast batches cost no extension at all.
+
+    An event is held from its claim until its outcome is *stored*, not merely decided: a handled
+    event whose outcome waits for the batch's end (behind a slow handler) keeps its lease, so
+    nobody else delivers it again."""
 
     def __init__(self, worker: OutboxWorker, interval: float) -> None:
         super().__init__(name=f"dynacoord-outbox-lease-{worker.name}", daemon=True)
@@ -57,54 +61,74 @@ class _LeaseKeeper(threading.Thread):
         self._interval = interval
         self._done = threading.Event()
         self._lock = threading.Lock()
-        #: event id -> (record as claimed, when its lease was last moved, ms)
+        #: event id -> (record as claimed, when its lease ends as stored, ms)
         self._held: dict[str, tuple[EventRecord, int]] = {}
+        #: held events whose outcome is being written: a refused extension is that write's doing
+        self._closing: set[str] = set()
         self.lost: set[str] = set()
 
     def hold(self, records: Sequence[EventRecord], at_ms: int) -> None:
         with self._lock:
             for record in records:
-                self._held[record.id] = (record, at_ms)
+                # The lease the claim wrote (computed before the claim was sent: a slow claim
+                # leaves less of it), else one from now.
+                until = record.due_at_ms or at_ms + self._worker.lease_ms
+                self._held[record.id] = (record, until)
 
-    def release(self, event_id: str) -> None:
+    def closing(self, event_ids: Iterable[str]) -> None:
+        """The outcomes of these events are being written: keep them alive meanwhile, and take
+        a refused extension for the outcome's own write, not a lost lease."""
         with self._lock:
-            self._held.pop(event_id, None)
+            self._closing.update(event_ids)
+
+    def release(self, event_ids: Iterable[str]) -> None:
+        with self._lock:
+            for event_id in event_ids:
+                self._held.pop(event_id, None)
+                self._closing.discard(event_id)
 
     def lease_until(self, event_id: str) -> int | None:
         """When the lease of a held event ends as far as this keeper knows (None: lost)."""
         with self._lock:
             held = self._held.get(event_id)
-        return None if held is None else held[1] + self._worker.lease_ms
+        return None if held is None else held[1]
 
     def run(self) -> None:
-        worker = self._worker
-        step_ms = int(self._interval * 1000)
         while not self._done.wait(self._interval):
-            now = now_ms(worker.clock)
-            with self._lock:
-                # Half a beat, not a whole one: a late wake-up must not skip a claim's turn.
-                due = [rec for rec, moved in self._held.values() if now - moved >= step_ms // 2]
-            if not due:
-                continue
-            try:
-                kept = worker._store.extend_many(due, now + worker.lease_ms, now)
-            except Exception:  # transient: the next beat may work, the leases still have time
-                logger.exception("%s: extending %d lease(s) failed", worker.name, len(due))
-                continue
-            with self._lock:
-                for record, ok in zip(due, kept, strict=True):
-                    if record.id not in self._held:
-                        continue
-                    if ok:
-                        self._held[record.id] = (record, now)
-                    else:
-                        self._held.pop(record.id, None)
-                        self.lost.add(record.id)
-                        logger.warning(
-                            "%s: event %r: lease lost while held (another worker may deliver it)",
-                            worker.name,
-                            record.id,
-                        )
+            self.beat()
+
+    def beat(self) -> None:
+        """One beat: extend, in one store call, the held leases moved half a beat ago or more."""
+        worker = self._worker
+        # Half a beat, not a whole one: a late wake-up must not skip a claim's turn.
+        threshold = worker.lease_ms - int(self._interval * 1000) // 2
+        now = now_ms(worker.clock)
+        with self._lock:
+            due = [rec for rec, until in self._held.values() if until - now <= threshold]
+        if not due:
+            return
+        until = now + worker.lease_ms
+        try:
+            kept = worker._store.extend_many(due, until, now)
+        except Exception:  # transient: the next beat may work, the leases still have time
+            logger.exception("%s: extending %d lease(s) failed", worker.name, len(due))
+            return
+        with self._lock:
+            for record, ok in zip(due, kept, strict=True):
+                if record.id not in self._held:
+                    continue
+                if ok:
+                    self._held[record.id] = (record, until)
+                elif record.id in self._closing:
+                    pass  # its outcome was stored first: still held until the worker says so
+                else:
+                    self._held.pop(record.id, None)
+                    self.lost.add(record.id)
+                    logger.warning(
+                        "%s: event %r: lease lost while held (another worker may deliver it)",
+                        worker.name,
+                        record.id,
+                    )
 
     def stop(self) -> None:
         self._done.set()
@@ -418,11 +442,12 @@ class OutboxWorker:
 
     def _run_batch(self, claimed: list[EventRecord], keep_going: Callable[[], bool] | None) -> int:
         now = now_ms(self.clock)
-        keeper = _LeaseKeeper(self, self.lease_ms / 3000) if self.heartbeat else None
+        keeper = self._new_keeper()
         if keeper is not None:
             keeper.hold(claimed, now)
             keeper.start()
         outcomes: list[Outcome] = []
+        settled: set[str] = set()  # events with an outcome (stored or not), or skipped
         flush_by = now + self.lease_ms // 3
         held_back: dict[str, int] = {}  # ordered group -> due of its unfinished head
         handled = 0
@@ -434,47 +459,46 @@ class OutboxWorker:
                     outcomes.append(
                         Outcome(record, "pending", due_ms=held_back[group], count_attempt=False)
                     )
+                    settled.add(record.id)
                     continue
                 if self.stopping or (keep_going is not None and not keep_going()):
                     now = now_ms(self.clock)
                     outcomes.extend(
                         Outcome(r, "pending", due_ms=now, count_attempt=False)
                         for r in claimed[index:]
+                        if r.id not in settled
                     )
+                    settled.update(r.id for r in claimed[index:])
                     break
-                until = record.due_at_ms if keeper is None else keeper.lease_until(record.id)
-                if until is None or now_ms(self.clock) >= until:
-                    # Its lease ran out before its turn (a frozen process, a stalled batch):
-                    # another worker may be delivering it already; do not run it twice.
-                    self.lost += 1
-                    logger.warning(
-                        "%s: event %r not handled: its lease ran out before its turn",
-                        self.name,
-                        record.id,
-                    )
+                if not self._still_held(record, keeper):
+                    settled.add(record.id)
+                    if group is not None:
+                        # Its place may still be undelivered (another worker has it, or it went
+                        # back to pending): the rest of its group waits behind it.
+                        held_back[group] = now_ms(self.clock)
                     continue
                 outcome = self._handle(record)
                 handled += 1
                 outcomes.append(outcome)
+                settled.add(record.id)
                 if group is not None and outcome.kind == "pending":
                     held_back[group] = outcome.due_ms
-                if keeper is not None:
-                    keeper.release(record.id)
                 if now_ms(self.clock) >= flush_by and index + 1 < len(claimed):
                     self._finish(outcomes, keeper)
                     outcomes = []
                     flush_by = now_ms(self.clock) + self.lease_ms // 3
+            # Stored while the keeper still runs: a slow write must not let the leases lapse.
+            self._finish(outcomes, keeper)
+            outcomes = []
         except BaseException:
             # KeyboardInterrupt / SystemExit mid-batch: store what is done (so it is not
             # delivered again) and give back what was not started; the event whose handler was
-            # interrupted is claimed again after its lease.
-            done = {o.record.id for o in outcomes}
-            interrupted = len(outcomes)
+            # interrupted (the one claimed, not settled, and first in line) is claimed again
+            # after its lease.
             back = now_ms(self.clock)
+            unsettled = [r for r in claimed if r.id not in settled]
             outcomes.extend(
-                Outcome(r, "pending", due_ms=back, count_attempt=False)
-                for r in claimed[interrupted + 1 :]
-                if r.id not in done
+                Outcome(r, "pending", due_ms=back, count_attempt=False) for r in unsettled[1:]
             )
             try:
                 self._finish(outcomes, keeper)
@@ -484,15 +508,36 @@ class OutboxWorker:
         finally:
             if keeper is not None:
                 keeper.stop()
-        self._finish(outcomes, keeper)
         return handled
+
+    def _still_held(self, record: EventRecord, keeper: _LeaseKeeper | None) -> bool:
+        """Whether the worker's lease on ``record`` still holds now, before its handler runs."""
+        until = record.due_at_ms if keeper is None else keeper.lease_until(record.id)
+        if until is not None and now_ms(self.clock) < until:
+            return True
+        # Its lease ran out before its turn (a frozen process, a stalled batch, a claim whose
+        # answer came late): another worker may be delivering it already; do not run it twice.
+        self.lost += 1
+        logger.warning(
+            "%s: event %r not handled: its lease ran out before its turn", self.name, record.id
+        )
+        return False
 
     def _finish(self, outcomes: Sequence[Outcome], keeper: _LeaseKeeper | None) -> None:
         if not outcomes:
             return
+        ids = [o.record.id for o in outcomes]
+        if keeper is not None:
+            keeper.closing(ids)  # still extended while the outcomes are written
         written = self._store.finish_many(outcomes, now_ms(self.clock), self.retention_ms)
+        if keeper is not None:
+            keeper.release(ids)
         for outcome, ok in zip(outcomes, written, strict=True):
             self._record(outcome, ok)
+
+    def _new_keeper(self) -> _LeaseKeeper | None:
+        """The lease keeper of one batch (not started), or None without ``heartbeat``."""
+        return _LeaseKeeper(self, self.lease_ms / 3000) if self.heartbeat else None
 
     # -- one event --------------------------------------------------------------------------------
 
@@ -507,17 +552,18 @@ class OutboxWorker:
         stream relay uses it)."""
         if record.lease_token != token:
             record = dataclasses.replace(record, lease_token=token)
-        keeper = _LeaseKeeper(self, self.lease_ms / 3000) if self.heartbeat else None
+        keeper = self._new_keeper()
         if keeper is not None:
             keeper.hold([record], now_ms(self.clock))
             keeper.start()
         try:
+            if not self._still_held(record, keeper):
+                return
             outcome = self._handle(record)
+            self._finish([outcome], keeper)
         finally:
             if keeper is not None:
                 keeper.stop()
-        [ok] = self._store.finish_many([outcome], now_ms(self.clock), self.retention_ms)
-        self._record(outcome, ok)
 
     def _handle(self, record: EventRecord) -> Outcome:
         """Run the event's handler; return the outcome to store (nothing is written here)."""

@@ -1,0 +1,146 @@
+"""Worker-level cases of issue 28 (the outbox under failure), on every contract backend.
+
+Each was found by an adversarial script and is now also a step sequence of the fault model
+(tests/reliability/test_model_delivery.py); these cases pin the exact history. The lease keeper
+is beaten by the test (``beat()``), on a manual clock, instead of its thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynacoord import ManualClock
+from dynacoord.outbox import Event, EventStatus
+from dynacoord.outbox.worker import OutboxWorker, _LeaseKeeper
+
+LEASE = 3.0
+
+
+class ManualKeeper(_LeaseKeeper):
+    """A lease keeper whose beats the test calls."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def manual_keepers(worker: OutboxWorker) -> list[ManualKeeper]:
+    """Make ``worker`` use keepers the test beats; returns the list they are added to."""
+    made: list[ManualKeeper] = []
+
+    def new_keeper() -> ManualKeeper:
+        made.append(ManualKeeper(worker, worker.lease_ms / 3000))
+        return made[-1]
+
+    worker._new_keeper = new_keeper
+    return made
+
+
+def one_shard(make_backend: Any) -> dict[str, Any]:
+    return {"shards": 1} if make_backend.kind in ("moto", "dynamodb") else {}
+
+
+def test_a_slow_handler_never_lets_a_finished_events_lease_run_out(make_backend: Any) -> None:
+    """Case 3: a batch [e1 fast, e2 slow (7 s with a 3 s lease)]: e1's outcome waits for the
+    batch's end, and its lease must be kept meanwhile, or another worker delivers it again."""
+    clock = ManualClock()
+    backend = make_backend(clock=clock, **one_shard(make_backend))
+    outbox = backend.outbox
+    outbox.publish([Event("t", 1, id="e1"), Event("t", 2, id="e2")])
+    delivered: list[str] = []
+    other = outbox.worker(lambda e: delivered.append(f"other:{e.id}"), lease=LEASE)
+
+    def handler(event: Event) -> None:
+        delivered.append(event.id)
+        if event.id == "e2":
+            for _ in range(14):  # 7 s, the keeper beating as its thread would
+                clock.advance(0.5)
+                keepers[-1].beat()
+                other.run_once()  # another worker polls meanwhile
+
+    worker = outbox.worker(handler, lease=LEASE, batch_size=25)
+    keepers = manual_keepers(worker)
+    assert worker.run_once() == 2
+    assert delivered == ["e1", "e2"], delivered
+    assert outbox.get("e1").status is EventStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_a_follower_waits_for_a_head_its_worker_lost_while_frozen(make_backend: Any) -> None:
+    """Case 2: worker A claims [x, head, follower] and freezes past its lease; B takes the head
+    over and its handler fails (the head is pending again); A resumes, its keeper keeps x and the
+    follower but not the head. A must not deliver the follower before the head."""
+    clock = ManualClock()
+    backend = make_backend(clock=clock, **one_shard(make_backend))
+    outbox = backend.outbox
+    outbox.publish(Event("t", 0, id="a-x"))
+    clock.advance(0.001)
+    outbox.publish(
+        [
+            Event("t", 1, id="b-head", group="acct", ordered=True),
+            Event("t", 2, id="c-follower", group="acct", ordered=True),
+        ]
+    )
+    seen: list[str] = []
+
+    def failing(event: Event) -> None:
+        seen.append(f"B:{event.id}")
+        raise RuntimeError("downstream refused")
+
+    worker_b = outbox.worker(failing, lease=LEASE, batch_size=2, backoff=0.5, max_backoff=0.5)
+
+    def handler(event: Event) -> None:
+        seen.append(f"A:{event.id}")
+        if event.id == "a-x":
+            clock.advance(LEASE + 0.5)  # frozen: no keeper beat
+            assert worker_b.run_once() == 2  # takes x and the head over, fails both
+            keepers[-1].beat()  # A resumes: its keeper wakes first
+
+    worker_a = outbox.worker(handler, lease=LEASE, batch_size=25)
+    keepers = manual_keepers(worker_a)
+    worker_a.run_once()
+    assert seen[:3] == ["A:a-x", "B:a-x", "B:b-head"], seen
+    assert "A:c-follower" not in seen, seen
+    follower = outbox.get("c-follower")
+    assert follower is not None and follower.status is EventStatus.PENDING
+    assert follower.attempts == 0  # given back unhandled
+    # Once the head is delivered, the follower goes.
+    clock.advance(2)
+    delivered: list[str] = []
+    while outbox.worker(lambda e: delivered.append(e.id), lease=LEASE).run_once():
+        clock.advance(2)
+    assert [i for i in delivered if i != "a-x"] == ["b-head", "c-follower"], delivered
+
+
+def test_an_interrupt_after_a_flush_gives_back_only_what_was_not_started(
+    make_backend: Any,
+) -> None:
+    """Case 6: after a mid-batch flush, a KeyboardInterrupt in e3's handler leaves e3 in flight
+    (claimed again after its lease, its attempt counted) and gives back e4, not e3."""
+    clock = ManualClock()
+    backend = make_backend(clock=clock, **one_shard(make_backend))
+    outbox = backend.outbox
+    ids = ["e1", "e2", "e3", "e4"]
+    for event_id in ids:
+        outbox.publish(Event("t", event_id, id=event_id))
+        clock.advance(0.001)
+
+    def handler(event: Event) -> None:
+        if event.id == "e2":
+            clock.advance(LEASE / 3 + 0.1)  # past flush_by: e1 and e2 are stored after it
+        if event.id == "e3":
+            raise KeyboardInterrupt
+
+    worker = outbox.worker(handler, lease=LEASE, batch_size=25, heartbeat=False)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_once()
+    status = {i: (r.status, r.attempts) for i in ids if (r := outbox.get(i)) is not None}
+    assert status == {
+        "e1": (EventStatus.COMPLETED, 1),
+        "e2": (EventStatus.COMPLETED, 1),
+        "e3": (EventStatus.IN_FLIGHT, 1),
+        "e4": (EventStatus.PENDING, 0),
+    }, status

@@ -1,0 +1,571 @@
+"""The randomized fault model of delivery (issue 28): histories of publishers, workers that die,
+freeze past their lease or run slow handlers, lost responses and shard changes, on every backend.
+
+How a history runs. Every worker is an *actor*: a real :class:`OutboxWorker` on its own thread,
+on a backend of its own (its own shard setting), whose store calls and handler calls each stop
+at a checkpoint until the scheduler lets the actor take one more step. Only one thread runs at a
+time, so a history is a sequence of single store requests (or handler phases) chosen by
+hypothesis, interleaved with:
+
+* **time**: a :class:`ManualClock` moves in slices of half a lease-keeper beat; after each slice
+  the lease keeper of every live worker that is not frozen beats (the keeper is the worker's
+  own ``_LeaseKeeper``, driven by the scheduler instead of a thread);
+* **slow handlers**: a worker parked inside a handler while time passes;
+* **death** at any checkpoint (after a claim, mid-handler, before or after a flush): the actor's
+  thread ends there, nothing of it is sent any more, and a new worker takes its place;
+* **freeze**: neither the worker nor its keeper runs while time passes (SIGSTOP), then it goes on;
+* **lost responses**: the next write is applied, its answer dropped and re-sent by the client's
+  own retry (``tests/lossy.py``), on publishes, claims, outcomes and lease extensions;
+* ``outbox.retry`` of failed events, publishers with 1, 4 or 8 shards (DynamoDB), and
+  long-lived readers whose shard count was read at the start.
+
+Checked after every step (safety):
+
+* an event whose handler once succeeded runs again only if a worker holding it died or froze
+  while its lease ran out;
+* in an ordered group, no handler of place k+1 starts before place k was delivered once or
+  stored as failed (a failed event lets its group go on, as documented);
+* ``stats()`` of a long-lived reader (one of them, in turn) equals the counts of the stored items.
+
+Checked at the end, once the faults stop (liveness): frozen workers go on, handlers succeed,
+and within a bounded number of polls every event is completed (its handler succeeded) or failed
+after ``max_attempts``: nothing wedges, whatever the batch sizes; every reader's ``stats()`` agrees.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import Phase
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dynacoord import ManualClock
+from dynacoord._clock import now_ms
+from dynacoord.outbox import Event, EventRecord, EventStatus, Outcome
+from dynacoord.outbox.worker import OutboxWorker, _LeaseKeeper
+from dynacoord.testing import unique_name
+from tests.reliability.conftest import hsettings
+
+LEASE_MS = 3000
+SLICE_MS = LEASE_MS // 6  # half a keeper beat (the keeper beats every lease / 3)
+MAX_ATTEMPTS = 3
+MAX_EVENTS = 14
+GROUPS = ("g0", "g1", "g2")
+#: polls (each after a lease of time) within which the outbox must drain once faults stop
+DRAIN_ROUNDS = 25
+#: (max_examples, steps) per backend kind; ``make stress`` runs STRESS_SCALE times the examples
+BUDGET: dict[str, tuple[int, int]] = {
+    "moto": (12, 60),
+    "dynamodb": (6, 60),
+    "redis": (12, 60),
+    "redis_cluster": (5, 60),
+    "mongo": (12, 60),
+}
+
+
+class DiedError(BaseException):
+    """The worker's process was killed: nothing after this point of it runs."""
+
+
+class HandlerFailedError(Exception):
+    """The downstream said no."""
+
+
+class ModelKeeper(_LeaseKeeper):
+    """The worker's own lease keeper, beaten by the scheduler instead of a thread."""
+
+    def start(self) -> None:
+        self._worker.actor.keeper = self  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        actor = self._worker.actor  # type: ignore[attr-defined]
+        if actor.keeper is self:
+            actor.keeper = None
+
+
+class ModelWorker(OutboxWorker):
+    actor: Actor
+
+    def _new_keeper(self) -> _LeaseKeeper | None:
+        return ModelKeeper(self, self.lease_ms / 3000)
+
+
+class GatedStore:
+    """The actor's view of its backend's outbox store: every call waits for the scheduler's
+    go (from the actor's thread) and tells the model what the worker holds."""
+
+    def __init__(self, store: Any, actor: Actor) -> None:
+        self._store = store
+        self._actor = actor
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        actor = self._actor
+        if threading.current_thread() is actor.thread:
+            actor.checkpoint(name)
+        elif actor.killed or actor.frozen:  # its keeper: dead or frozen with its process
+            raise DiedError()
+        return getattr(self._store, name)(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        return functools.partial(self._call, name) if callable(attr) else attr
+
+    def claim(self, seen: EventRecord, token: str, until: int, now: int) -> EventRecord | None:
+        got = self._call("claim", seen, token, until, now)
+        if got is not None:
+            self._actor.held[got.id] = got.due_at_ms
+            self._actor.machine.log(got.id, f"claimed by {self._actor.name} until {until}")
+        return got  # type: ignore[no-any-return]
+
+    def claim_many(
+        self, seen: Sequence[EventRecord], tokens: Sequence[str], until: int, now: int
+    ) -> list[EventRecord]:
+        got: list[EventRecord] = self._call("claim_many", seen, tokens, until, now)
+        for record in got:
+            self._actor.held[record.id] = record.due_at_ms
+            self._actor.machine.log(record.id, f"claimed by {self._actor.name} until {until}")
+        return got
+
+    def extend_many(self, held: Sequence[EventRecord], until: int, now: int) -> list[bool]:
+        kept: list[bool] = self._call("extend_many", held, until, now)
+        for record, ok in zip(held, kept, strict=True):
+            if ok and record.id in self._actor.held:
+                self._actor.held[record.id] = until
+            self._actor.machine.log(record.id, f"extended by {self._actor.name}: {ok}")
+        return kept
+
+    def finish_many(
+        self, outcomes: Sequence[Outcome], now: int, retention_ms: int | None
+    ) -> list[bool]:
+        written: list[bool] = self._call("finish_many", outcomes, now, retention_ms)
+        for outcome, ok in zip(outcomes, written, strict=True):
+            self._actor.held.pop(outcome.record.id, None)
+            self._actor.machine.log(
+                outcome.record.id,
+                f"{outcome.kind} by {self._actor.name}: {'ok' if ok else 'refused'}",
+            )
+            if ok and outcome.kind == "failed":
+                self._actor.machine.ever_failed.add(outcome.record.id)
+        return written
+
+
+class Actor:
+    """One worker process: a thread that runs ``worker.run_once()`` over and over, one
+    checkpoint (store call or handler phase) per scheduler step."""
+
+    def __init__(self, machine: Any, name: str, backend: Any, **options: Any) -> None:
+        self.machine = machine
+        self.name = name
+        self.killed = False
+        self.frozen = False
+        self.done = False
+        self.error: BaseException | None = None
+        self.at = "start"
+        self.fail_next = False
+        self.held: dict[str, int] = {}  # claimed, outcome not stored: event id -> lease end
+        self.keeper: ModelKeeper | None = None
+        self._go = threading.Semaphore(0)
+        self._parked = threading.Event()
+        self.options = options
+        self.worker = ModelWorker(
+            GatedStore(backend.outbox._store, self),  # type: ignore[arg-type]
+            self.handle,
+            clock=machine.clock,
+            lease=LEASE_MS / 1000,
+            max_attempts=MAX_ATTEMPTS,
+            backoff=0.2,
+            max_backoff=1.0,
+            retention=3600,
+            name=name,
+            **options,
+        )
+        self.worker.actor = self
+        self.thread = threading.Thread(target=self._main, name=f"model-{name}", daemon=True)
+        self.thread.start()
+        if not self._parked.wait(30):
+            raise AssertionError(f"{name} did not start")
+
+    def __repr__(self) -> str:
+        flags = "".join(f" {f}" for f in ("killed", "frozen", "done") if getattr(self, f))
+        return f"<{self.name} {self.options} at {self.at}{flags} holding {sorted(self.held)}>"
+
+    @property
+    def live(self) -> bool:
+        return not self.killed and not self.done
+
+    def _main(self) -> None:
+        try:
+            while True:
+                self.checkpoint("idle")
+                self.worker.run_once()
+        except DiedError:
+            pass
+        except BaseException as exc:  # reported by the scheduler's next step
+            self.error = exc
+        finally:
+            self.done = True
+            self._parked.set()
+
+    def checkpoint(self, what: str) -> None:
+        if self.killed:
+            raise DiedError()
+        self.at = what
+        self._parked.set()
+        self._go.acquire()
+        if self.killed:
+            raise DiedError()
+
+    def step(self) -> None:
+        """Let the actor do what it is parked before, up to its next checkpoint."""
+        assert self.live and not self.frozen
+        self._parked.clear()
+        self._go.release()
+        if not self._parked.wait(120):
+            raise AssertionError(f"{self!r} did not reach its next checkpoint")
+        if self.error is not None:
+            raise self.error
+
+    def run_until_idle(self, limit: int = 400) -> None:
+        for _ in range(limit):
+            self.step()
+            if self.at == "idle" or not self.live:
+                return
+        raise AssertionError(f"{self!r}: one poll took more than {limit} steps")
+
+    def kill(self) -> None:
+        self.killed = True
+        self.keeper = None
+        if not self.done:
+            self._parked.clear()
+            self._go.release()
+            self._parked.wait(30)
+
+    def handle(self, event: Event) -> None:
+        self.checkpoint(f"handler {event.id}")
+        self.machine.handler_starts(self, event)
+        self.checkpoint(f"handler-end {event.id}")
+        if self.fail_next:
+            raise HandlerFailedError(f"{event.id} refused on attempt {event.attempt}")
+        self.machine.delivered[event.id] = self.machine.delivered.get(event.id, 0) + 1
+        self.machine.log(event.id, f"delivered by {self.name}")
+
+
+@dataclass
+class Published:
+    group: str | None
+    place: int | None  # 0-based place in an ordered group
+
+
+def make_machine(
+    make: Callable[..., Any], lose_next: Callable[[], None] | None, kind: str
+) -> type[RuleBasedStateMachine]:
+    dynamodb = kind in ("moto", "dynamodb")
+    shard_choices = (1, 4, 8) if dynamodb else (None,)
+
+    def backend(clock: ManualClock, namespace: str, shards: int | None) -> Any:
+        return make(
+            clock=clock, namespace=namespace, **({} if shards is None else {"shards": shards})
+        )
+
+    class DeliveryModel(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = ManualClock()
+            self.ns = unique_name("dm")
+            self.events: dict[str, Published] = {}
+            self.groups: dict[str, list[str]] = {g: [] for g in GROUPS}
+            self.delivered: dict[str, int] = {}  # successful handler runs
+            self.ever_failed: set[str] = set()
+            self.excused: set[str] = set()  # a holder died or froze past its lease
+            self.violations: list[str] = []
+            self.history: dict[str, list[str]] = {}  # event id -> what happened to it
+            self.actors: list[Actor] = []
+            self.spawned = 0
+            self.publishers = {s: backend(self.clock, self.ns, s).outbox for s in shard_choices}
+            # Readers made (and their shard counts read) before any publisher with more shards.
+            self.readers = [backend(self.clock, self.ns, s).outbox for s in shard_choices]
+            for reader in self.readers:
+                reader.stats()
+            self.next_reader = 0
+            designs: list[dict[str, Any]] = [
+                {"batch_size": 25},
+                {"batch_size": 1},
+                {"batch_size": 25, "batch_claim": False},
+            ]
+            for design in designs:
+                self.spawn(design)
+
+        # -- actors -----------------------------------------------------------------------------
+
+        def spawn(self, design: dict[str, Any], shards: int | None = None) -> Actor:
+            if shards is None:
+                shards = shard_choices[self.spawned % len(shard_choices)]
+            self.spawned += 1
+            actor = Actor(self, f"w{self.spawned}", backend(self.clock, self.ns, shards), **design)
+            self.actors.append(actor)
+            return actor
+
+        def live(self) -> list[Actor]:
+            return [a for a in self.actors if a.live]
+
+        def pick(self, index: int, *, frozen: bool | None = False) -> Actor | None:
+            chosen = [a for a in self.live() if frozen is None or a.frozen == frozen]
+            return chosen[index % len(chosen)] if chosen else None
+
+        def log(self, event_id: str, what: str) -> None:
+            self.history.setdefault(event_id, []).append(f"{now_ms(self.clock)}: {what}")
+
+        def handler_starts(self, actor: Actor, event: Event) -> None:
+            published = self.events[event.id]
+            self.log(event.id, f"handled by {actor.name}, attempt {event.attempt}")
+            if self.delivered.get(event.id) and event.id not in self.excused:
+                self.violations.append(
+                    f"{event.id} handled again by {actor.name} after a successful delivery, "
+                    "though no worker holding it died or froze past its lease: "
+                    f"{self.history[event.id]}; workers: {self.actors}"
+                )
+            if published.group is not None and published.place is not None:
+                for earlier in self.groups[published.group][: published.place]:
+                    if earlier not in self.delivered and earlier not in self.ever_failed:
+                        self.violations.append(
+                            f"{event.id} (place {published.place + 1} of {published.group}) "
+                            f"handled by {actor.name} before {earlier} was delivered"
+                        )
+
+        # -- rules ------------------------------------------------------------------------------
+
+        @precondition(lambda self: len(self.events) < MAX_EVENTS)
+        @rule(
+            shards=st.sampled_from(shard_choices),
+            batch=st.lists(
+                st.tuples(st.booleans(), st.sampled_from((None, *GROUPS))), min_size=1, max_size=4
+            ),
+            lose=st.booleans(),
+        )
+        def publish(
+            self, shards: int | None, batch: list[tuple[bool, str | None]], lose: bool
+        ) -> None:
+            events = [
+                Event(
+                    "t", {"n": len(self.events) + i}, group=group, ordered=ordered and bool(group)
+                )
+                for i, (ordered, group) in enumerate(batch)
+            ]
+            if lose and lose_next is not None:
+                lose_next()
+            assert self.publishers[shards].publish(events) == [e.id for e in events]
+            for event in events:
+                place = None
+                if event.ordered and event.group is not None:
+                    place = len(self.groups[event.group])
+                    self.groups[event.group].append(event.id)
+                self.events[event.id] = Published(event.group, place)
+
+        @rule(index=st.integers(0, 9), fail=st.integers(0, 3), lose=st.integers(0, 5))
+        def step(self, index: int, fail: int, lose: int) -> None:
+            actor = self.pick(index)
+            if actor is None:
+                return
+            actor.fail_next = fail == 0
+            if lose == 0 and lose_next is not None:
+                lose_next()
+            actor.step()
+
+        @rule(index=st.integers(0, 9), steps=st.integers(1, 30))
+        def run(self, index: int, steps: int) -> None:
+            """A worker goes on for a while with healthy handlers."""
+            actor = self.pick(index)
+            if actor is None:
+                return
+            actor.fail_next = False
+            for _ in range(steps):
+                actor.step()
+                if not actor.live:
+                    break
+
+        @rule(ms=st.sampled_from([SLICE_MS, LEASE_MS // 2, LEASE_MS, 2 * LEASE_MS]))
+        def advance(self, ms: int) -> None:
+            self.pass_time(ms)
+
+        @rule(index=st.integers(0, 9))
+        def kill(self, index: int) -> None:
+            actor = self.pick(index, frozen=None)
+            if actor is None:
+                return
+            self.excused.update(actor.held)
+            for event_id in actor.held:
+                self.log(event_id, f"{actor.name} killed holding it")
+            actor.kill()
+            self.spawn(dict(actor.options))
+
+        @precondition(lambda self: sum(not a.frozen for a in self.live()) > 1)
+        @rule(index=st.integers(0, 9))
+        def freeze(self, index: int) -> None:
+            actor = self.pick(index)
+            if actor is not None:
+                actor.frozen = True
+                for event_id in actor.held:
+                    self.log(event_id, f"{actor.name} frozen")
+
+        @rule(index=st.integers(0, 9))
+        def thaw(self, index: int) -> None:
+            actor = self.pick(index, frozen=True)
+            if actor is not None:
+                actor.frozen = False
+                for event_id in actor.held:
+                    self.log(event_id, f"{actor.name} thawed")
+
+        @rule(lose=st.booleans())
+        def retry_failed(self, lose: bool) -> None:
+            failed = [r.id for r in self.readers[0].failed(limit=1000)]
+            if not failed:
+                return
+            if lose and lose_next is not None:
+                lose_next()
+            assert self.readers[0].retry(failed) == len(failed)
+
+        # -- checks -----------------------------------------------------------------------------
+
+        def pass_time(self, ms: int) -> None:
+            while ms > 0:
+                self.clock.advance(min(ms, SLICE_MS) / 1000)
+                ms -= SLICE_MS
+                now = now_ms(self.clock)
+                for actor in self.live():
+                    if actor.frozen:
+                        # its keeper is frozen too: leases that run out now may be taken over
+                        for event_id, until in actor.held.items():
+                            if until <= now:
+                                self.excused.add(event_id)
+                                self.log(event_id, f"{actor.name} frozen past its lease")
+                    elif actor.keeper is not None:
+                        actor.keeper.beat()
+
+        def truth(self) -> dict[str, EventRecord | None]:
+            reader = self.readers[0]
+            return {event_id: reader.get(event_id) for event_id in self.events}
+
+        def check_stats(self, reader: Any, truth: dict[str, EventRecord | None]) -> None:
+            counts = dict.fromkeys(EventStatus, 0)
+            due = 0
+            now = now_ms(self.clock)
+            for record in truth.values():
+                if record is not None:
+                    counts[record.status] += 1
+                    due += record.status is EventStatus.PENDING and record.due_at_ms <= now
+            stats = reader.stats()
+            expected = (counts[EventStatus.PENDING], due, counts[EventStatus.IN_FLIGHT])
+            assert (stats.pending, stats.due, stats.in_flight, stats.failed) == (
+                *expected,
+                counts[EventStatus.FAILED],
+            ), f"stats() of a reader with {reader._store.shards} shards: {stats}"
+
+        @invariant()
+        def safe(self) -> None:
+            assert not self.violations, self.violations
+
+        @invariant()
+        def stats_agree(self) -> None:
+            reader = self.readers[self.next_reader % len(self.readers)]
+            self.next_reader += 1
+            self.check_stats(reader, self.truth())
+
+        def teardown(self) -> None:
+            try:
+                if not self.violations:
+                    self.drain()
+            finally:
+                for actor in self.actors:
+                    actor.kill()
+
+        def drain(self) -> None:
+            for actor in self.live():
+                actor.frozen = False
+                actor.fail_next = False
+            for design in ({"batch_size": 25}, {"batch_size": 1}):
+                self.spawn(design, shards=shard_choices[0])
+            truth = self.truth()
+            for _ in range(DRAIN_ROUNDS):
+                for actor in self.live():
+                    actor.run_until_idle()
+                assert not self.violations, self.violations
+                truth = self.truth()
+                open_ = [
+                    i
+                    for i, r in truth.items()
+                    if r is not None and r.status in (EventStatus.PENDING, EventStatus.IN_FLIGHT)
+                ]
+                if not open_:
+                    break
+                self.pass_time(LEASE_MS)
+            else:
+                raise AssertionError(
+                    f"the outbox did not drain in {DRAIN_ROUNDS} polls: "
+                    f"{ {i: r.status.value for i, r in truth.items() if r is not None} } "
+                    f"actors {self.actors}"
+                )
+            for event_id, record in truth.items():
+                assert record is not None, f"{event_id} vanished"
+                if record.status is EventStatus.COMPLETED:
+                    assert self.delivered.get(event_id), f"{event_id} completed, never handled"
+                else:
+                    assert record.status is EventStatus.FAILED, record
+                    assert record.attempts >= MAX_ATTEMPTS, record
+            for reader in self.readers:
+                self.check_stats(reader, truth)
+            if os.environ.get("DYNACOORD_MODEL_DEBUG"):
+                print(
+                    f"events {len(self.events)} handled {sum(self.delivered.values())} "
+                    f"failed {len(self.ever_failed)} workers {len(self.actors)} "
+                    f"excused {len(self.excused)}"
+                )
+
+    return DeliveryModel
+
+
+def run_delivery_model(
+    make: Callable[..., Any], lose_next: Callable[[], None] | None, kind: str, *, scale: int = 1
+) -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    examples, steps = BUDGET[kind]
+    scale *= int(os.environ.get("DYNACOORD_MODEL_SCALE", "1"))
+    options: dict[str, Any] = {}
+    if os.environ.get("DYNACOORD_MODEL_NO_SHRINK"):  # a quick first report while developing
+        options["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    run_state_machine_as_test(
+        make_machine(make, lose_next, kind),
+        settings=hsettings(max_examples=examples * scale, stateful_step_count=steps, **options),
+    )
+
+
+@pytest.fixture()
+def moto_factory(moto_table: tuple[Any, str]) -> Iterator[Callable[..., Any]]:
+    from dynacoord.backends.dynamodb import DynamoDBBackend
+
+    client, table = moto_table
+
+    def make(**kwargs: Any) -> Any:
+        return DynamoDBBackend(client, table_name=table, **kwargs)
+
+    yield make
+
+
+def test_delivery_model_moto(moto_factory: Callable[..., Any]) -> None:
+    """The fault model on moto (no lost responses: moto has no network to lose them on)."""
+    run_delivery_model(moto_factory, None, "moto")
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis", "redis_cluster", "mongo"], indirect=True)
+def test_delivery_model(lossy: Any, request: pytest.FixtureRequest) -> None:
+    """The fault model on DynamoDB Local, Redis, a Redis Cluster and MongoDB (mongomock), with
+    lost responses."""
+    kind = request.node.callspec.params["lossy"]
+    run_delivery_model(lossy.backend, lossy.lose_next, kind)
