@@ -73,10 +73,11 @@ class Outbox:
     ) -> list[str]:
         """Store one or many events for delivery; return their ids.
 
-        Without ``tx``: one atomic write of up to 100 events (more raise
-        :class:`TransactionTooLargeError` before anything is written). Publishing an event whose id
-        is already stored with the same content is a no-op (a retry after a lost response does not
-        duplicate it); the same id with different content raises
+        Without ``tx``: one atomic write of up to 100 items, one per event and one per ordered
+        group (its gate); more raise :class:`TransactionTooLargeError` before anything is
+        written. Publishing an event whose id is already stored with the same content is a
+        no-op (a retry after a lost response does not duplicate it); the same id with different
+        content raises
         :class:`~dynacoord.errors.DuplicateEventError` and writes nothing.
 
         With ``tx`` (from ``backend.transaction()``): the events are added to that transaction and
@@ -109,6 +110,20 @@ class Outbox:
                 f"publish of {len(items)} events: at most {MAX_EVENTS_PER_PUBLISH} events are "
                 "written in one transaction; split them into several publish calls",
                 size=len(items),
+                limit=MAX_EVENTS_PER_PUBLISH,
+            )
+        groups = {e.group for e in items if e.ordered}
+        if len(items) + len(groups) > MAX_EVENTS_PER_PUBLISH:
+            # Each ordered group's gate is one more item of the publish's transaction on
+            # DynamoDB: checked here, before anything is sent, so that every backend refuses the
+            # same publishes (Redis and MongoDB could write more, DynamoDB cannot).
+            raise TransactionTooLargeError(
+                f"publish of {len(items)} events in {len(groups)} ordered groups: "
+                f"{len(items) + len(groups)} items (one per event and one per ordered group's "
+                f"gate), at most {MAX_EVENTS_PER_PUBLISH} are written in one transaction; "
+                "split them into several publish calls (an ordered group's events keep their "
+                "order across calls)",
+                size=len(items) + len(groups),
                 limit=MAX_EVENTS_PER_PUBLISH,
             )
         if not items:

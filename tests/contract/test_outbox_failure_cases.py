@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dynacoord._clock import ManualClock
+from dynacoord.errors import TransactionTooLargeError
 from dynacoord.keys import shard_of
 from dynacoord.outbox import ORDERED_RECHECK_MS, Event, Outcome
 
@@ -163,3 +164,20 @@ def test_a_refused_outcome_does_not_move_its_groups_gate(make_backend):
         worker.run_once()
         clock.advance(_poll_gap_s(worker))
     assert got == ["g2", "g3"]
+
+
+# -- case 7: the item limit of an ordered publish counts its groups' gates ---------------------
+
+
+def test_an_ordered_publish_counts_one_item_per_group_on_every_backend(make_backend):
+    outbox = make_backend().outbox
+    too_many = [Event("t", i, group=f"g{i}", ordered=True, id=f"big{i}") for i in range(60)]
+    with pytest.raises(TransactionTooLargeError, match="60 events in 60 ordered groups") as err:
+        outbox.publish(too_many)
+    assert (err.value.size, err.value.limit) == (120, 100)
+    assert all(outbox.get(e.id) is None for e in too_many)
+    assert outbox.stats().pending == 0
+    fits = [Event("t", i, group=f"g{i}", ordered=True, id=f"fit{i}") for i in range(50)]
+    outbox.publish(fits)  # 50 events and 50 gates: 100 items
+    assert outbox.stats().pending == 50
+    assert {outbox.get(e.id).seq for e in fits} == {1}
