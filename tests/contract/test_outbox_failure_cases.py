@@ -7,6 +7,7 @@ writes whose later part is refused or raises.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import defaultdict
 from typing import Any
 
@@ -181,3 +182,42 @@ def test_an_ordered_publish_counts_one_item_per_group_on_every_backend(make_back
     outbox.publish(fits)  # 50 events and 50 gates: 100 items
     assert outbox.stats().pending == 50
     assert {outbox.get(e.id).seq for e in fits} == {1}
+
+
+# -- case 8: ordered publishes to one group under contention ---------------------------------
+
+
+@pytest.fixture(params=["dynamodb", "redis", "mongo"])
+def make_atomic(request: pytest.FixtureRequest) -> Any:
+    """Backends whose conditional writes are atomic across threads (not moto)."""
+    if request.param == "dynamodb":
+        client, table = request.getfixturevalue("ddb_table")
+        return _dynamodb_factory(client, table)
+    return request.getfixturevalue(f"{request.param}_backend_factory")
+
+
+def test_racing_ordered_publishers_to_one_group_all_get_their_places(make_atomic):
+    outbox = make_atomic().outbox
+    threads, each = 8, 15
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def publish(t: int) -> None:
+        barrier.wait()
+        try:
+            for i in range(each):
+                outbox.publish(Event("t", [t, i], group="hot", ordered=True, id=f"h{t}-{i:02d}"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=publish, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    places = [outbox.get(f"h{t}-{i:02d}").seq for t in range(threads) for i in range(each)]
+    assert sorted(places) == list(range(1, threads * each + 1))
+    for t in range(threads):  # one publisher's events keep its order
+        mine = places[t * each : (t + 1) * each]
+        assert mine == sorted(mine)
