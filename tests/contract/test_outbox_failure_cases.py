@@ -221,3 +221,38 @@ def test_racing_ordered_publishers_to_one_group_all_get_their_places(make_atomic
     for t in range(threads):  # one publisher's events keep its order
         mine = places[t * each : (t + 1) * each]
         assert mine == sorted(mine)
+
+
+# -- case 9b: a claim batch over 100 items whose later transaction raises ----------------------
+
+
+class ThrottledError(Exception):
+    """What the table raised for the second transaction of a batch."""
+
+
+def test_a_claim_batch_whose_later_transaction_raises_gives_back_what_it_got(make_ddb, monkeypatch):
+    clock = ManualClock()
+    outbox = make_ddb(clock=clock, shards=1).outbox
+    for start in (0, 100):
+        outbox.publish([Event("t", i, id=f"c{i:03d}") for i in range(start, start + 60)])
+    seen = outbox.pending(limit=120)
+    assert len(seen) == 120  # two transactions: 100 items and 20
+    table = outbox._store._table
+    call = table.call
+    sent: list[str] = []
+
+    def flaky(operation: str, **kwargs: Any) -> Any:
+        if operation == "transact_write_items":
+            sent.append(operation)
+            if len(sent) == 2:
+                raise ThrottledError("the second transaction of the claim")
+        return call(operation, **kwargs)
+
+    monkeypatch.setattr(table, "call", flaky)
+    now = int(clock.time() * 1000)
+    with pytest.raises(ThrottledError):
+        outbox._store.claim_many(seen, [f"t{i}" for i in range(120)], now + 30_000, now)
+    monkeypatch.undo()
+    stats = outbox.stats()
+    assert (stats.pending, stats.due, stats.in_flight) == (120, 120, 0)
+    assert all(r.attempts == 0 for r in outbox.pending(limit=120))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import random
 import time
@@ -62,6 +63,8 @@ from .transaction import (
 )
 
 __all__ = ["DynamoDBOutboxStore"]
+
+logger = logging.getLogger(__name__)
 
 _NAMES = {"#status": "status"}
 #: Transaction cancellation codes worth sending the request again for.
@@ -679,7 +682,27 @@ class DynamoDBOutboxStore:
             group = _group_closure(entry)
             return group not in blocked and group not in contended
 
-        self._transact(entries, refused, written, _group_closure, still_wanted)
+        try:
+            self._transact(entries, refused, written, _group_closure, still_wanted)
+        except BaseException:
+            # A later transaction of the batch raised (throttling, a network error, an
+            # interrupt): the earlier ones' claims hold events no worker will handle. Give them
+            # back, due now and their attempt not counted, then raise (issue 28, case 9b);
+            # without this they waited a whole lease with an attempt counted.
+            if claimed:
+                back = [
+                    Outcome(record, "pending", due_ms=now_ms, count_attempt=False)
+                    for record in claimed.values()
+                ]
+                try:
+                    self.finish_many(back, now_ms, None)
+                except Exception:
+                    logger.exception(
+                        "outbox claim: %d claimed event(s) not given back after a failed "
+                        "batch; they are claimed again after their lease",
+                        len(back),
+                    )
+            raise
         for group, gate in blocked.items():
             # The group's head is not done: the run waits; move it out of the way for a while.
             due = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms", 0)))
