@@ -51,7 +51,7 @@ from dynacoord._clock import now_ms
 from dynacoord.outbox import Event, EventRecord, EventStatus, Outcome
 from dynacoord.outbox.worker import OutboxWorker, _LeaseKeeper
 from dynacoord.testing import unique_name
-from tests.reliability.conftest import hsettings
+from tests.reliability.conftest import STRESS_SCALE, hsettings
 
 LEASE_MS = 3000
 SLICE_MS = LEASE_MS // 6  # half a keeper beat (the keeper beats every lease / 3)
@@ -563,9 +563,27 @@ def test_delivery_model_moto(moto_factory: Callable[..., Any]) -> None:
     run_delivery_model(moto_factory, None, "moto")
 
 
-@pytest.mark.parametrize("lossy", ["dynamodb", "redis", "redis_cluster", "mongo"], indirect=True)
+LOSSY_KINDS = ["dynamodb", "redis", "redis_cluster", "mongo"]
+
+
+@pytest.mark.parametrize("lossy", LOSSY_KINDS, indirect=True)
 def test_delivery_model(lossy: Any, request: pytest.FixtureRequest) -> None:
     """The fault model on DynamoDB Local, Redis, a Redis Cluster and MongoDB (mongomock), with
     lost responses."""
     kind = request.node.callspec.params["lossy"]
     run_delivery_model(lossy.backend, lossy.lose_next, kind)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("lossy", LOSSY_KINDS, indirect=True)
+def test_stress_delivery_model(lossy: Any, request: pytest.FixtureRequest) -> None:
+    """``make stress``: the fault model with STRESS_SCALE times the examples."""
+    kind = request.node.callspec.params["lossy"]
+    run_delivery_model(lossy.backend, lossy.lose_next, kind, scale=STRESS_SCALE)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(3600)
+def test_stress_delivery_model_moto(moto_factory: Callable[..., Any]) -> None:
+    run_delivery_model(moto_factory, None, "moto", scale=STRESS_SCALE)
