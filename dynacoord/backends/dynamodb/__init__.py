@@ -9,7 +9,7 @@ from ..._backend import Backend
 from ..._clock import Clock
 from ...errors import ConfigurationError
 from ...metrics import Metrics
-from ._table import DynamoTable
+from ._verify import VerifiedTable, check_client
 
 if TYPE_CHECKING:
     from ...locks import LockStore
@@ -38,6 +38,12 @@ class DynamoDBBackend(Backend):
     Configure retries for throttling on the client (botocore's ``Config(retries=...)``): dynacoord
     does not swallow them. ``shards`` spreads listing indexes (cache keys, outbox due queue) over
     that many gsi1 partitions so one busy namespace does not make a hot partition.
+
+    Before its first request the backend checks the table once (one DescribeTable per client
+    and table): a missing table, another key schema or a missing ``gsi1`` raise
+    :class:`~dynacoord.errors.ConfigurationError` naming the table, the problem and the command
+    that fixes it, before anything is written. ``verify=False`` skips the check (for an IAM
+    policy without ``dynamodb:DescribeTable``).
     """
 
     kind = "dynamodb"
@@ -52,10 +58,12 @@ class DynamoDBBackend(Backend):
         shards: int = 4,
         lock_fence_grace: int = 3600,
         metrics: Metrics | None = None,
+        verify: bool = True,
     ) -> None:
         super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if client is None:
             raise ConfigurationError("client is required: pass boto3.client('dynamodb')")
+        check_client(client)
         if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
             raise ConfigurationError(
                 f"table_name must be a str of 3 to 255 characters, got {table_name!r}"
@@ -76,7 +84,7 @@ class DynamoDBBackend(Backend):
         self.table_name = table_name
         self.shards = shards
         self.lock_fence_grace = lock_fence_grace
-        self.table = DynamoTable(client, table_name, metrics=self.metrics)
+        self.table = VerifiedTable(client, table_name, metrics=self.metrics, verify=verify)
 
     @classmethod
     def from_env(

@@ -81,6 +81,7 @@ class MongoBackend(Backend):
         super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if database is None:
             raise ConfigurationError("database is required: pass pymongo.MongoClient(...)[name]")
+        _check_database(database)
         if not isinstance(collection, str) or not collection or "$" in collection:
             raise ConfigurationError(f"collection must be a non-empty name, got {collection!r}")
         for name, value in (("lock_fence_grace", lock_fence_grace), ("gc_grace", gc_grace)):
@@ -197,4 +198,34 @@ class MongoBackend(Backend):
         raise NotSupportedError(
             "backend.transaction() is DynamoDB-only: "
             "the collector commits DynamoDB TransactWriteItems (writes to other DynamoDB tables with DynamoDB condition expressions), which have no MongoDB equivalent; use a pymongo session transaction for your own documents and backend.outbox.publish() for events"
+        )
+
+
+def _check_database(database: Any) -> None:
+    """Refuse what is not a pymongo ``Database`` (or one that acts like it: mongomock, a
+    wrapper), naming the usual mistakes: a ``MongoClient``, a ``Collection``, a URI string.
+
+    pymongo's ``Database`` and ``Collection`` answer any attribute name with a sub-collection,
+    so those two are recognised by type; anything else must have ``get_collection`` and
+    ``__getitem__``."""
+    from pymongo.collection import Collection
+
+    name = type(database).__name__
+    if isinstance(database, pymongo.MongoClient) or name == "MongoClient":
+        raise ConfigurationError(
+            "MongoBackend needs a database, not a MongoClient: pass client['app'] (or "
+            "client.get_default_database())"
+        )
+    if isinstance(database, Collection) or name == "Collection":
+        raise ConfigurationError(
+            "MongoBackend needs a database, not a Collection: pass its database "
+            "(collection.database) and the collection's name as collection="
+        )
+    if not callable(getattr(database, "get_collection", None)) or not hasattr(
+        type(database), "__getitem__"
+    ):
+        raise ConfigurationError(
+            "MongoBackend needs a pymongo database, pymongo.MongoClient(uri)['app']; got a "
+            f"{name}"
+            + (" (a URI: use MongoBackend.from_env())" if isinstance(database, str) else "")
         )

@@ -71,6 +71,7 @@ class RedisBackend(Backend):
         super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if client is None:
             raise ConfigurationError("client is required: pass redis.Redis(...)")
+        _check_client(client)
         for name, value in (("lock_fence_grace", lock_fence_grace), ("gc_grace", gc_grace)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigurationError(f"{name} must be an int >= 0 (seconds), got {value!r}")
@@ -188,4 +189,31 @@ def _check_cluster_support() -> None:
         raise ConfigurationError(
             f"RedisBackend on a RedisCluster needs redis-py >= {need} (transactions on one slot), "
             f"found {text}: pip install 'redis>={need}'"
+        )
+
+
+def _check_client(client: Any) -> None:
+    """Refuse what is not a synchronous redis-py client (``redis.Redis``, ``RedisCluster``),
+    before a first call would fail on a missing method. Duck-typed on the methods the stores
+    use, so an instrumented or wrapped client passes."""
+    import inspect
+
+    if type(client).__module__.startswith("redis.asyncio") or inspect.iscoroutinefunction(
+        getattr(client, "execute_command", None)
+    ):
+        raise ConfigurationError(
+            "RedisBackend needs a synchronous client, redis.Redis(...) or "
+            f"redis.cluster.RedisCluster(...); got an asyncio client ({type(client).__name__})"
+        )
+    missing = [
+        name
+        for name in ("register_script", "pipeline", "execute_command")
+        if not callable(getattr(client, name, None))
+    ]
+    if missing:
+        hint = " (a URL: use RedisBackend.from_env() or redis.Redis.from_url(url))"
+        raise ConfigurationError(
+            "RedisBackend needs a redis-py client, redis.Redis(...) or "
+            f"redis.cluster.RedisCluster(...); got a {type(client).__name__} without "
+            f"{', '.join(missing)}{hint if isinstance(client, str) else ''}"
         )

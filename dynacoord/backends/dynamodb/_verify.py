@@ -1,0 +1,153 @@
+"""The DynamoDB backend's checks of what it was given: the client at construction, the table on
+first use.
+
+Why on first use: a table keyed on ``pk`` alone (or on ``id``, or with a numeric ``sk``) takes a
+PutItem of a dynacoord item without complaint, and then every read of it fails with DynamoDB's
+``The number of conditions on the keys is invalid`` or ``Type mismatch for key``, naming neither
+the table nor the fix. One DescribeTable before the first request finds it while nothing is
+written yet. It is made at first use, not in the constructor, because tests and scripts commonly
+build the backend first and create the table after; it is made once per client and table (a
+process that builds a backend per request pays it once), and never with ``verify=False`` (an IAM
+policy without ``dynamodb:DescribeTable``).
+
+After the first request the check costs nothing: :class:`VerifiedTable` puts its checking
+``call`` on the instance, and removes it once the table passed, so later requests find
+:meth:`DynamoTable.call` itself (no extra frame, no flag to test).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._table_schema import is_verified, mark_verified, schema_problems
+from ...errors import BackendError, ConfigurationError
+from ...metrics import Metrics
+from ._table import DynamoTable
+
+__all__ = ["TableConfigurationError", "VerifiedTable", "check_client", "check_table"]
+
+#: the operations the stores call on the client, and DescribeTable for the check
+_CLIENT_METHODS = (
+    "get_item",
+    "put_item",
+    "update_item",
+    "delete_item",
+    "query",
+    "transact_write_items",
+    "batch_write_item",
+    "describe_table",
+)
+
+
+class TableConfigurationError(ConfigurationError):
+    """The backend's table cannot hold dynacoord's items (missing, or another key schema, or no
+    ``gsi1``). A :class:`~dynacoord.errors.ConfigurationError`; ``problems`` lists what is
+    wrong, in the words of ``dynacoord table verify``."""
+
+    def __init__(self, message: str, *, table_name: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.table_name = table_name
+        self.problems = problems
+
+
+def check_client(client: Any) -> None:
+    """Refuse what is not a low-level DynamoDB client, naming what it is instead.
+
+    Duck-typed on the methods the stores call, so a wrapped or instrumented client passes."""
+    missing = [name for name in _CLIENT_METHODS if not callable(getattr(client, name, None))]
+    if not missing:
+        return
+    meta = getattr(client, "meta", None)
+    service_model = getattr(meta, "service_model", None)
+    service = getattr(service_model, "service_name", None)
+    if isinstance(service, str) and service != "dynamodb":
+        what = f"a boto3 {service!r} client"
+    elif getattr(meta, "client", None) is not None and hasattr(client, "Table"):
+        what = (
+            "a boto3 DynamoDB resource (boto3.resource); pass its low-level client, "
+            "resource.meta.client, or boto3.client('dynamodb')"
+        )
+    else:
+        what = f"a {type(client).__name__} without {', '.join(missing)}"
+    raise ConfigurationError(
+        f"DynamoDBBackend needs a low-level DynamoDB client, boto3.client('dynamodb'); got {what}"
+    )
+
+
+def _where(client: Any) -> str:
+    meta = getattr(client, "meta", None)
+    parts = []
+    region = getattr(meta, "region_name", None)
+    if isinstance(region, str) and region:
+        parts.append(f"region {region}")
+    endpoint = getattr(meta, "endpoint_url", None)
+    if isinstance(endpoint, str) and endpoint and "amazonaws.com" not in endpoint:
+        parts.append(f"endpoint {endpoint}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def check_table(client: Any, table_name: str) -> None:
+    """One DescribeTable of ``table_name``: raise :class:`TableConfigurationError` if it does
+    not exist or cannot hold dynacoord's items; remember a table that passed for this client.
+
+    A table or index still being created passes (its key schema is final); TTL is not checked
+    (off only means expired items are never swept: ``dynacoord table verify`` warns about it).
+    """
+    if is_verified(client, table_name):
+        return
+    from botocore.exceptions import ClientError
+
+    try:
+        table = client.describe_table(TableName=table_name)["Table"]
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        if code == "ResourceNotFoundException":
+            problem = f"table {table_name!r} does not exist"
+            raise TableConfigurationError(
+                f"DynamoDB table {table_name!r} does not exist{_where(client)}: create it with "
+                f"`dynacoord --table {table_name} table create` (or deploy the stack: "
+                "`dynacoord stack deploy`), or fix the table name or region; nothing was written",
+                table_name=table_name,
+                problems=[problem],
+            ) from exc
+        raise BackendError(
+            f"cannot describe DynamoDB table {table_name!r} before its first use: "
+            f"{error.get('Message', exc)} (pass verify=False to skip this check, for example "
+            "when the IAM policy does not allow dynamodb:DescribeTable)",
+            code=code,
+        ) from exc
+    problems = schema_problems(table, statuses=False)
+    if problems:
+        keys_wrong = any(not p.startswith(("global secondary index", "index ")) for p in problems)
+        fix = (
+            "a table's key schema cannot be changed: point the backend at a dynacoord table or "
+            "create one under another name (`dynacoord --table NAME table create`)"
+            if keys_wrong
+            else f"`dynacoord --table {table_name} table create` adds a missing gsi1"
+        )
+        raise TableConfigurationError(
+            f"DynamoDB table {table_name!r}{_where(client)} cannot hold dynacoord's items: "
+            f"{'; '.join(problems)}. Check it with `dynacoord --table {table_name} table verify`; "
+            f"{fix}. Nothing was written",
+            table_name=table_name,
+            problems=problems,
+        )
+    mark_verified(client, table_name)
+
+
+class VerifiedTable(DynamoTable):
+    """A :class:`DynamoTable` that runs :func:`check_table` before its first request."""
+
+    def __init__(
+        self, client: Any, table_name: str, *, metrics: Metrics, verify: bool = True
+    ) -> None:
+        super().__init__(client, table_name, metrics=metrics)
+        if verify and not is_verified(client, table_name):
+            # An instance attribute shadows DynamoTable.call until the check passed.
+            self.__dict__["call"] = self._first_call
+
+    def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        check_table(self.client, self.name)
+        self.__dict__.pop("call", None)
+        return DynamoTable.call(self, operation, **kwargs)
