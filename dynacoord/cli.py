@@ -1,19 +1,23 @@
 """The ``dynacoord`` command line.
 
 Exit codes: 0 success, 1 failure (an error, or an operation that did not succeed such as a lock
-not acquired), 2 usage error. Errors are one line on stderr; results go to stdout (``--json`` for
-machine-readable output); progress lines while waiting on AWS go to stderr.
+not acquired), 2 usage error (nothing was sent), 130 interrupted (Ctrl-C). Errors are one line on
+stderr starting ``dynacoord: error:``; results go to stdout (``--json`` for machine-readable
+output); progress lines while waiting on AWS go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
-from ._cli.common import Context, UsageError, emit, env_default, error_line
+from ._cli.common import Context, UsageError, emit, error_line
 
 __all__ = ["build_parser", "main"]
 
@@ -31,36 +35,75 @@ COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with dynacoord's one error line (``dynacoord: error: ...``, exit 2) instead of
+    its usage block and ``PROG: error:``; every subcommand parser is one of these."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("dynacoord").strip()
+        where = f"{command}: " if command else ""
+        hint = f"see `{self.prog} --help`"
+        self.exit(2, f"dynacoord: error: {where}{message} ({hint})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dynacoord",
         description="Coordination primitives on one DynamoDB table: manage the table, the stack "
         "and the stored state.",
     )
     parser.add_argument(
         "--table",
-        default=env_default("DYNACOORD_TABLE", "dynacoord"),
+        default=os.environ.get("DYNACOORD_TABLE") or "dynacoord",
         help="table name (env DYNACOORD_TABLE, default dynacoord)",
     )
     parser.add_argument(
         "--namespace",
-        default=env_default("DYNACOORD_NAMESPACE", "default"),
-        help="namespace (env DYNACOORD_NAMESPACE, default 'default')",
+        default=None,
+        help="namespace (env DYNACOORD_NAMESPACE, default 'default'); also scopes iam-policy",
     )
     parser.add_argument(
         "--endpoint-url",
-        default=env_default("DYNACOORD_ENDPOINT_URL"),
-        help="DynamoDB endpoint, e.g. DynamoDB Local (env DYNACOORD_ENDPOINT_URL)",
+        default=None,
+        help="DynamoDB endpoint, e.g. DynamoDB Local http://127.0.0.1:8000 (env "
+        "DYNACOORD_ENDPOINT_URL, for DynamoDB only); given here, the stack commands send "
+        "CloudFormation and S3 to it too (LocalStack, moto's server)",
     )
     parser.add_argument("--region", default=None, help="AWS region (default: boto3's)")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--version", action="store_true", help="print the version (JSON with --json) and exit"
+    )
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"dynacoord._cli.{name}")
         module.register(subparsers)
     return parser
+
+
+def _resolve_globals(args: argparse.Namespace) -> None:
+    """Fill in the global options from the environment, remembering which were given.
+
+    ``DYNACOORD_ENDPOINT_URL`` (what ``dynacoord local start`` prints) is DynamoDB's only: sent
+    to CloudFormation it would reach DynamoDB Local. ``--endpoint-url`` on the command line is
+    for every service the command calls (an emulator serving them all). ``DYNACOORD_NAMESPACE``
+    counts as given, so that ``iam-policy`` narrows the policy to it.
+    """
+    env_namespace = os.environ.get("DYNACOORD_NAMESPACE") or None
+    args.namespace_given = args.namespace is not None or env_namespace is not None
+    args.namespace = args.namespace or env_namespace or "default"
+    args.aws_endpoint_url = args.endpoint_url or None
+    args.endpoint_url = args.endpoint_url or os.environ.get("DYNACOORD_ENDPOINT_URL") or None
+    for url, source in (
+        (args.aws_endpoint_url, "--endpoint-url"),
+        (args.endpoint_url, "DYNACOORD_ENDPOINT_URL"),
+    ):
+        if url is not None and "://" not in url:
+            raise UsageError(
+                f"{source} {url!r} has no scheme: write http://{url} (DynamoDB Local) or "
+                f"https://{url}"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,20 +112,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
+    if args.version:
+        if args.json:
+            print(json.dumps({"version": __version__}))
+        else:
+            print(f"dynacoord {__version__}")
+        return 0
+    if args.command is None:
+        print("dynacoord: error: a COMMAND is required (see `dynacoord --help`)", file=sys.stderr)
+        return 2
     ctx = Context(args)
     try:
+        _resolve_globals(args)
         result = args.handler(ctx)
     except UsageError as exc:
-        print(f"dynacoord: usage: {exc}", file=sys.stderr)
-        return 2
-    except (TypeError, ValueError) as exc:
-        print(error_line(exc), file=sys.stderr)
+        print(f"dynacoord: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("dynacoord: interrupted", file=sys.stderr)
+        print("dynacoord: error: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        print(error_line(exc), file=sys.stderr)
-        return 1
+        code, line = _failure(exc)
+        print(line, file=sys.stderr)
+        return code
     emit(ctx, result)
     return 0
+
+
+def _failure(exc: Exception) -> tuple[int, str]:
+    """The exit code and the error line of an exception a command raised."""
+    from .errors import ConfigurationError
+
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if name == "NoRegionError" and module.startswith("botocore"):
+        return 2, (
+            "dynacoord: error: no AWS region: pass --region REGION (or set AWS_REGION or "
+            "AWS_DEFAULT_REGION); nothing was sent"
+        )
+    if name in ("NoCredentialsError", "PartialCredentialsError") and module.startswith("botocore"):
+        return 1, f"dynacoord: error: {exc}: configure AWS credentials (AWS_PROFILE, ...)"
+    if name == "ResponseParserError" and module.startswith("botocore"):
+        return 1, (
+            f"dynacoord: error: the endpoint answered something that is not the service's "
+            f"response (is --endpoint-url pointing at DynamoDB Local for a stack command?): "
+            f"{str(exc)[:300]}"
+        )
+    if isinstance(exc, ConfigurationError) and getattr(exc, "problems", None) is not None:
+        return 1, error_line(exc)  # the table is wrong (first-use check): not the command line
+    if isinstance(exc, (TypeError, ValueError)):
+        return 2, error_line(exc)  # a bad value in the command line: nothing was sent
+    return 1, error_line(exc)

@@ -25,6 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._table_schema import (
+    GSI_NAME,
+    TTL_ATTRIBUTE,
+    forget_verified,
+    key_schema_problems,
+    mark_verified,
+    schema_problems,
+)
 from .errors import BackendError, ConfigurationError, StackDeploymentError, TableNotReadyError
 from .keys import Kind, validate_namespace
 
@@ -38,6 +46,8 @@ __all__ = [
     "RelayBundle",
     "StackDeployment",
     "StackParameterValue",
+    "check_stack_parameters",
+    "check_stack_rules",
     "create_table",
     "delete_stack",
     "delete_table",
@@ -57,8 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-GSI_NAME = "gsi1"
-TTL_ATTRIBUTE = "ttl"
 
 Progress = Callable[[str], None]
 
@@ -126,6 +134,7 @@ def create_table(
         code = exc.response.get("Error", {}).get("Code", "")
         raise BackendError(f"cannot create table {table_name!r}: {exc}", code=code) from exc
     progress(f"creating table {table_name} ...")
+    mark_verified(client, table_name)  # made here as dynacoord needs it: no check on first use
     if wait:
         _wait_active(client, table_name, progress)
     _enable_ttl(client, table_name, progress)
@@ -155,6 +164,7 @@ def ensure_table(
         try:
             client.create_table(**table_definition(table_name, **options))
             created = True
+            mark_verified(client, table_name)
             progress(f"creating table {table_name} ...")
         except ClientError as create_exc:
             # Another process may have created it between our describe and create.
@@ -170,7 +180,7 @@ def ensure_table(
             str(d.get("AttributeName")): str(d.get("AttributeType"))
             for d in table.get("AttributeDefinitions", [])
         }
-        problems = _check_key_schema("table", table.get("KeySchema", []), "pk", "sk", types)
+        problems = key_schema_problems("table", table.get("KeySchema", []), "pk", "sk", types)
         if problems:
             raise ConfigurationError(
                 f"table {table_name!r} is not a dynacoord table ({'; '.join(problems)}); "
@@ -292,29 +302,12 @@ def _error_message(exc: Any) -> str:
     return str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
 
 
+def _refused_for_protection(exc: Any) -> bool:
+    message = _error_message(exc)
+    return "DeletionProtection" in message or "deletion protection" in message.lower()
+
+
 # --- verify / delete the table ---------------------------------------------------------------
-
-
-def _check_key_schema(
-    what: str,
-    key_schema: Sequence[Mapping[str, Any]],
-    hash_name: str,
-    range_name: str,
-    types: Mapping[str, str],
-) -> list[str]:
-    problems: list[str] = []
-    actual = [(k.get("AttributeName"), k.get("KeyType")) for k in key_schema]
-    if actual != [(hash_name, "HASH"), (range_name, "RANGE")]:
-        rendered = " + ".join(f"{name} ({kind})" for name, kind in actual) or "empty"
-        problems.append(
-            f"{what} key schema is {rendered}, expected {hash_name} (HASH) + {range_name} (RANGE)"
-        )
-    for name, _ in actual:
-        if name in (hash_name, range_name) and types.get(str(name)) != "S":
-            problems.append(
-                f"{what} key attribute {name!r} has type {types.get(str(name))}, expected S"
-            )
-    return problems
 
 
 def is_warning(problem: str) -> bool:
@@ -341,29 +334,9 @@ def verify_table(client: Any, table_name: str) -> list[str]:
         raise BackendError(
             f"cannot describe table {table_name!r}: {_error_message(exc)}", code=_error_code(exc)
         ) from exc
-    problems: list[str] = []
-    status = table.get("TableStatus")
-    if status != "ACTIVE":
-        problems.append(f"table status is {status}, expected ACTIVE")
-    types = {
-        str(a["AttributeName"]): str(a["AttributeType"])
-        for a in table.get("AttributeDefinitions", [])
-    }
-    problems += _check_key_schema("table", table.get("KeySchema", []), "pk", "sk", types)
-    indexes = {g.get("IndexName"): g for g in table.get("GlobalSecondaryIndexes", [])}
-    gsi = indexes.get(GSI_NAME)
-    if gsi is None:
-        problems.append(f"global secondary index {GSI_NAME!r} is missing")
-    else:
-        problems += _check_key_schema(
-            f"index {GSI_NAME}", gsi.get("KeySchema", []), "gsi1pk", "gsi1sk", types
-        )
-        projection = gsi.get("Projection", {}).get("ProjectionType")
-        if projection != "ALL":
-            problems.append(f"index {GSI_NAME} projection is {projection}, expected ALL")
-        index_status = gsi.get("IndexStatus", "ACTIVE")
-        if index_status != "ACTIVE":
-            problems.append(f"index {GSI_NAME} status is {index_status}, expected ACTIVE")
+    problems = schema_problems(table)
+    if not problems:
+        mark_verified(client, table_name)
     try:
         ttl = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
     except ClientError as exc:
@@ -393,27 +366,42 @@ def delete_table(
     wait: bool = True,
     progress: Progress = _noop,
     timeout: float = 300.0,
+    disable_deletion_protection: bool = False,
 ) -> bool:
     """Delete the table and (with ``wait``) wait until it is gone. False if it did not exist.
 
-    A table with deletion protection is refused with a :class:`BackendError` that says so. Do not
-    use this on a table that a CloudFormation stack owns: delete the stack instead.
+    A table with deletion protection is refused with a :class:`BackendError` that says so,
+    unless ``disable_deletion_protection``: then protection is turned off first (one
+    UpdateTable, only when the DeleteTable was refused for it) and the table deleted. That is
+    how a table kept by ``stack delete`` is removed. Do not use this on a table that a
+    CloudFormation stack still owns: delete the stack first.
     """
     from botocore.exceptions import ClientError
 
     try:
-        client.delete_table(TableName=table_name)
+        try:
+            client.delete_table(TableName=table_name)
+        except ClientError as exc:
+            if not (disable_deletion_protection and _refused_for_protection(exc)):
+                raise
+            progress(f"turning off deletion protection of {table_name} ...")
+            client.update_table(TableName=table_name, DeletionProtectionEnabled=False)
+            logger.info("turned off deletion protection of %r", table_name)
+            _wait_active(client, table_name, progress, timeout=timeout)
+            client.delete_table(TableName=table_name)
     except ClientError as exc:
         code = _error_code(exc)
         if code == "ResourceNotFoundException":
             return False
         message = _error_message(exc)
-        if "DeletionProtection" in message or "deletion protection" in message.lower():
+        if _refused_for_protection(exc):
             message = (
-                "deletion protection is enabled; turn it off first (stack parameter "
-                "DeletionProtection=false, or UpdateTable DeletionProtectionEnabled=false)"
+                "deletion protection is enabled; turn it off first: `dynacoord table delete "
+                "--yes --disable-deletion-protection` (or the stack parameter "
+                "DeletionProtection=false while a stack owns the table)"
             )
         raise BackendError(f"cannot delete table {table_name!r}: {message}", code=code) from exc
+    forget_verified(client, table_name)
     logger.info("deleting table %r", table_name)
     progress(f"deleting table {table_name} ...")
     if not wait:
@@ -591,6 +579,8 @@ def _stack_parameters(
                 f"RelayTimeout {out['RelayTimeout']} s leaves no room for the lease of {lease} s "
                 "(and a second to store the outcome): nothing would ever be delivered"
             )
+    if check_names:
+        _check_allowed(out)
     namespaces = out.get("Namespaces")
     relay_namespace = out.get("RelayNamespace")
     if namespaces and relay_namespace and relay_namespace not in namespaces.split(","):
@@ -601,12 +591,145 @@ def _stack_parameters(
     return out
 
 
+def _template_parameters(body: str) -> dict[str, dict[str, Any]]:
+    """The ``Parameters`` section of a template in the bundled template's layout (two-space
+    names, four-space attributes): Type, Default, AllowedValues, AllowedPattern, MinValue,
+    MaxValue of each. Read without a YAML library (the package has none, and CloudFormation's
+    short tags need a custom loader)."""
+    out: dict[str, dict[str, Any]] = {}
+    in_parameters = False
+    current: dict[str, Any] | None = None
+    for line in body.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            in_parameters = line.rstrip() == "Parameters:"
+            continue
+        if not in_parameters:
+            continue
+        if line.startswith("  ") and not line.startswith("   "):
+            current = out.setdefault(line.strip().rstrip(":"), {})
+        elif current is not None and line.startswith("    ") and not line.startswith("     "):
+            key, _, raw = line.strip().partition(":")
+            raw = raw.strip()
+            if key == "AllowedValues" and raw.startswith("["):
+                current[key] = [_scalar(v) for v in raw.strip("[]").split(",")]
+            elif key in ("Type", "Default", "AllowedPattern", "MinValue", "MaxValue"):
+                current[key] = _scalar(raw)
+    return out
+
+
+def _scalar(raw: str) -> str:
+    raw = raw.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        return raw[1:-1].replace("\\\\", "\\")
+    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+        return raw[1:-1]
+    return raw
+
+
+_bundled_parameters: dict[str, dict[str, Any]] | None = None
+
+
+def _bundled_template_parameters() -> dict[str, dict[str, Any]]:
+    global _bundled_parameters
+    if _bundled_parameters is None:
+        _bundled_parameters = _template_parameters(template_body())
+    return _bundled_parameters
+
+
+def _check_allowed(values: Mapping[str, str]) -> None:
+    """Refuse a value the bundled template's AllowedValues, AllowedPattern, MinValue or MaxValue
+    would refuse, before anything is uploaded or sent (an emulator may not check them)."""
+    spec = _bundled_template_parameters()
+    for key, text in values.items():
+        rules = spec.get(key, {})
+        allowed = rules.get("AllowedValues")
+        if allowed is not None and text not in allowed:
+            raise ValueError(
+                f"stack parameter {key} must be one of {', '.join(allowed)}, got {text!r}"
+            )
+        pattern = rules.get("AllowedPattern")
+        if pattern is not None and not re.fullmatch(pattern, text):
+            raise ValueError(f"stack parameter {key} must match {pattern}, got {text!r}")
+        if rules.get("Type") == "Number":
+            try:
+                number = float(text)
+            except ValueError:
+                raise ValueError(f"stack parameter {key} must be a number, got {text!r}") from None
+            low, high = rules.get("MinValue"), rules.get("MaxValue")
+            if (low is not None and number < float(low)) or (
+                high is not None and number > float(high)
+            ):
+                raise ValueError(
+                    f"stack parameter {key} must be in {low or '-inf'}..{high or 'inf'}, got {text}"
+                )
+
+
+def _effective_parameters(
+    values: Mapping[str, str], previous: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The values a stack will have: given, else previous (an update), else the default."""
+    effective = {k: str(v.get("Default", "")) for k, v in _bundled_template_parameters().items()}
+    effective.update({k: v for k, v in (previous or {}).items() if v != "****"})
+    effective.update(values)
+    return effective
+
+
+def check_stack_parameters(
+    parameters: Mapping[str, StackParameterValue], *, previous: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Check ``parameters`` of the bundled template as :func:`deploy_stack` will, with the
+    ``previous`` values of an existing stack (:func:`stack_parameters`), without sending
+    anything; return them as text. ``ValueError``/``TypeError`` for a value that would fail."""
+    values = _stack_parameters(parameters, check_names=True)
+    check_stack_rules(_effective_parameters(values, previous))
+    return values
+
+
+def check_stack_rules(values: Mapping[str, str]) -> None:
+    """The bundled template's ``Rules``, checked here on the values the stack will have (given,
+    else previous, else default): CloudFormation checks them too, but only after the code
+    bundle was uploaded, and an emulator (moto) not at all (a stack with Relay=true and no code
+    then stays in CREATE_IN_PROGRESS)."""
+    if values.get("Relay") == "true":
+        missing = [k for k in ("RelayHandlers", "CodeS3Bucket", "CodeS3Key") if not values.get(k)]
+        if missing:
+            raise ValueError(
+                f"Relay=true needs {', '.join(missing)}: deploy with `dynacoord stack deploy "
+                "--relay MODULE:HANDLERS --code-bucket BUCKET`, which packages and uploads the "
+                "code and sets them"
+            )
+        # (moto reports a previous CommaDelimitedList as a Python list's repr: read that too)
+        raw = (values.get("Namespaces") or "").strip().strip("[]")
+        namespaces = [n.strip().strip("'\"") for n in raw.split(",") if n.strip()]
+        relay_namespace = values.get("RelayNamespace", "")
+        if namespaces and relay_namespace not in namespaces:
+            raise ValueError(
+                f"RelayNamespace {relay_namespace!r} is not one of Namespaces "
+                f"{','.join(namespaces)!r}: the relay could not read its own events"
+            )
+
+
 def _check_stack_name(stack_name: str) -> None:
     if not isinstance(stack_name, str) or not _STACK_NAME.match(stack_name):
         raise ValueError(
             "stack name must start with a letter and contain only letters, digits and '-' "
             f"(at most 128 characters), got {stack_name!r}"
         )
+
+
+def _kept_parameters(
+    existing: Mapping[str, Any], values: Mapping[str, str], template: str | None
+) -> list[dict[str, Any]]:
+    """The parameters an update does not change: ``UsePreviousValue`` (a parameter the
+    bundled template no longer has is dropped)."""
+    return [
+        {"ParameterKey": str(p["ParameterKey"]), "UsePreviousValue": True}
+        for p in existing.get("Parameters") or []
+        if str(p["ParameterKey"]) not in values
+        and (template is not None or str(p["ParameterKey"]) in STACK_PARAMETERS)
+    ]
 
 
 def _describe_stack(cfn_client: Any, stack_name: str) -> dict[str, Any] | None:
@@ -726,7 +849,8 @@ def deploy_stack(
     that would fail in CloudFormation or widen the policy (a namespace with ``#`` or ``*``, a
     handler that is not ``MODULE:ATTRIBUTE``, an unknown outbox option, a ``RelayNamespace``
     outside ``Namespaces``) raise ``ValueError`` before any request. On an update, parameters
-    not given keep their previous values (like ``aws cloudformation deploy``). An update with nothing to change ("No updates are to be performed") is a success
+    not given keep their previous values (like ``aws cloudformation deploy``). The template's allowed values and its ``Rules`` (Relay=true
+    needs the code and handlers; RelayNamespace one of Namespaces) are checked here too. An update with nothing to change ("No updates are to be performed") is a success
     with ``changed=False``. With ``wait`` (default), polls until the stack settles and raises
     :class:`~dynacoord.errors.StackDeploymentError` unless it ends ``CREATE_COMPLETE`` /
     ``UPDATE_COMPLETE``; the error's message and ``events`` list the resource events that failed,
@@ -758,6 +882,14 @@ def deploy_stack(
                 events=[],
             )
 
+    if template is None:  # the Rules on the values the stack will have, before anything is sent
+        previous = {
+            str(p["ParameterKey"]): str(p["ParameterValue"])
+            for p in (existing or {}).get("Parameters") or []
+            if p.get("ParameterValue") is not None
+        }
+        check_stack_rules(_effective_parameters(values, previous))
+
     since: str | None = None
     try:
         if existing is None:
@@ -773,12 +905,7 @@ def deploy_stack(
             progress(f"creating stack {stack_name} ...")
         else:
             stack_id = str(existing["StackId"])
-            previous = [str(p["ParameterKey"]) for p in existing.get("Parameters") or []]
-            keep = [
-                {"ParameterKey": k, "UsePreviousValue": True}
-                for k in previous
-                if k not in values and (template is not None or k in STACK_PARAMETERS)
-            ]
+            keep = _kept_parameters(existing, values, template)
             since = _latest_event_id(cfn_client, stack_id)
             logger.info("updating stack %r", stack_name)
             cfn_client.update_stack(
@@ -959,7 +1086,18 @@ def package_relay(
             raise ValueError(f"{what} must be MODULE:ATTRIBUTE, got {spec!r}")
     if check:
         for what, spec in specs:
-            target = load_object(spec, what)
+            try:
+                target = load_object(spec, what)
+            except Exception as exc:
+                # Most often the module reads its HandlerSettings at import (as the example
+                # does) and finds none here: say where the check's settings come from.
+                raise ConfigurationError(
+                    f"the check imports {what} {spec!r} as the relay will, and that failed: "
+                    f"{type(exc).__name__}: {exc}. If the module reads its HandlerSettings at "
+                    "import, set DYNACOORD_HANDLER_SETTINGS to them here (the JSON you give the "
+                    "stack as HandlerSettings; `stack deploy` uses the stack's); or skip the "
+                    "check: --no-check (check=False)"
+                ) from exc
             if what == "handlers" and isinstance(target, Mapping):
                 bad = [k for k, v in target.items() if not isinstance(k, str) or not callable(v)]
                 if bad:

@@ -215,6 +215,30 @@ def require_java(java: str | None = None) -> str:
 # -- fetching ------------------------------------------------------------------------------------
 
 
+def _sha512_digest(text: str) -> tuple[bytes, bool]:
+    """The 64 bytes a SHA-512 names, given as hex or base64 (``sha512-`` prefix optional), and
+    whether it was hex; a ValueError for anything else (checked before downloading)."""
+    import base64
+    import binascii
+
+    value = text.strip().removeprefix("sha512-")
+    if len(value) == 128:
+        try:
+            return bytes.fromhex(value), True
+        except ValueError:
+            pass
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raw = b""
+    if len(raw) != 64:
+        raise ValueError(
+            f"sha512 {text!r} is not a SHA-512 digest: give 128 hex digits (sha512sum) or 88 "
+            "base64 characters (npm's dist.integrity, sha512-...)"
+        )
+    return raw, False
+
+
 def fetch_dynamodb_local(
     *,
     url: str | None = None,
@@ -228,7 +252,8 @@ def fetch_dynamodb_local(
 
     ``url`` defaults to the npm registry's tarball of :data:`DYNAMODB_LOCAL_VERSION`, checked
     against :data:`DYNAMODB_LOCAL_SHA512`; it may be any URL urllib opens (``file://`` too) or a
-    local path, checked only when ``sha512`` (base64, as npm's ``dist.integrity``) is given.
+    local path, checked only when ``sha512`` is given: hex (as ``sha512sum`` prints it) or
+    base64 (as npm's ``dist.integrity``, with or without its ``sha512-`` prefix).
     Nothing is downloaded when the cache already holds what ``url`` gave, unless ``force``.
     """
     import base64
@@ -242,6 +267,7 @@ def fetch_dynamodb_local(
         sha512 = sha512 or DYNAMODB_LOCAL_SHA512
     elif "://" not in url:
         url = Path(url).expanduser().resolve().as_uri()
+    expected_digest, sha512_hex = (b"", False) if sha512 is None else _sha512_digest(sha512)
     root = Path(cache_dir) if cache_dir is not None else user_cache_dir()
     source = root / _SOURCE_FILE
     present = _jar_folders_under(root)
@@ -269,13 +295,12 @@ def fetch_dynamodb_local(
                         say(f"  {done / 1e6:.1f} of {total / 1e6:.1f} MB")
         except OSError as exc:  # URLError and HTTPError are OSErrors
             raise DynamoDBLocalUnavailableError(f"cannot download {url}: {exc}") from exc
-        if sha512 is not None:
-            expected = sha512.removeprefix("sha512-")
-            got = base64.b64encode(digest.digest()).decode("ascii")
-            if got != expected:
-                raise DynamoDBLocalUnavailableError(
-                    f"{url} has SHA-512 {got}, expected {expected}: not extracted"
-                )
+        if sha512 is not None and digest.digest() != expected_digest:
+            got = digest.hexdigest() if sha512_hex else base64.b64encode(digest.digest()).decode()
+            raise DynamoDBLocalUnavailableError(
+                f"{url} has SHA-512 {got}, expected {sha512.strip()}: the download is not the "
+                "file you named; not extracted"
+            )
         unpacked = Path(scratch) / "unpacked"
         try:
             with tarfile.open(archive) as tar:
@@ -379,10 +404,12 @@ class DynamoDBLocal:
         return self._process.pid if self._process is not None else None
 
     def env(self) -> dict[str, str]:
-        """Environment variables that point boto3 (``AWS_ENDPOINT_URL_DYNAMODB``) and the
-        dynacoord CLI at this server, with the credentials and region the fixtures use."""
+        """Environment variables that point boto3 (``AWS_ENDPOINT_URL_DYNAMODB`` and, for
+        stream readers, ``AWS_ENDPOINT_URL_DYNAMODBSTREAMS``) and the dynacoord CLI at this
+        server, with the credentials and region the fixtures use."""
         return {
             "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint_url,
+            "AWS_ENDPOINT_URL_DYNAMODBSTREAMS": self.endpoint_url,
             "DYNACOORD_ENDPOINT_URL": self.endpoint_url,
             "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS["aws_access_key_id"],
             "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS["aws_secret_access_key"],

@@ -138,13 +138,17 @@ def test_iam_policy_json(run: Run) -> None:
     assert code == 0
     assert "Condition" not in json.loads(out)["Statement"][0]
 
-    # the global --namespace is not the policy's
-    code, out, _ = run("--namespace", "ignored", "--json", "iam-policy", "--table-arn", ARN)
+    # the global --namespace narrows the policy when the policy's own is not given (issue 31)
+    code, out, _ = run("--namespace", "billing", "--json", "iam-policy", "--table-arn", ARN)
+    assert "LOCK#billing#*" in out
+    code, out, _ = run(
+        "--namespace", "ignored", "iam-policy", "--table-arn", ARN, "--namespace", "x"
+    )
     assert "ignored" not in out
 
     code, out, err = run("iam-policy", "--table-arn", "not-an-arn")
     assert code == 2 and out == ""
-    assert err.startswith("dynacoord: ValueError: table_arn") and err.count("\n") == 1
+    assert err.startswith("dynacoord: error: ValueError: table_arn") and err.count("\n") == 1
     code, _, err = run("iam-policy")
     assert code == 2 and "--table-arn" in err
 

@@ -44,7 +44,12 @@ class Context:
         import boto3
         from botocore.config import Config
 
-        endpoint = self.args.endpoint_url if service == "dynamodb" else None
+        # DYNACOORD_ENDPOINT_URL is DynamoDB's (and its streams'); only --endpoint-url given on
+        # the command line also applies to other services (see cli._resolve_globals).
+        if service in ("dynamodb", "dynamodbstreams"):
+            endpoint = self.args.endpoint_url
+        else:
+            endpoint = getattr(self.args, "aws_endpoint_url", None)
         factory: Any = boto3.client
         return factory(
             service,
@@ -146,7 +151,8 @@ def env_default(name: str, fallback: str | None = None) -> str | None:
 
 
 def error_line(exc: BaseException) -> str:
-    # Errors dynacoord raises on purpose read "error"; anything else names its type, which is
-    # what a bug report needs.
-    kind = "error" if isinstance(exc, (DynacoordError, CommandFailed)) else type(exc).__name__
-    return f"dynacoord: {kind}: {exc}"
+    # One prefix for every error; an exception dynacoord did not raise on purpose also names
+    # its type, which is what a bug report needs.
+    if isinstance(exc, (DynacoordError, CommandFailed)):
+        return f"dynacoord: error: {exc}"
+    return f"dynacoord: error: {type(exc).__name__}: {exc}"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError, TableNotReadyError
+from ..errors import BackendError, ConfigurationError, TableNotReadyError
 from .common import Context, UsageError, add_command, emit
 
 
@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
         dest="policy_namespaces",
         action="append",
         metavar="NS",
-        help="restrict items to this namespace (repeat for several; default: every namespace)",
+        help="restrict items to this namespace (repeat for several; default: the global "
+        "--namespace or DYNACOORD_NAMESPACE if given, else every namespace)",
     )
     policy.add_argument(
         "--no-index",
@@ -70,6 +71,11 @@ def _register_table(subparsers: Any) -> None:
         "--missing-ok", action="store_true", help="succeed when the table does not exist"
     )
     delete.add_argument("--no-wait", action="store_true", help="do not wait until it is gone")
+    delete.add_argument(
+        "--disable-deletion-protection",
+        action="store_true",
+        help="turn deletion protection off first (a table kept by `stack delete` has it on)",
+    )
 
 
 def _register_stack(subparsers: Any) -> None:
@@ -189,16 +195,21 @@ def _table_create(ctx: Context) -> Any:
             f"(this table would be {ctx.args.billing_mode})"
         )
     client = ctx.client()
-    created = ensure_table(
-        client,
-        ctx.table_name,
-        progress=ctx.progress,
-        timeout=ctx.args.timeout,
-        billing_mode=ctx.args.billing_mode,
-        read_capacity=ctx.args.read_capacity or 5,
-        write_capacity=ctx.args.write_capacity or 5,
-        deletion_protection=ctx.args.deletion_protection,
-    )
+    try:
+        created = ensure_table(
+            client,
+            ctx.table_name,
+            progress=ctx.progress,
+            timeout=ctx.args.timeout,
+            billing_mode=ctx.args.billing_mode,
+            read_capacity=ctx.args.read_capacity or 5,
+            write_capacity=ctx.args.write_capacity or 5,
+            deletion_protection=ctx.args.deletion_protection,
+        )
+    except ConfigurationError:
+        # an existing table with another key schema, left as it is: a table with problems
+        # (exit 1, as `table verify`), not a usage error
+        created = False
     problems = verify_table(client, ctx.table_name)
     if problems:  # an existing table with another schema: ensure_table does not alter it
         _fail_with_problems(ctx, ctx.table_name, problems)
@@ -225,7 +236,11 @@ def _table_delete(ctx: Context) -> Any:
     if not ctx.args.yes:
         raise UsageError(f"table delete removes {ctx.table_name!r} and every item: add --yes")
     deleted = delete_table(
-        ctx.client(), ctx.table_name, wait=not ctx.args.no_wait, progress=ctx.progress
+        ctx.client(),
+        ctx.table_name,
+        wait=not ctx.args.no_wait,
+        progress=ctx.progress,
+        disable_deletion_protection=ctx.args.disable_deletion_protection,
     )
     if not deleted and not ctx.args.missing_ok:
         raise BackendError(
@@ -249,9 +264,11 @@ def _parse_parameters(items: list[str]) -> dict[str, str]:
 
 
 def _aws_client(ctx: Context, service: str) -> Any:
-    """A client for the stack commands: ``--endpoint-url`` (or ``DYNACOORD_ENDPOINT_URL``) is
-    used for every service they call (an emulator such as LocalStack serves them all on one
-    endpoint); without it boto3 reads ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``."""
+    """A client for the stack commands: ``--endpoint-url`` given on the command line is used
+    for every service they call (an emulator such as LocalStack or moto's server serves them
+    all on one endpoint); ``DYNACOORD_ENDPOINT_URL`` is not (it is DynamoDB's: ``dynacoord
+    local start`` prints it for DynamoDB Local, which serves no CloudFormation). Without it
+    boto3 reads ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``."""
     import boto3
     from botocore.config import Config
 
@@ -259,7 +276,7 @@ def _aws_client(ctx: Context, service: str) -> Any:
     return factory(
         service,
         region_name=ctx.args.region or None,
-        endpoint_url=ctx.args.endpoint_url or None,
+        endpoint_url=getattr(ctx.args, "aws_endpoint_url", None) or None,
         config=Config(retries={"max_attempts": 8, "mode": "adaptive"}),
     )
 
@@ -337,11 +354,24 @@ def _stack_deploy(ctx: Context) -> Any:
                 "--relay needs --code-bucket BUCKET (an S3 bucket in the stack's region for "
                 "the code bundle)"
             )
+        from ..provision import check_stack_parameters, stack_parameters
+
+        current = stack_parameters(_aws_client(ctx, "cloudformation"), ctx.args.stack_name)
+        # every value checked before the bundle is built and uploaded
+        check_stack_parameters(
+            {
+                **parameters,
+                "Relay": "true",
+                "RelayHandlers": relay,
+                "CodeS3Bucket": ctx.args.code_bucket,
+                "CodeS3Key": "dynacoord/bundle.zip",
+                "ReconcileHandler": ctx.args.reconcile or "",
+                "RelayNamespace": parameters.get("RelayNamespace", ctx.args.namespace),
+            },
+            previous=current,
+        )
         settings = parameters.get("HandlerSettings")
         if settings is None:  # an update keeps the stack's settings: check with those
-            from ..provision import stack_parameters
-
-            current = stack_parameters(_aws_client(ctx, "cloudformation"), ctx.args.stack_name)
             settings = (current or {}).get("HandlerSettings")
         bucket, key = _upload(ctx, _bundle(ctx, relay, settings))
         parameters.update(Relay="true", RelayHandlers=relay, CodeS3Bucket=bucket, CodeS3Key=key)
@@ -408,10 +438,13 @@ def _stack_template(ctx: Context) -> Any:
 def _iam_policy(ctx: Context) -> Any:
     from ..provision import iam_policy
 
-    policy = iam_policy(
-        ctx.args.table_arn,
-        ctx.args.policy_namespaces,
-        include_index=not ctx.args.no_index,
-    )
+    namespaces = ctx.args.policy_namespaces
+    if namespaces is None and getattr(ctx.args, "namespace_given", False):
+        # `dynacoord --namespace billing iam-policy` (or DYNACOORD_NAMESPACE=billing) means
+        # billing's policy: printing one for every namespace would widen access silently.
+        namespaces = [ctx.args.namespace]
+    policy = iam_policy(ctx.args.table_arn, namespaces, include_index=not ctx.args.no_index)
+    if namespaces is None:
+        ctx.progress("iam-policy: every namespace (give --namespace NS to narrow it)")
     # A policy is a JSON document either way; --json just keeps the common output format.
     return policy if ctx.json else json.dumps(policy, indent=2)

@@ -75,6 +75,8 @@ def _show(ctx: Context) -> Any:
 def _list(ctx: Context) -> Any:
     _check_limit(ctx.args.limit)
     found = list(ctx.backend().runs.list(ctx.args.status, limit=ctx.args.limit))
+    if not found:
+        ctx.progress(f"no {ctx.args.status} runs")
     return [_row(r) for r in found] if ctx.json else [_line(r) for r in found]
 
 
