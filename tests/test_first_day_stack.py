@@ -146,3 +146,14 @@ def test_every_default_of_the_template_passes_the_local_checks() -> None:
     assert set(spec) == set(_template()["Parameters"])
     _check_allowed({k: str(v["Default"]) for k, v in spec.items() if "Default" in v})
     assert template_body()  # the bundled copy is the one read
+
+
+# --- point 14 ----------------------------------------------------------------------------------
+
+
+def test_the_declared_license_ships_as_a_file() -> None:
+    root = Path(__file__).resolve().parent.parent
+    assert 'license = "Apache-2.0"' in (root / "pyproject.toml").read_text(encoding="utf-8")
+    text = (root / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
