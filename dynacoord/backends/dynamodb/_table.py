@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from binascii import b2a_base64
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any, TypeGuard, cast
 
+from ..._writers import PRUNE_AT, WINDOW_MS, token_ms, writer_token
 from ...errors import (
     BackendError,
     InvalidValueError,
@@ -41,6 +41,7 @@ __all__ = [
     "ConditionFailedError",
     "CountingToken",
     "DynamoTable",
+    "counting_update",
     "exact_sum",
     "request_token",
     "sum_limit",
@@ -103,63 +104,154 @@ def request_token() -> str:
     return os.urandom(8).hex()  # secrets.token_hex(8), without its two Python frames
 
 
-#: Counting writes (an ADD cannot be refused by "already applied" on its own) keep the request
-#: tokens of recent writes on the item, in three slots ``rq0..rq2`` that rotate with the bucket
-#: ``now // COUNT_WINDOW_MS``: a write adds its token to the slot of its bucket, removes the slot
-#: of the next bucket (tokens at least one window old) and is refused if its token is in its own
-#: or the previous bucket's slot. A botocore retry re-sends the same request (same token, same
-#: bucket), so a retry sent less than one window after the first attempt is always recognised.
-COUNT_WINDOW_MS = 60_000
+#: Counting writes (an ADD cannot be refused by "already applied" on its own) keep one slot per
+#: writer on the item (``w:{writer}`` = the writer's last token, a number; see dynacoord._writers):
+#: a write sets its slot on the condition that the slot does not hold its token yet, and a
+#: refusal that shows its token means its first attempt applied. A retry sent less than one
+#: window after its first attempt is always recognised.
+COUNT_WINDOW_MS = WINDOW_MS
+#: the attribute-name prefix of writer slots
+SLOT_PREFIX = "w:"
+#: the slots of the previous design (token sets rotating per minute): dropped when seen
+_LEGACY_SLOTS = ("rq0", "rq1", "rq2")
+#: at most this many stale slots are dropped by one write
+_PRUNE_PER_WRITE = 16
+#: pk -> the stale slots (name, token or None for a legacy set) a write of this process saw on
+#: it: the next counting write of the process to that pk drops them (bounded: cleared when full)
+_stale: dict[str, tuple[tuple[str, str | None], ...]] = {}
+_STALE_KEYS = 4096
 
 
 class CountingToken:
-    """The expression parts of one counting write's request token (see COUNT_WINDOW_MS).
-    ``names`` is shared by the writes of one bucket: read it, never change it."""
+    """One counting write's writer slot and token, and the stale slots it drops.
 
-    __slots__ = ("names", "slots", "token")
+    :meth:`apply` adds them to an UpdateItem's expressions; :func:`counting_update` sends it.
+    ``pk`` names the item (the key of the stale slots seen on it)."""
 
-    def __init__(self, now_ms: int) -> None:
-        bucket = now_ms // COUNT_WINDOW_MS
-        parts = _bucket_parts
-        if parts[0] != bucket:
-            parts = _new_bucket_parts(bucket)
-        _, self.slots, self.names = parts
-        # secrets.token_urlsafe(8) (11 characters), without its Python frames
-        self.token = (
-            b2a_base64(os.urandom(8), newline=False)[:11].translate(_URLSAFE).decode("ascii")
-        )
-
-    @property
-    def values(self) -> dict[str, Any]:
-        """``:rqt`` (the token) and ``:rqs`` (the set to ADD) for :func:`values`; made when asked
-        (the counters and ``cache.incr`` marshal the two themselves)."""
-        return {"rqt": self.token, "rqs": {self.token}}
+    __slots__ = ("name", "pk", "prune", "token")
 
     #: the condition part: this token was not applied yet
-    condition = "(NOT contains(#rqa, :rqt) AND NOT contains(#rqb, :rqt))"
-    #: ADD clause part and REMOVE clause part of the update
-    add = "#rqa :rqs"
-    remove = "#rqc"
+    condition = "(attribute_not_exists(#rqw) OR #rqw <> :rqt)"
 
-    def applied(self, item: Mapping[str, Any] | None) -> bool:
-        """Whether ``item`` (a refusal's ALL_OLD) shows this token: the write applied before."""
-        if not item:
-            return False
-        return any(self.token in (item.get(slot) or ()) for slot in self.slots[:2])
+    def __init__(self, now_ms: int, pk: str, *, prune: bool = True) -> None:
+        writer, token = writer_token(now_ms)
+        self.name = SLOT_PREFIX + writer
+        self.token = str(token)
+        self.pk = pk
+        self.prune: tuple[tuple[str, str | None], ...] = (
+            _stale.pop(pk, ()) if prune and _stale else ()
+        )
+
+    def apply(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` of an UpdateItem (its own expressions, without the token) with the
+        token's parts added: the slot set in the SET clause, the stale slots removed (a REMOVE
+        clause, if any, must be the last clause), the condition and the placeholders."""
+        update: str = kwargs["UpdateExpression"]
+        if update.startswith("SET "):
+            update = "SET #rqw = :rqt, " + update[4:]
+        elif " SET " in update:
+            update = update.replace(" SET ", " SET #rqw = :rqt, ", 1)
+        else:
+            update = "SET #rqw = :rqt " + update
+        condition = kwargs.get("ConditionExpression")
+        if condition is None:
+            condition = self.condition
+        elif _wrapped(condition):  # DynamoDB refuses redundant parentheses
+            condition = f"{condition} AND {self.condition}"
+        else:
+            condition = f"({condition}) AND {self.condition}"
+        names = {**kwargs.get("ExpressionAttributeNames", {}), "#rqw": self.name}
+        attr_values = {**kwargs["ExpressionAttributeValues"], ":rqt": {"N": self.token}}
+        if self.prune:
+            # never this writer's own slot: it is set by this very write (and DynamoDB refuses
+            # a SET and a REMOVE of one path)
+            self.prune = tuple(p for p in self.prune if p[0] != self.name)
+        if self.prune:
+            removed = []
+            for i, (name, token) in enumerate(self.prune):
+                names[f"#rp{i}"] = name
+                removed.append(f"#rp{i}")
+                if token is not None:
+                    # only while the slot still holds the stale token: a writer that wrote
+                    # again since it was seen keeps its slot (its retry may still come)
+                    condition += f" AND #rp{i} = :rp{i}"
+                    attr_values[f":rp{i}"] = {"N": token}
+            sep = ", " if " REMOVE " in update else " REMOVE "
+            update += sep + ", ".join(removed)
+        return {
+            **kwargs,
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": attr_values,
+        }
+
+    def applied(self, raw: Mapping[str, Any] | None) -> bool:
+        """Whether ``raw`` (a refusal's ALL_OLD, attribute values) shows this token: the write
+        applied before."""
+        return raw is not None and raw.get(self.name) == {"N": self.token}
+
+    def refused_by_prune(self, raw: Mapping[str, Any] | None) -> bool:
+        """Whether a refusal with ``raw`` may be due to a stale slot that changed since it was
+        seen (then the write is sent again without dropping it)."""
+        return any(
+            token is not None and (raw is None or raw.get(name) != {"N": token})
+            for name, token in self.prune
+        )
+
+    def observe(self, raw: Mapping[str, Any] | None, now_ms: int) -> None:
+        """Note the stale slots of ``raw`` (the item after or before the write) for the next
+        counting write of this process to the same item."""
+        if not raw:
+            return
+        stale: list[tuple[str, str | None]] = [(n, None) for n in _LEGACY_SLOTS if n in raw]
+        slots = [(n, av) for n, av in raw.items() if n.startswith(SLOT_PREFIX)]
+        if len(slots) > PRUNE_AT:
+            cutoff = now_ms - WINDOW_MS
+            for name, av in slots:
+                if name != self.name and "N" in av and token_ms(av["N"]) < cutoff:
+                    stale.append((name, av["N"]))
+        if stale:
+            if len(_stale) >= _STALE_KEYS:
+                _stale.clear()
+            _stale[self.pk] = tuple(stale[:_PRUNE_PER_WRITE])
 
 
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-#: (bucket, its slots, its ExpressionAttributeNames) of the latest bucket: the same for every
-#: counting write of that minute, so made once (a tuple, replaced whole: safe across threads)
-_bucket_parts: tuple[int, tuple[str, str, str], dict[str, str]] = (-1, ("", "", ""), {})
+def _wrapped(expression: str) -> bool:
+    """Whether ``expression`` is one parenthesised whole: ``(a OR b)``, not ``(a) OR (b)``."""
+    if not expression.startswith("("):
+        return False
+    depth = 0
+    for i, char in enumerate(expression):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return i == len(expression) - 1
+    return False
 
 
-def _new_bucket_parts(bucket: int) -> tuple[int, tuple[str, str, str], dict[str, str]]:
-    global _bucket_parts
-    slots = (f"rq{bucket % 3}", f"rq{(bucket - 1) % 3}", f"rq{(bucket + 1) % 3}")
-    parts = (bucket, slots, {"#rqa": slots[0], "#rqb": slots[1], "#rqc": slots[2]})
-    _bucket_parts = parts
-    return parts
+def counting_update(
+    table: DynamoTable, token: CountingToken, now_ms: int, **kwargs: Any
+) -> dict[str, Any]:
+    """One counting UpdateItem: ``kwargs`` with ``token``'s parts (:meth:`CountingToken.apply`)
+    and ``ReturnValuesOnConditionCheckFailure=ALL_OLD``. A refusal raises ConditionFailedError
+    (check :meth:`CountingToken.applied` on its ``raw``). A refusal caused by a stale slot that
+    its writer wrote again since this process saw it is sent again without the drop: a second
+    request, only when a writer silent for a window came back in that gap."""
+    kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    while True:
+        try:
+            response = table.call("update_item", **token.apply(kwargs))
+        except ConditionFailedError as failed:
+            if token.prune and not token.applied(failed.raw) and token.refused_by_prune(failed.raw):
+                token.prune = ()
+                continue
+            token.observe(failed.raw, now_ms)
+            raise
+        token.observe(response.get("Attributes"), now_ms)
+        return response
 
 
 #: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.

@@ -3,8 +3,8 @@
 Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``failures``,
 ``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
 ``updated_ms``; ``req`` (the request token of the last transition) and ``req_from`` (the state
-a trip or reset left), and the counting tokens ``rq0..rq2`` of failures, trial successes and
-joined trial slots, so that a write retried after its answer was lost recognises itself. No TTL: the state must outlive every process. An absent item means closed with no
+a trip or reset left), and one slot per writer (``w:{writer}``, dynacoord._writers) for failures,
+trial successes and joined trial slots, so that a write retried after its answer was lost recognises itself. No TTL: the state must outlive every process. An absent item means closed with no
 failures. ``reset`` closes the item in place instead of deleting it: ``trial_round`` must never go
 back, or a trial that was in flight across the reset would share its round number with a trial
 taken after it, and its late outcome would be applied to the new round.
@@ -26,6 +26,7 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
+    counting_update,
     request_token,
     unmarshal,
     values,
@@ -117,6 +118,8 @@ class DynamoDBBreakerStore:
         old_on_failure: bool = False,
         names: dict[str, str] | None = None,
         attr_values: dict[str, Any],
+        token: CountingToken | None = None,
+        now_ms: int = 0,
     ) -> dict[str, Any] | None:
         """One UpdateItem with ``attr_values`` (marshalled, as :func:`values` makes them); the
         returned attributes, raw (or {}), or None if the condition failed.
@@ -132,7 +135,9 @@ class DynamoDBBreakerStore:
         }
         if condition is not None:
             kwargs["ConditionExpression"] = condition
-        if old_on_failure:
+        if token is not None:  # a counting write (old_on_failure): its slot and token added
+            response = counting_update(self._table, token, now_ms, **kwargs)
+        elif old_on_failure:
             kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
             response = self._table.call("update_item", **kwargs)
         else:
@@ -149,22 +154,22 @@ class DynamoDBBreakerStore:
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write. The
         # request token makes a retry of an applied failure (its response lost) count once.
-        token = CountingToken(now_ms)
+        token = CountingToken(now_ms, self._key(name)["pk"]["S"])
         try:
             attrs = self._update(
                 name,
-                condition=f"(attribute_not_exists(pk) OR #st = :closed) AND {token.condition}",
+                condition="attribute_not_exists(pk) OR #st = :closed",
                 update=(
-                    "SET #st = if_not_exists(#st, :closed), updated_ms = :now "
-                    f"ADD failures :one, {token.add} REMOVE {token.remove}"
+                    "SET #st = if_not_exists(#st, :closed), updated_ms = :now ADD failures :one"
                 ),
                 return_values="ALL_NEW",
                 old_on_failure=True,
-                names=token.names,
-                attr_values=values(closed=_CLOSED, now=now_ms, one=1, **token.values),
+                attr_values=values(closed=_CLOSED, now=now_ms, one=1),
+                token=token,
+                now_ms=now_ms,
             )
         except ConditionFailedError as failed:
-            if token.applied(failed.item):
+            if token.applied(failed.raw):
                 return BreakerRecord.from_item(failed.item)
             return None
         return None if attrs is None else _record(attrs)
@@ -243,21 +248,17 @@ class DynamoDBBreakerStore:
         self, name: str, trial_round: int, now_ms: int, cutoff_ms: int, max_calls: int
     ) -> BreakerRecord | None:
         # a slot is a count (trial_calls + 1): a counting token makes a retry take it once
-        token = CountingToken(now_ms)
+        token = CountingToken(now_ms, self._key(name)["pk"]["S"])
         try:
             attrs = self._update(
                 name,
                 condition=(
                     "#st = :half AND trial_round = :round AND trial_calls < :max "
-                    f"AND trial_started_ms > :cutoff AND {token.condition}"
+                    "AND trial_started_ms > :cutoff"
                 ),
-                update=(
-                    "SET trial_started_ms = :now, updated_ms = :now "
-                    f"ADD trial_calls :one, {token.add} REMOVE {token.remove}"
-                ),
+                update="SET trial_started_ms = :now, updated_ms = :now ADD trial_calls :one",
                 return_values="ALL_NEW",
                 old_on_failure=True,
-                names=token.names,
                 attr_values=values(
                     half=_HALF,
                     round=trial_round,
@@ -265,33 +266,31 @@ class DynamoDBBreakerStore:
                     cutoff=cutoff_ms,
                     now=now_ms,
                     one=1,
-                    **token.values,
                 ),
+                token=token,
+                now_ms=now_ms,
             )
         except ConditionFailedError as failed:
             # this very join, applied, its answer lost: the slot is the caller's
-            return BreakerRecord.from_item(failed.item) if token.applied(failed.item) else None
+            return BreakerRecord.from_item(failed.item) if token.applied(failed.raw) else None
         return None if attrs is None else _record(attrs)
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
-        token = CountingToken(now_ms)  # counted once, also when the answer was lost
+        # counted once, also when the answer was lost
+        token = CountingToken(now_ms, self._key(name)["pk"]["S"])
         try:
             attrs = self._update(
                 name,
-                condition=f"#st = :half AND trial_round = :round AND {token.condition}",
-                update=(
-                    "SET updated_ms = :now "
-                    f"ADD successes :one, trial_calls :minus, {token.add} REMOVE {token.remove}"
-                ),
+                condition="#st = :half AND trial_round = :round",
+                update="SET updated_ms = :now ADD successes :one, trial_calls :minus",
                 return_values="ALL_NEW",
                 old_on_failure=True,
-                names=token.names,
-                attr_values=values(
-                    half=_HALF, round=trial_round, now=now_ms, one=1, minus=-1, **token.values
-                ),
+                attr_values=values(half=_HALF, round=trial_round, now=now_ms, one=1, minus=-1),
+                token=token,
+                now_ms=now_ms,
             )
         except ConditionFailedError as failed:
-            return BreakerRecord.from_item(failed.item) if token.applied(failed.item) else None
+            return BreakerRecord.from_item(failed.item) if token.applied(failed.raw) else None
         return None if attrs is None else _record(attrs)
 
     def _end_round(

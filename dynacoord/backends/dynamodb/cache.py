@@ -42,6 +42,7 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
+    counting_update,
     exact_sum,
     marshal,
     sum_limit,
@@ -79,11 +80,8 @@ def _incr_variant(with_expiry: bool, by: int) -> tuple[str, str, str | None]:
     else:
         live = LIVE
     in_range, bounds = sum_limit("n", by)
-    condition = (
-        f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})) "
-        f"AND {CountingToken.condition}{in_range}"
-    )
-    update = f"ADD n :by, {CountingToken.add} SET {', '.join(sets)} REMOVE {CountingToken.remove}"
+    condition = f"(attribute_not_exists(pk) OR (attribute_exists(n) AND {live})){in_range}"
+    update = f"SET {', '.join(sets)} ADD n :by"
     return condition, update, str(bounds["lim"]) if bounds else None
 
 
@@ -208,7 +206,7 @@ class DynamoDBCacheStore:
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
         pk = self._entry_pk(key)  # the one key built for this call (it may create the entry)
-        token = CountingToken(now_ms)
+        token = CountingToken(now_ms, pk)
         condition, update, lim = _incr_variant(expires_if_new is not None, by)
         attr_values: dict[str, Any] = {
             ":now": {"N": str(now_ms)},
@@ -219,16 +217,16 @@ class DynamoDBCacheStore:
         if expires_if_new is not None:
             attr_values[":exp"] = {"N": str(expires_if_new)}
             attr_values[":ttl"] = {"N": str(math.ceil(expires_if_new / 1000))}
-        attr_values[":rqt"] = {"S": token.token}
-        attr_values[":rqs"] = {"SS": [token.token]}
         if lim is not None:
             attr_values[":lim"] = {"N": lim}
-        names = token.names if expires_if_new is None else {"#ttl": "ttl", **token.names}
+        names = {} if expires_if_new is None else {"#ttl": "ttl"}
         try:
             # One request for the common cases: ADD to a live counter, or create an absent key
             # (ADD on a missing number starts from 0).
-            response = self._table.call(
-                "update_item",
+            response = counting_update(
+                self._table,
+                token,
+                now_ms,
                 Key={"pk": {"S": pk}, "sk": {"S": _CACHE_SK}},
                 ConditionExpression=condition,
                 UpdateExpression=update,
@@ -236,11 +234,10 @@ class DynamoDBCacheStore:
                 # ALL_NEW, not UPDATED_NEW: an ADD of 0 leaves n unchanged, and a store may then
                 # leave n out of the updated attributes (moto does). A counter item is small.
                 ReturnValues="ALL_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 ExpressionAttributeNames=names,
             )
         except ConditionFailedError as failed:
-            if token.applied(failed.item):
+            if token.applied(failed.raw):
                 # A retry of this very write whose first response was lost: counted once.
                 return int((failed.item or {})["n"])
             entry = CacheEntry.from_item(failed.item, now_ms)
@@ -253,26 +250,24 @@ class DynamoDBCacheStore:
         return int(Decimal(response["Attributes"]["n"]["N"]))
 
     def _add_to_live(self, key: str, by: int, now_ms: int) -> int | None:
-        token = CountingToken(now_ms)
-        attr_values: dict[str, Any] = {"now": now_ms, "by": by, **token.values}
+        token = CountingToken(now_ms, self._entry_pk(key))
+        attr_values: dict[str, Any] = {"now": now_ms, "by": by}
         in_range, bounds = sum_limit("n", by)
         attr_values.update(bounds)
         try:
-            response = self._table.call(
-                "update_item",
+            response = counting_update(
+                self._table,
+                token,
+                now_ms,
                 Key=self._primary(key),
                 # Only a live numeric entry: a string value must not grow an `n`.
-                ConditionExpression=(
-                    f"attribute_exists(n) AND {LIVE} AND {token.condition}{in_range}"
-                ),
-                UpdateExpression=f"ADD n :by, {token.add} REMOVE {token.remove}",
-                ExpressionAttributeNames=token.names,
+                ConditionExpression=f"attribute_exists(n) AND {LIVE}{in_range}",
+                UpdateExpression="ADD n :by",
                 ExpressionAttributeValues=values(**attr_values),
                 ReturnValues="ALL_NEW",  # see incr: n must come back even when by is 0
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            if token.applied(failed.item):
+            if token.applied(failed.raw):
                 return int((failed.item or {})["n"])
             if CacheEntry.from_item(failed.item, now_ms) is not None:
                 _check_range(key, failed.item, by)

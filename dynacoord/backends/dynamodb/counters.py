@@ -37,6 +37,7 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
+    counting_update,
     exact_sum,
     sum_limit,
     unmarshal,
@@ -74,10 +75,6 @@ class _Write:
     condition: str
     #: the names of :data:`_NAMES` the expressions use
     names: dict[str, str]
-    #: the counting token's names they use, and whether they use its ``:rqt`` and ``:rqs``
-    token_names: tuple[str, ...]
-    uses_rqt: bool
-    uses_rqs: bool
 
 
 def _write(update: str, condition: str) -> _Write:
@@ -86,9 +83,6 @@ def _write(update: str, condition: str) -> _Write:
         update,
         condition,
         {k: v for k, v in _NAMES.items() if k in text},
-        tuple(k for k in ("#rqa", "#rqb", "#rqc") if k in text),
-        ":rqt" in text,
-        ":rqs" in text,
     )
 
 
@@ -97,8 +91,8 @@ def _add_write(with_ttl: bool, in_range: str) -> _Write:
     """:meth:`DynamoDBCounterStore.add`: ``in_range`` is the condition part of ``sum_limit``."""
     sets = "SET #kind = :kind" + (_KEEP_EXPIRY if with_ttl else "")
     return _write(
-        f"{sets} ADD #n :by, {CountingToken.add} REMOVE {CountingToken.remove}",
-        f"({_LIVE_OR_ABSENT}) AND {CountingToken.condition}{in_range}",
+        f"{sets} ADD #n :by",
+        f"({_LIVE_OR_ABSENT}){in_range}",
     )
 
 
@@ -121,8 +115,8 @@ def _replacing(sets: str, removes: str, with_ttl: bool) -> _Write:
 
 def _restart_write(with_ttl: bool) -> _Write:
     return _replacing(
-        "SET #kind = :kind, #n = :by, #rqa = :rqs",
-        "REMOVE #value, #members, #expected, #rqb, #rqc",
+        "SET #kind = :kind, #n = :by",
+        "REMOVE #value, #members, #expected",
         with_ttl,
     )
 
@@ -222,6 +216,9 @@ class DynamoDBCounterStore:
         self._table = table
         self._ns = namespace
 
+    def _pk(self, key: str) -> str:
+        return counter_pk(self._ns, key)
+
     def _key(self, key: str) -> dict[str, Any]:
         # primary()'s dict, without its call
         return {"pk": {"S": counter_pk(self._ns, key)}, "sk": {"S": COUNTER_SK}}
@@ -234,30 +231,26 @@ class DynamoDBCounterStore:
         now_ms: int,
         token: CountingToken | None = None,
     ) -> WriteOutcome:
-        """Send ``write`` with ``values`` (marshalled) and, of ``token``, the parts it uses."""
-        names = dict(write.names)  # a copy: no request holds the cached variant's dict
-        if token is not None:
-            for k in write.token_names:
-                names[k] = token.names[k]
-            if write.uses_rqt:
-                values[":rqt"] = {"S": token.token}
-            if write.uses_rqs:  # the token set as _serialize marshals it
-                values[":rqs"] = {"SS": [token.token]}
+        """Send ``write`` with ``values`` (marshalled), counted by ``token`` if given."""
+        kwargs: dict[str, Any] = {
+            "Key": self._key(key),
+            "UpdateExpression": write.update,
+            "ConditionExpression": write.condition,
+            # a copy: no request holds the cached variant's dict
+            "ExpressionAttributeNames": dict(write.names),
+            "ExpressionAttributeValues": values,
+            "ReturnValues": "ALL_NEW",
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
         try:
-            response = self._table.call(
-                "update_item",
-                Key=self._key(key),
-                UpdateExpression=write.update,
-                ConditionExpression=write.condition,
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-                ReturnValues="ALL_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            if token is None:
+                response = self._table.call("update_item", **kwargs)
+            else:
+                response = counting_update(self._table, token, now_ms, **kwargs)
         except ConditionFailedError as failed:
             # the item read from its attribute values (a refused join arrival, a redelivery,
             # is a hot path), as from_item reads failed.item
-            if token is not None and token.applied(failed.item):
+            if token is not None and token.applied(failed.raw):
                 # A retry of this very write whose first response was lost: it applied once.
                 return _write_outcome(True, _read(failed.raw, now_ms))
             return _write_outcome(False, None, _read(failed.raw, now_ms))
@@ -274,7 +267,8 @@ class DynamoDBCounterStore:
             values[":lim"] = {"N": lim}
         if ttl_ms is not None:
             _expiry_values(values, ttl_ms, now_ms)
-        outcome = self._update(key, write, values, now_ms, CountingToken(now_ms))
+        token = CountingToken(now_ms, self._pk(key))
+        outcome = self._update(key, write, values, now_ms, token)
         current = outcome.current
         if (
             not outcome.ok
@@ -289,9 +283,8 @@ class DynamoDBCounterStore:
         values = {":kind": {"S": COUNTER}, ":by": {"N": str(by)}, ":now": {"N": str(now_ms)}}
         if ttl_ms is not None:
             _expiry_values(values, ttl_ms, now_ms)
-        return self._update(
-            key, _restart_write(ttl_ms is not None), values, now_ms, CountingToken(now_ms)
-        )
+        token = CountingToken(now_ms, self._pk(key), prune=False)
+        return self._update(key, _restart_write(ttl_ms is not None), values, now_ms, token)
 
     def put_if_absent(
         self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int

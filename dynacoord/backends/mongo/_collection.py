@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from ..._writers import PRUNE_AT, WINDOW_MS, token_ms, writer_token
 from ...errors import BackendError, TableNotReadyError
 from ...metrics import Metrics
 
@@ -75,24 +76,55 @@ def translate_errors(what: str) -> Iterator[None]:
         ) from exc
 
 
-#: Counting writes keep the request tokens of the last this-many writes on the document
-#: (``rq``): a retried write whose token is there applied before and does not count again.
-COUNT_TOKENS_KEPT = 128
+#: Counting writes keep one slot per writer in the subdocument ``w`` (writer -> its last token,
+#: an int; dynacoord._writers): the write's filter asks that its writer's slot does not hold its
+#: token yet, so a retried write (its first response lost) is refused and recognised. A writer
+#: that sees more than PRUNE_AT slots drops those older than the window with one more update,
+#: filtered on each dropped slot still holding the token it saw (a writer that wrote since keeps
+#: its slot); the ``rq`` token list of the previous design goes with it.
+COUNT_WINDOW_MS = WINDOW_MS
+
+
+class CountingToken:
+    """The writer slot and token of one counting write."""
+
+    __slots__ = ("field", "token", "writer")
+
+    def __init__(self, now_ms: int) -> None:
+        self.writer, self.token = writer_token(now_ms)
+        self.field = "w." + self.writer
+
+    @property
+    def unapplied(self) -> dict[str, Any]:
+        """The filter part: this token was not applied yet."""
+        return {self.field: {"$ne": self.token}}
+
+    def applied(self, doc: Mapping[str, Any] | None) -> bool:
+        """Whether ``doc`` shows this write as applied."""
+        slots = None if doc is None else doc.get("w")
+        return isinstance(slots, dict) and slots.get(self.writer) == self.token
+
+
+def stale_slots(doc: Mapping[str, Any] | None, now_ms: int) -> dict[str, Any] | None:
+    """The filter of the stale slots of ``doc`` (``{"w.x": token, ...}``, plus the legacy ``rq``
+    list) when there is something to drop, else None."""
+    if not doc:
+        return None
+    found: dict[str, Any] = {}
+    slots = doc.get("w")
+    if isinstance(slots, dict) and len(slots) > PRUNE_AT:
+        cutoff = now_ms - WINDOW_MS
+        for writer, token in slots.items():
+            if isinstance(token, int) and token_ms(token) < cutoff:
+                found["w." + writer] = token
+    if "rq" in doc:
+        found["rq"] = {"$exists": True}
+    return found or None
 
 
 def request_token() -> str:
     """A fresh per-call request token for a conditional write (stored as ``req``)."""
     return secrets.token_hex(8)
-
-
-def counting_token() -> str:
-    """A fresh per-call request token for a counting write."""
-    return secrets.token_urlsafe(8)
-
-
-def counted(doc: Mapping[str, Any] | None, token: str) -> bool:
-    """Whether ``doc`` shows the counting write of ``token`` as applied."""
-    return doc is not None and token in (doc.get("rq") or ())
 
 
 class MongoCollection:
@@ -139,3 +171,15 @@ class MongoCollection:
                 current = self.collection.find_one(dict(key), {"req": 1})
             return current is not None and current.get("req") == token
         return True
+
+    def drop_stale_slots(
+        self, key: Mapping[str, Any], doc: Mapping[str, Any] | None, now_ms: int, what: str
+    ) -> None:
+        """After a counting write that returned ``doc``: drop its stale writer slots (see
+        CountingToken), if any, with one update that applies only while every one of them still
+        holds the token seen. A second request, once per stale slot, not per write."""
+        stale = stale_slots(doc, now_ms)
+        if stale is None:
+            return
+        with translate_errors(what):
+            self.collection.update_one({**key, **stale}, {"$unset": dict.fromkeys(stale, "")})

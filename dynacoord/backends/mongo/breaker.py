@@ -20,7 +20,7 @@ taken from the document in the same write (a pipeline update). A refused transit
 document once: when ``req`` is its own token the write was its own, and it answers as the first
 response would have (``trip``/``reset``: the stored record in state ``req_from``).
 ``record_failure``, ``join_trial`` and ``trial_success`` carry a counting token kept in ``rq``
-(the last ``COUNT_TOKENS_KEPT``; filter ``$ne``, ``$push`` with ``$slice``), so a retry counts once
+(one slot per writer in ``w``, see ``_collection.CountingToken``), so a retry counts once
 and answers with the stored record.
 """
 
@@ -34,10 +34,8 @@ from pymongo.errors import DuplicateKeyError
 from ...breaker import BreakerRecord, StartTrialResult, State
 from ...keys import breaker_key
 from ._collection import (
-    COUNT_TOKENS_KEPT,
+    CountingToken,
     MongoCollection,
-    counted,
-    counting_token,
     literal,
     request_token,
     translate_errors,
@@ -89,6 +87,7 @@ def _close(now_ms: int, token: str, *, note_prior: bool = False) -> list[dict[st
 
 class MongoBreakerStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
+        self._coll = coll
         self._c = coll.collection
         self._ns = namespace
 
@@ -158,21 +157,20 @@ class MongoBreakerStore:
         update: dict[str, Any],
         what: str,
         *,
+        now_ms: int,
         upsert: bool = False,
     ) -> BreakerRecord | None:
         """A counting write: its token in ``rq`` makes a retry (its first response lost) count
         once; the record after the write, or as stored when the retry is recognised."""
-        token = counting_token()
+        token = CountingToken(now_ms)
+        sets = {**update.get("$set", {}), token.field: token.token}
         doc = self._modify(
-            name,
-            {**condition, "rq": {"$ne": token}},
-            {**update, "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}}},
-            what,
-            upsert=upsert,
+            name, {**condition, **token.unapplied}, {**update, "$set": sets}, what, upsert=upsert
         )
         if doc is None:
             current = self._stored(name, what)
-            return BreakerRecord.from_item(current) if counted(current, token) else None
+            return BreakerRecord.from_item(current) if token.applied(current) else None
+        self._coll.drop_stale_slots(self._key(name), doc, now_ms, what)
         return BreakerRecord.from_item(doc)
 
     def _transition(
@@ -230,6 +228,7 @@ class MongoBreakerStore:
             {"$set": {"updated_ms": now_ms}, "$inc": {"failures": 1}},
             "breaker record_failure",
             upsert=True,
+            now_ms=now_ms,
         )
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
@@ -294,6 +293,7 @@ class MongoBreakerStore:
                 "$inc": {"trial_calls": 1},
             },
             "breaker join_trial",
+            now_ms=now_ms,
         )
 
     def trial_success(self, name: str, trial_round: int, now_ms: int) -> BreakerRecord | None:
@@ -302,6 +302,7 @@ class MongoBreakerStore:
             {"state": _HALF, "trial_round": trial_round},
             {"$set": {"updated_ms": now_ms}, "$inc": {"successes": 1, "trial_calls": -1}},
             "breaker trial_success",
+            now_ms=now_ms,
         )
 
     def close(self, name: str, trial_round: int, now_ms: int) -> bool:

@@ -25,10 +25,8 @@ from ...cache import CacheEntry, KeyPage, is_int64_text
 from ...errors import InvalidValueError
 from ...keys import cache_key
 from ._collection import (
-    COUNT_TOKENS_KEPT,
+    CountingToken,
     MongoCollection,
-    counted,
-    counting_token,
     live_filter,
     translate_errors,
 )
@@ -117,11 +115,12 @@ class MongoCacheStore:
         return bool(result.matched_count == 1)
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
-        token = counting_token()
+        token = CountingToken(now_ms)
         live_counter = {
             **self._primary(key),
             "n": {"$exists": True},
-            "rq": {"$ne": token},  # a retry of this very incr (its token applied) counts once
+            # a retry of this very incr (its token applied) counts once
+            **token.unapplied,
             **live_filter(now_ms),
         }
         # A sum outside int64 does not match (nothing written), then reads as out of range.
@@ -131,7 +130,7 @@ class MongoCacheStore:
             live_counter["n"] = {"$exists": True, "$not": {"$lt": codec.INT64_MIN - by}}
         update: dict[str, Any] = {
             "$inc": {"n": by},
-            "$push": {"rq": {"$each": [token], "$slice": -COUNT_TOKENS_KEPT}},
+            "$set": {token.field: token.token},
         }
         # An upsert also creates an absent key in the same request. A `by` outside int64 cannot
         # be a BSON counter; create_counter then stores it as text, as `set` would.
@@ -150,12 +149,13 @@ class MongoCacheStore:
                     live_counter, update, upsert=upsert, return_document=ReturnDocument.AFTER
                 )
             if doc is not None:
+                self._coll.drop_stale_slots(self._primary(key), doc, now_ms, "cache incr")
                 return int(doc["n"])
         except DuplicateKeyError:
             pass  # an expired or non-integer entry holds the key, or a racing incr created it
         with translate_errors("cache get"):
             current = self._c.find_one(self._primary(key))
-        if counted(current, token):
+        if token.applied(current):
             return int((current or {})["n"])
         n = (current or {}).get("n")
         if (

@@ -29,10 +29,8 @@ from ... import codec
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
 from ._collection import (
-    COUNT_TOKENS_KEPT,
+    CountingToken,
     MongoCollection,
-    counted,
-    counting_token,
     literal,
     live_filter,
     translate_errors,
@@ -68,20 +66,12 @@ class MongoCounterStore:
         stage: dict[str, Any],
         now_ms: int,
         what: str,
-        token: str | None = None,
+        token: CountingToken | None = None,
     ) -> WriteOutcome:
         if token is not None:
             # Counting: refused if this token was applied (a retried write); remembered if not.
-            condition = {**condition, "rq": {"$ne": token}}
-            stage = {
-                **stage,
-                "rq": {
-                    "$slice": [
-                        {"$concatArrays": [{"$ifNull": ["$rq", []]}, literal([token])]},
-                        -COUNT_TOKENS_KEPT,
-                    ]
-                },
-            }
+            condition = {**condition, **token.unapplied}
+            stage = {**stage, token.field: literal(token.token)}
         query = {**self._key(key), **condition}
         for upsert in (True, False):
             try:
@@ -95,10 +85,12 @@ class MongoCounterStore:
             except DuplicateKeyError:
                 continue  # exists but did not match: maybe created by a racer; update only
             if doc is not None:
+                if token is not None:
+                    self._coll.drop_stale_slots(self._key(key), doc, now_ms, what)
                 return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
         with translate_errors(what):
             current = self._c.find_one(self._key(key))
-        if token is not None and counted(current, token):
+        if token is not None and token.applied(current):
             return WriteOutcome(True, item=CounterItem.from_item(current, now_ms))
         return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))
 
@@ -137,7 +129,7 @@ class MongoCounterStore:
             stage,
             now_ms,
             "counter add",
-            token=counting_token(),
+            token=CountingToken(now_ms),
         )
         current = outcome.current
         if (

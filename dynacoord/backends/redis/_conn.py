@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..._writers import PRUNE_AT, TOKEN_SCALE, WINDOW_MS, writer_token
 from ...errors import BackendError
 from ...keys import Kind, validate_namespace
 from ...metrics import Metrics
@@ -56,6 +57,7 @@ __all__ = [
     "RedisConn",
     "as_int",
     "as_str",
+    "counting_token",
     "hash_fields",
     "index_key",
     "is_cluster",
@@ -71,26 +73,52 @@ __all__ = [
 logger = logging.getLogger("dynacoord.backends.redis")
 
 
-#: Counting scripts keep the request tokens of recent writes in a sorted set beside the item
-#: (``{item}|rq``, scored by the caller's now) for this long: a retried script whose token is
-#: there knows its first run applied and does not count again.
-COUNT_WINDOW_MS = 60_000
+#: Counting scripts keep one slot per writer in a hash beside the item (``{item}|rq``, writer ->
+#: its last token; dynacoord._writers): a retried script whose writer's slot holds its token
+#: knows its first run applied and does not count again. Past PRUNE_AT slots, the script drops
+#: the slots whose token is older than the window (in the same atomic script: no writer that
+#: wrote since can lose its slot). The hash expires two windows after its last write.
+COUNT_WINDOW_MS = WINDOW_MS
 
-#: Lua ``seen(rq, token)`` and ``remember(rq, token, now)`` for counting scripts.
+#: Lua ``seen(rq, token)`` and ``remember(rq, token, now)`` for counting scripts; ``token`` is
+#: ``{writer}:{token}`` (:func:`counting_token`).
 LUA_TOKENS = f"""
+local function slot(token)
+  local i = string.find(token, ':', 1, true)
+  return string.sub(token, 1, i - 1), string.sub(token, i + 1)
+end
 local function seen(rq, token)
-  return redis.call('ZSCORE', rq, token) ~= false
+  -- the previous design kept a sorted set of tokens under this name: drop it
+  if redis.call('TYPE', rq).ok == 'zset' then redis.call('DEL', rq) end
+  local w, t = slot(token)
+  return redis.call('HGET', rq, w) == t
 end
 local function remember(rq, token, now)
-  redis.call('ZADD', rq, now, token)
-  redis.call('ZREMRANGEBYSCORE', rq, '-inf', tonumber(now) - {COUNT_WINDOW_MS})
-  redis.call('PEXPIRE', rq, {2 * COUNT_WINDOW_MS})
+  local w, t = slot(token)
+  redis.call('HSET', rq, w, t)
+  if redis.call('HLEN', rq) > {PRUNE_AT} then
+    local cutoff = tonumber(now) - {WINDOW_MS}
+    local all = redis.call('HGETALL', rq)
+    for i = 1, #all, 2 do
+      local v = all[i + 1]
+      if #v > {len(str(TOKEN_SCALE)) - 1} and tonumber(string.sub(v, 1, -{len(str(TOKEN_SCALE))})) < cutoff then
+        redis.call('HDEL', rq, all[i])
+      end
+    end
+  end
+  redis.call('PEXPIRE', rq, {2 * WINDOW_MS})
 end
 """
 
 
+def counting_token(now_ms: int) -> str:
+    """The ``{writer}:{token}`` of one counting script (see LUA_TOKENS)."""
+    writer, token = writer_token(now_ms)
+    return f"{writer}:{token}"
+
+
 def tokens_key(item: str) -> str:
-    """The sorted set of recent request tokens of the counting item named ``item`` (an untagged
+    """The writer slots (a hash) of the counting item named ``item`` (an untagged
     ``{pk}`` name: the set ``{pk}|rq`` has the same tag, so the same slot)."""
     return f"{item}|rq"
 

@@ -32,6 +32,7 @@ from ._conn import (
     LUA_TOKENS,
     RedisConn,
     as_int,
+    counting_token,
     hash_fields,
     item_key,
     pairs,
@@ -230,7 +231,7 @@ class RedisBreakerStore:
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         ok, rest = self._run(
-            _FAIL, name, [now_ms, request_token()], "breaker record_failure", tokens=True
+            _FAIL, name, [now_ms, counting_token(now_ms)], "breaker record_failure", tokens=True
         )
         return BreakerRecord.from_item(pairs(rest)) if ok else None
 
@@ -259,7 +260,7 @@ class RedisBreakerStore:
         ok, rest = self._run(
             _JOIN_TRIAL,
             name,
-            [trial_round, now_ms, cutoff_ms, max_calls, request_token()],
+            [trial_round, now_ms, cutoff_ms, max_calls, counting_token(now_ms)],
             "breaker join_trial",
             tokens=True,
         )
@@ -269,7 +270,7 @@ class RedisBreakerStore:
         ok, rest = self._run(
             _TRIAL_SUCCESS,
             name,
-            [trial_round, now_ms, request_token()],
+            [trial_round, now_ms, counting_token(now_ms)],
             "breaker trial_success",
             tokens=True,
         )

@@ -31,6 +31,7 @@ from ._conn import (
     RedisConn,
     as_int,
     as_str,
+    counting_token,
     index_key,
     item_key,
     request_token,
@@ -278,7 +279,7 @@ class RedisCacheStore:
                 "1" if create else "",
                 "" if expires_if_new is None else expires_if_new,
                 "" if expires_if_new is None else self._conn.gc_ms(expires_if_new, now_ms),
-                request_token(),
+                counting_token(now_ms),
             ],
             "cache incr",
         )

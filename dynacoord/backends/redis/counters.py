@@ -25,6 +25,7 @@ from ._conn import (
     LUA_TOKENS,
     RedisConn,
     as_int,
+    counting_token,
     hash_fields,
     item_key,
     pairs,
@@ -178,7 +179,7 @@ class RedisCounterStore:
         reply = self._conn.run(
             _ADD,
             [self._key(key), tokens_key(self._key(key))],
-            [now_ms, by, *self._expiry(ttl_ms, now_ms), request_token()],
+            [now_ms, by, *self._expiry(ttl_ms, now_ms), counting_token(now_ms)],
             "counter add",
         )
         if as_int(reply[0]) == 3:

@@ -1,0 +1,253 @@
+"""A counting write costs the same at any traffic (DESIGN.md section 1; issue 29).
+
+Counters, ``cache.incr`` and the breaker's counts recognise their own applied write by one slot
+per writer (dynacoord._writers), not by a list of recent tokens: the item holds one slot per
+recent writer whatever the rate. Units are counted by AWS's rules from the requests sent and the
+items' sizes (bench/_units.py), with a ManualClock advancing 1/rate s per call, so the table
+holds what a real run at that rate leaves.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from bench._units import UnitMeter, item_size, write_units
+from dynacoord import ManualClock
+from dynacoord._writers import PRUNE_AT, WINDOW_MS
+from dynacoord.backends.dynamodb import DynamoDBBackend
+from dynacoord.testing import unique_name
+
+# -- the unit rules themselves ------------------------------------------------------------------
+
+
+def test_item_size_follows_the_aws_rules() -> None:
+    item = {
+        "pk": {"S": "abc"},  # 2 + 3
+        "n": {"N": "12345"},  # 1 + (5 + 1) // 2 + 1 = 1 + 4
+        "big": {"N": "-100"},  # 3 + 1 digit: 1 + 1
+        "ss": {"SS": ["ab", "c"]},  # 2 + 3
+        "m": {"M": {"a": {"BOOL": True}}},  # 1 + 3 + 1 + 1
+        "l": {"L": [{"S": "xy"}]},  # 1 + 3 + 1 + 2
+    }
+    assert item_size(item) == 5 + 5 + 5 + 5 + 6 + 7
+    assert write_units(0, 1024) == 1
+    assert write_units(1025, 10) == 2
+    assert write_units(10, 10, transaction=True) == 2
+
+
+# -- WCU per increment at a sustained rate --------------------------------------------------------
+
+
+def _metered(client: Any, table: str, clock: ManualClock) -> tuple[DynamoDBBackend, UnitMeter]:
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("wc"), clock=clock)
+    return backend, UnitMeter(client, client, table)
+
+
+def _wcu_per_call(meter: UnitMeter, clock: ManualClock, rate: float, calls: int, op: Any) -> float:
+    """Run ``op`` ``calls`` times, the clock advancing 1/rate s per call; the WCU per call of the
+    second half (steady state: the first half covers more than a window at the lowest rate)."""
+    half = calls // 2
+    for i in range(calls):
+        if i == half:
+            start_wcu, start_requests = meter.wcu, sum(meter.requests.values())
+        op()
+        clock.advance(1 / rate)
+    requests = sum(meter.requests.values()) - start_requests
+    assert requests == 2 * (calls - half) or requests == calls - half  # no hidden extra writes
+    return (meter.wcu - start_wcu) / (calls - half)
+
+
+@pytest.mark.parametrize("rate", [10, 100, 1000])
+def test_an_increment_costs_at_most_2_wcu_at_any_rate(moto_table, rate) -> None:
+    client, table = moto_table
+    clock = ManualClock()
+    backend, meter = _metered(client, table, clock)
+    counters = backend.counters
+    try:
+        # 1,500 calls: 150 s at 10/s, past two windows of the previous design's token sets
+        wcu = _wcu_per_call(meter, clock, rate, 1500, lambda: counters.increment("hot"))
+    finally:
+        meter.close()
+    assert wcu <= 2, f"{wcu} WCU per increment at {rate}/s"
+    assert meter.requests["UpdateItem"] == 1500
+    assert counters.get("hot") == 1500
+
+
+@pytest.mark.parametrize("rate", [10, 1000])
+def test_cache_incr_costs_at_most_2_wcu_on_table_and_index(moto_table, rate) -> None:
+    client, table = moto_table
+    clock = ManualClock()
+    backend, meter = _metered(client, table, clock)
+    cache = backend.cache()
+    try:
+        start_index = meter.index_wcu
+        wcu = _wcu_per_call(meter, clock, rate, 600, lambda: cache.incr("hot"))
+        index = (meter.index_wcu - start_index) / 600
+    finally:
+        meter.close()
+    assert wcu <= 2 and index <= 2, (wcu, index)
+    assert cache.get("hot") == 600
+
+
+def test_a_breaker_failure_costs_at_most_2_wcu_and_the_item_stays_small(moto_table) -> None:
+    client, table = moto_table
+    clock = ManualClock()
+    backend, meter = _metered(client, table, clock)
+    breaker = backend.breaker("svc", failure_threshold=10**9, reset_timeout=60)
+    try:
+        wcu = _wcu_per_call(meter, clock, 100, 1000, breaker.record_failure)
+    finally:
+        meter.close()
+    assert wcu <= 2
+    assert max(meter.sizes.values()) < 1024
+
+
+def test_the_counter_item_keeps_its_size_on_dynamodb_local(ddb_table) -> None:
+    """The size proof on Amazon's own emulator: 900 increments at 10/s (90 s, past one window)
+    leave an item of a few dozen bytes, 1 WCU each."""
+    client, table = ddb_table
+    clock = ManualClock()
+    backend, meter = _metered(client, table, clock)
+    counters = backend.counters
+    try:
+        wcu = _wcu_per_call(meter, clock, 10, 900, lambda: counters.increment("hot"))
+    finally:
+        meter.close()
+    assert wcu == 1
+    (size,) = meter.sizes.values()
+    assert size < 128, size
+
+
+# -- many writers: the slots of writers gone quiet are dropped ------------------------------------
+
+
+def _slots(client: Any, table: str, pk: str) -> dict[str, Any]:
+    item = client.get_item(
+        TableName=table, Key={"pk": {"S": pk}, "sk": {"S": "COUNTER"}}, ConsistentRead=True
+    )["Item"]
+    return {k: v for k, v in item.items() if k.startswith("w:")}
+
+
+def test_slots_of_quiet_writers_are_dropped(ddb_table) -> None:
+    client, table = ddb_table
+    clock = ManualClock()
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("wc"), clock=clock)
+    counters = backend.counters
+    writers = 3 * PRUNE_AT
+
+    def write() -> None:
+        for _ in range(3):
+            counters.increment("many")
+
+    threads = [threading.Thread(target=write) for _ in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pk = f"COUNTER#{backend.namespace}#many"
+    assert len(_slots(client, table, pk)) == writers  # one slot per writer, not per write
+    clock.advance(WINDOW_MS / 1000 + 1)
+    counters.increment("many")  # sees the stale slots
+    counters.increment("many")  # drops 16 of them (a bounded number per write)
+    counters.increment("many")  # and the rest
+    assert len(_slots(client, table, pk)) == 1
+    assert counters.get("many") == 3 * writers + 3
+
+
+def test_a_writer_that_came_back_keeps_its_slot(ddb_table) -> None:
+    """A stale slot is dropped only while it holds the token seen: a writer that wrote again in
+    between keeps its slot (its retry may still come), and the dropping write is sent again.
+    The writer that comes back is in the process that saw its slot stale: it must not drop its
+    own slot in the write that sets it (DynamoDB refused that request before)."""
+    client, table = ddb_table
+    clock = ManualClock()
+    backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("wc"), clock=clock)
+    counters = backend.counters
+    writers = PRUNE_AT + 1
+    first = [threading.Event() for _ in range(writers)]
+    again = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            counters.increment("k")
+            first[i].set()
+            again.wait(30)
+            if i == 0:
+                counters.increment("k")  # comes back after its slot was seen stale
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            first[i].set()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for event in first:
+        event.wait(30)
+    clock.advance(WINDOW_MS / 1000 + 1)
+    counters.increment("k")  # this thread sees PRUNE_AT + 1 stale slots
+    again.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    pk = f"COUNTER#{backend.namespace}#k"
+    came_back = _slots(client, table, pk)
+    counters.increment("k")
+    counters.increment("k")
+    after = _slots(client, table, pk)
+    assert counters.get("k") == writers + 1 + 1 + 2
+    assert set(after) <= set(came_back)
+    # this thread's slot and writer 0's (rewritten since it was seen, so kept)
+    assert len(after) == 2, sorted(after)
+
+
+# -- the recognition still matters ---------------------------------------------------------------
+
+
+def _disable_recognition(lossy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make counting writes forget their writer slot's token (the condition/filter that refuses
+    a retry of an applied write)."""
+    if lossy.kind == "dynamodb":
+        from dynacoord.backends.dynamodb import _table
+
+        monkeypatch.setattr(
+            _table.CountingToken,
+            "condition",
+            "(attribute_not_exists(#rqw) OR attribute_exists(#rqw))",
+        )
+    elif lossy.kind in ("redis", "redis_cluster"):
+        from dynacoord.backends.redis import counters
+
+        monkeypatch.setattr(
+            counters,
+            "_ADD",
+            counters._ADD.replace("if seen(KEYS[2], ARGV[5]) then return reply(1) end", ""),
+        )
+    else:
+        from dynacoord.backends.mongo import _collection
+
+        monkeypatch.setattr(_collection.CountingToken, "unapplied", property(lambda self: {}))
+
+
+def test_without_the_writer_slot_a_lost_response_counts_twice(lossy, monkeypatch) -> None:
+    counters = lossy.backend().counters
+    counters.increment("n", 10)
+    _disable_recognition(lossy, monkeypatch)
+    lossy.lose_next()
+    counters.increment("n")
+    assert lossy.lost == 1
+    assert counters.get("n") == 12  # counted twice: the slot is what makes it 11
+
+
+def test_a_lost_response_counts_once_after_many_other_writers(lossy) -> None:
+    """Exactness does not depend on traffic: other writers' increments in the gap before the
+    retry (the previous MongoDB design kept the last 128 tokens) do not push the token out."""
+    counters = lossy.backend().counters
+    others = [threading.Thread(target=lambda: [counters.increment("n") for _ in range(200)])]
+    lossy.lose_next(then=lambda: [t.start() or t.join() for t in others])
+    assert counters.increment("n") in (1, 201)
+    assert lossy.lost == 1
+    assert counters.get("n") == 201
