@@ -1,0 +1,103 @@
+"""Issue 31, the points left after the first pass: 4 (an unstorable idempotent result's advice
+matches its cause, and the docs agree with the code)."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynacoord import IdempotencyValueError, codec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+AT = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+
+# (result, what both the first call's and a duplicate's message must say, what they must not)
+UNSTORABLE = {
+    "big-dict": (
+        {"blob": "x" * (500 * 1024)},
+        ["too large", f"{codec.DYNAMODB_ITEM_LIMIT}-byte"],
+        ["output_type"],
+    ),
+    "huge-int": (
+        10**5000,
+        ["out of range", f"{codec.MAX_INT_DIGITS} digits"],
+        ["output_type=int", "the function's output_type"],
+    ),
+    "nan-in-a-list": (
+        [1.0, float("nan")],
+        ["out of range", "NaN"],
+        ["output_type=list", "the function's output_type"],
+    ),
+    "datetime": (AT, ["output_type=datetime"], ["too large", "out of range"]),
+    "set": ({1, 2}, ["output_type=set"], ["too large", "out of range"]),
+    "datetime-in-a-dict": (
+        {"at": AT},
+        ["output_type=(to_store, from_store)"],
+        ["output_type=dict", "too large", "out of range"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSTORABLE))
+def test_an_unstorable_results_advice_matches_its_cause_on_first_call_and_duplicates(
+    make_backend: Any, case: str
+) -> None:
+    result, says, never = UNSTORABLE[case]
+    backend = make_backend()
+    calls: list[int] = []
+
+    @backend.idempotent(key=lambda: case)
+    def job() -> Any:
+        calls.append(1)
+        return result
+
+    messages = []
+    for _ in range(2):
+        with pytest.raises(IdempotencyValueError) as err:
+            job()
+        messages.append(str(err.value))
+    assert calls == [1], "the side effects ran once"
+    for message in messages:
+        for text in says:
+            assert text in message, (text, message)
+        for text in never:
+            assert text not in message, (text, message)
+        assert " a int" not in message
+    record = backend.idempotency.get(case)
+    assert record is not None and record.completed
+    assert record.unstorable == codec_type_name(result)
+    assert backend.idempotency.delete(case) is True
+
+
+def codec_type_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def test_a_record_marked_unstorable_by_an_older_version_still_reads() -> None:
+    from dynacoord.idempotency import IdempotencyRecord, IdempotencyStatus
+
+    record = IdempotencyRecord("k", IdempotencyStatus.COMPLETED, 1, None, "!unstorable:int")
+    assert record.unstorable == "int"
+    with pytest.raises(IdempotencyValueError, match="could not be stored"):
+        _ = record.result
+
+
+def _section(text: str, start: str) -> str:
+    return text[text.index(start) :].split("\n* **", 1)[0]
+
+
+def test_the_docs_say_what_the_code_does_with_an_unstorable_result() -> None:
+    guarantees = (ROOT / "docs" / "guarantees.md").read_text()
+    row = _section(guarantees, "* **`@idempotent` with a result the codec refuses**")
+    row = re.sub(r"\s+", " ", row)
+    assert "still gets the result" not in row and "claim is released" not in row, row
+    assert "IdempotencyValueError" in row and "unstorable" in row, row
+    idempotency = re.sub(r"\s+", " ", (ROOT / "docs" / "idempotency.md").read_text())
+    for cause in ("too large", "out of range", "output_type"):
+        assert cause in idempotency.split("## Unstorable results", 1)[1].split("\n## ", 1)[0]
