@@ -48,7 +48,54 @@ def run(env: BenchEnv) -> dict[str, Any]:
         }
     )
     result["redis"] = _redis(env)
+    result["handoff"] = _handoff(env)
     return result
+
+
+#: the cross-process hand-off: the holder's TTL, how long it holds before releasing early
+HANDOFF_TTL = 30.0
+HANDOFF_HOLD_S = 1.0
+
+
+def _handoff(env: BenchEnv) -> dict[str, Any]:
+    """A holder in another process (a second ``Locks``: no in-process hand-off) takes the lock
+    for 30 s and releases it after 1 s; how long after the release its waiter has it, and what
+    the wait sent (reads and refused writes)."""
+    rounds = 10 if env.scale.contention_seconds >= 5 else 2
+    hold = HANDOFF_HOLD_S if rounds > 2 else 0.3
+    namespace = unique("handoff")
+    holder_side = env.backend(namespace=namespace).locks
+    waiter_side = env.backend(namespace=namespace).locks
+    waits: list[float] = []
+    with env.counter.measure() as ops:
+        for _ in range(rounds):
+            key = unique("handoff-key")
+            held = holder_side.acquire(key, ttl=HANDOFF_TTL)
+            assert held is not None
+            got: list[float] = []
+
+            def wait(key: str = key, got: list[float] = got) -> None:
+                lease = waiter_side.acquire(key, ttl=5, timeout=HANDOFF_TTL + 5)
+                got.append(time.monotonic())
+                if lease is not None:
+                    lease.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(hold)
+            released = time.monotonic()
+            held.release()
+            thread.join(HANDOFF_TTL + 10)
+            waits.append(got[0] - released if got else float("inf"))
+    return {
+        "rounds": rounds,
+        "ttl_s": HANDOFF_TTL,
+        "hold_s": hold,
+        "p50_wait_after_release_s": round(_percentile(waits, 0.5), 3),
+        "p95_wait_after_release_s": round(_percentile(waits, 0.95), 3),
+        "max_wait_after_release_s": round(max(waits), 3),
+        "requests_per_round": {k: round(v / rounds, 1) for k, v in sorted(ops.items())},
+    }
 
 
 def _redis(env: BenchEnv) -> dict[str, Any]:

@@ -481,6 +481,18 @@ def _contention(s: dict[str, Any]) -> list[str]:
     for x in s.get("rows", []):
         if "error" in x:
             lines += ["", f"{x['name']} not measured: `{x['error']}`"]
+    h = s.get("handoff")
+    if h:
+        lines += [
+            "",
+            f"Hand-off across processes ({h['rounds']} rounds): a holder in another process "
+            f"takes the lock for {h['ttl_s']:.0f} s and releases it after {h['hold_s']} s; its "
+            f"waiter has it {h['p50_wait_after_release_s']} s after the release at the median, "
+            f"{h['p95_wait_after_release_s']} s at p95 (at most "
+            f"{h['max_wait_after_release_s']} s). Requests per round, holder and waiter: "
+            + ", ".join(f"{k} {v}" for k, v in h["requests_per_round"].items())
+            + " (the waiter looks with consistent reads, not refused writes).",
+        ]
     if r and not redis_ok:
         lines += ["", f"Redis not measured: `{r.get('error')}`"]
     elif r.get("errors"):

@@ -250,9 +250,6 @@ class Locks:
     #: first retry delay and cap of the exponential backoff of a blocking acquire (seconds)
     backoff_initial = 0.02
     backoff_max = 1.0
-    #: refused attempts that saw the same holder (same fence, same expiry) before a waiter
-    #: stops polling and sleeps until that holder's expiry
-    idle_holder_attempts = 4
     #: queue blocking acquires of this process per key and hand the lock on at release; False
     #: is the previous design (every waiter polls the store), kept for comparison in the bench
     fifo_handoff = True
@@ -284,8 +281,8 @@ class Locks:
         same key queue up first come, first served, and only the head of the queue asks the
         store; a release in this process hands the lock to the next one at once. Against a
         holder elsewhere the head backs off exponentially with full jitter, never sleeping past
-        the holder's expiry, and a holder that neither extends nor releases across
-        :attr:`idle_holder_attempts` attempts is not polled again until it expires.
+        the holder's expiry, and looks with consistent reads (not writes the store would refuse)
+        until the lock is free, so an early release elsewhere is seen within ``backoff_max``.
         An ``owner`` that already holds the lock gets it back with the same fence and a fresh TTL.
         """
         keys.validate_key(key, "lock key")
@@ -331,12 +328,19 @@ class Locks:
         """Ask the store until the lock is had, the deadline passes, or (with ``queue``) a
         holder of this process appears (then the caller waits for its release instead)."""
         delay = self.backoff_initial
-        last: LockInfo | None = None
-        same = 0
+        holder: LockInfo | None = None  # who held it at the last look; None: try to take it
         while True:
-            lease, holder = self._attempt(key, owner, ttl_ms)
-            if lease is not None:
-                return lease
+            if holder is None:
+                lease, holder = self._attempt(key, owner, ttl_ms)
+                if lease is not None:
+                    return lease
+            else:
+                # Held elsewhere: look with a read (one read unit) rather than a write that
+                # would be refused (a write unit, five times the price); write once it is free.
+                holder = self._store.get(key, now_ms(self.clock))
+                if holder is None or holder.owner == owner:
+                    holder = None
+                    continue
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return None
@@ -344,16 +348,10 @@ class Locks:
                 return None  # held here: wait for the hand-off, not the store
             sleep = random.uniform(0, delay)  # full jitter: failed together, retry apart
             if holder is not None:
-                same = same + 1 if holder == last else 1
-                last = holder
+                # Never sleep past the holder's expiry. A holder that released early is seen
+                # within backoff_max, however long its TTL.
                 until_expiry = max(0.0, (holder.expires_at_ms - now_ms(self.clock)) / 1000)
-                # Never sleep past the holder's expiry; a holder that did not move across
-                # several attempts is presumed gone: wait for its expiry instead of polling.
-                sleep = (
-                    until_expiry
-                    if same >= self.idle_holder_attempts
-                    else min(sleep, until_expiry + 0.001)
-                )
+                sleep = min(sleep, until_expiry + 0.001)
             self.clock.sleep(min(remaining, sleep))
             delay = min(self.backoff_max, delay * 2)
 
