@@ -76,7 +76,9 @@ def test_an_unstorable_results_advice_matches_its_cause_on_first_call_and_duplic
 
 def codec_type_name(value: Any) -> str:
     cls = type(value)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
 
 
 def test_a_record_marked_unstorable_by_an_older_version_still_reads() -> None:
@@ -101,3 +103,45 @@ def test_the_docs_say_what_the_code_does_with_an_unstorable_result() -> None:
     idempotency = re.sub(r"\s+", " ", (ROOT / "docs" / "idempotency.md").read_text())
     for cause in ("too large", "out of range", "output_type"):
         assert cause in idempotency.split("## Unstorable results", 1)[1].split("\n## ", 1)[0]
+
+
+# -- point 2: the docs of what the first pass changed ----------------------------------------------
+
+
+def _doc(name: str) -> str:
+    return re.sub(r"[ \t]*\n[ \t]*", " ", (ROOT / name).read_text())
+
+
+def test_testing_md_shows_every_variable_local_start_prints(dynamodb_local: Any) -> None:
+    names = set(dynamodb_local.env())  # what `dynacoord local start` prints as exports
+    text = (ROOT / "docs" / "testing.md").read_text()
+    block = text[text.index("Point boto3 and the dynacoord CLI at it with:") :]
+    block = block[: block.index("Press Ctrl-C")]
+    assert set(re.findall(r"export (\w+)=", block)) == names
+
+
+def test_deployment_md_says_how_to_delete_the_table_a_stack_kept() -> None:
+    text = _doc("docs/deployment.md")
+    assert "table delete --yes --disable-deletion-protection" in text
+    assert "once `DeletionProtection` is off" not in text
+
+
+def test_the_docs_say_dynacoord_endpoint_url_is_dynamodbs_only() -> None:
+    deployment = _doc("docs/deployment.md")
+    assert "`--endpoint-url` (or `DYNACOORD_ENDPOINT_URL`) for all the services" not in deployment
+    for page in ("docs/deployment.md", "docs/lambda.md", "README.md"):
+        assert "DynamoDB only" in _doc(page), page
+
+
+def test_the_docs_describe_the_first_use_table_check() -> None:
+    for page in ("docs/deployment.md", "docs/lambda.md", "docs/backends.md"):
+        text = _doc(page)
+        assert "verify=False" in text and "ConfigurationError" in text, page
+        assert "DescribeTable" in text, page
+    for page in ["README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]:
+        text = _doc(page)
+        for found in re.finditer(r"TableNotReadyError", text):
+            around = text[max(0, found.start() - 300) : found.end() + 100]
+            if "no longer the `TableNotReadyError`" in around:
+                continue  # the note for upgraders
+            assert "missing" not in around and "does not exist" not in around, (page, around)
