@@ -154,6 +154,8 @@ class Backend(abc.ABC):
         half_open_max_calls: int = 1,
         ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
         on_transition: TransitionCallback | None = None,
+        consistent_reads: bool = False,
+        state_cache: float = 0.0,
     ) -> CircuitBreaker:
         """A circuit breaker named ``name`` whose state every process shares (see breaker.py)."""
         from .breaker import CircuitBreaker
@@ -170,6 +172,8 @@ class Backend(abc.ABC):
             clock=self.clock,
             namespace=self.namespace,
             metrics=self._scope("breaker"),
+            consistent_reads=consistent_reads,
+            state_cache=state_cache,
         )
 
     @property

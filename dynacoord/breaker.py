@@ -13,7 +13,9 @@ and only that process calls ``on_transition``)::
 
 Request costs of one protected call:
 
-* closed: exactly one consistent read. A success writes nothing, except one write to reset the
+* closed: one eventually consistent read (0.5 RCU on DynamoDB for an item under 4 KB; the
+  breaker's item stays under 1 KB), or nothing while ``state_cache`` holds a closed state seen
+  less than that many seconds ago in this process. A success writes nothing, except one write to reset the
   failure count when the read showed earlier failures (so isolated failures spread over time do
   not add up to a trip: the count is "failures since the last success"). A failure costs one
   atomic ``ADD`` (plus one conditional write by the single caller that trips the breaker).
@@ -154,8 +156,10 @@ class BreakerStore(Protocol):
     Records returned by the write methods are the stored state right after the write.
     """
 
-    def get(self, name: str) -> BreakerRecord:
-        """The stored record, read consistently (absent: a closed record with no failures)."""
+    def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
+        """The stored record (absent: a closed record with no failures), read consistently
+        unless ``consistent`` is False (DynamoDB: an eventually consistent read, half the price;
+        stores whose reads are always consistent ignore it)."""
         ...
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
@@ -229,6 +233,15 @@ class CircuitBreaker:
     instead of making the call while the breaker is open, or half-open with every trial slot
     taken. ``on_transition(name, old, new)`` is called in the process that made a transition
     (exceptions from it are logged, not raised).
+
+    ``consistent_reads`` (default False): the read that admits a call is eventually consistent
+    (half the price of a consistent one on DynamoDB, and DAX can serve it); every transition
+    stays a conditional write, so this only changes how soon a call sees another process's
+    transition (see :meth:`_admit`). ``state_cache`` (seconds, default 0: off): a closed state
+    seen by this process admits calls without any read for that long; a trip by another
+    process then reaches this one up to that much later. Failure counts, trial slots and trial
+    successes are exact across the fleet either way (each is an atomic write that recognises
+    its own retry).
     """
 
     def __init__(
@@ -245,6 +258,8 @@ class CircuitBreaker:
         clock: Clock | None = None,
         namespace: str = "default",
         metrics: MetricsScope | None = None,
+        consistent_reads: bool = False,
+        state_cache: float = 0.0,
     ) -> None:
         keys.breaker_key(namespace, name)  # empty, not a str, or too long: InvalidKeyError now
         self.name: str = name
@@ -265,6 +280,13 @@ class CircuitBreaker:
         self._store = store
         self._local = threading.local()
         self._metrics = metrics if metrics is not None else NO_SCOPE
+        #: the read that admits a call: eventually consistent by default (see _admit)
+        self.consistent_reads = bool(consistent_reads)
+        if not isinstance(state_cache, int | float) or not 0 <= state_cache <= 60:
+            raise ValueError(f"state_cache must be 0..60 seconds, got {state_cache!r}")
+        self.state_cache = float(state_cache)
+        #: (monotonic deadline, failures) of the last closed state seen, when state_cache > 0
+        self._cached_closed: tuple[float, int] | None = None
 
     @property
     def reset_timeout(self) -> float:
@@ -313,14 +335,32 @@ class CircuitBreaker:
         )
 
     def _admit(self) -> _Ticket:
-        """Decide whether a call may go ahead (raises CircuitOpenError if not)."""
-        record = self._store.get(self.name)
+        """Decide whether a call may go ahead (raises CircuitOpenError if not).
+
+        The read that decides is eventually consistent unless ``consistent_reads``: it only
+        decides whether to *try*; every transition is a conditional write on the stored state,
+        so a stale read never makes two processes win one transition or lets a trial slot be
+        taken twice. What a stale read can do (DynamoDB: replication lag, typically well under
+        a second): let a call through just after another process tripped the breaker, or reject
+        one just after it closed. With ``state_cache`` a closed state seen by this process is
+        reused for that many seconds without a read: a trip by another process then reaches
+        this one up to ``state_cache`` seconds (plus the lag) late, and this process's own
+        failures keep being counted meanwhile (each failure is a write that sees the state).
+        """
+        cached = self._cached_closed
+        if cached is not None:
+            if self.clock.monotonic() < cached[0]:
+                return _Ticket(None, cached[1])
+            self._cached_closed = None
+        record = self._store.get(self.name, consistent=self.consistent_reads)
         # At most a few rounds: each failed conditional write returns the state that beat it.
         for _ in range(3):
             now = now_ms(self.clock)
             cutoff = now - self._reset_ms
             if record.state is State.CLOSED:
+                self._seen_closed(record)
                 return _Ticket(None, record.failures)
+            self._cached_closed = None
             if record.state is State.OPEN:
                 if record.opened_at_ms is not None and record.opened_at_ms > cutoff:
                     raise self._rejected(record, now)
@@ -354,10 +394,17 @@ class CircuitBreaker:
             record = self._store.get(self.name)
         raise self._rejected(record, now_ms(self.clock))
 
+    def _seen_closed(self, record: BreakerRecord) -> None:
+        """Keep a closed state for ``state_cache`` seconds (nothing when it is 0)."""
+        if self.state_cache > 0:
+            self._cached_closed = (self.clock.monotonic() + self.state_cache, record.failures)
+
     def _on_success(self, ticket: _Ticket) -> None:
         if ticket.trial_round is None:
             if ticket.failures_seen > 0:
                 self._store.reset_failures(self.name, now_ms(self.clock))
+                if self._cached_closed is not None:
+                    self._cached_closed = (self._cached_closed[0], 0)
             return
         now = now_ms(self.clock)
         if self.success_threshold > 1:
@@ -381,8 +428,13 @@ class CircuitBreaker:
 
     def _count_failure(self, now: int) -> None:
         record = self._store.record_failure(self.name, now)
-        if record is None or record.failures < self.failure_threshold:
+        if record is None:  # not closed any more: read the state on the next call
+            self._cached_closed = None
             return
+        if record.failures < self.failure_threshold:
+            self._seen_closed(record)
+            return
+        self._cached_closed = None
         # Many callers may see the threshold at once; the conditional trip lets one of them win.
         if self._store.trip(self.name, now, self.failure_threshold) is not None:
             self._transition(State.CLOSED, State.OPEN)
@@ -480,5 +532,6 @@ class CircuitBreaker:
 
     def trip(self) -> None:
         """Open the breaker now, whatever its state, with a fresh ``reset_timeout``."""
+        self._cached_closed = None
         old = self._store.trip(self.name, now_ms(self.clock), None)
         self._transition(State.CLOSED if old is None else old.state, State.OPEN)

@@ -408,7 +408,7 @@ def test_single_trial_call_when_8_threads_hit_half_open(make_backend):
     assert transitions == [(CLOSED, OPEN), (OPEN, HALF_OPEN), (HALF_OPEN, CLOSED)]
 
 
-def test_closed_call_costs_one_consistent_read(make_backend):
+def test_closed_call_costs_one_eventually_consistent_read(make_backend):
     backend = make_backend()
     client = getattr(backend, "client", None)
     if client is None or not hasattr(client, "meta"):
@@ -422,7 +422,7 @@ def test_closed_call_costs_one_consistent_read(make_backend):
     client.meta.events.register("provide-client-params.dynamodb", count)
     try:
         breaker.call(lambda: None)
-        assert requests == [("GetItem", True)]
+        assert requests == [("GetItem", False)]
         requests.clear()
         with pytest.raises(BoomError):
             breaker.call(fail)
@@ -432,6 +432,10 @@ def test_closed_call_costs_one_consistent_read(make_backend):
         assert [name for name, _ in requests] == ["GetItem", "UpdateItem"]
         requests.clear()
         breaker.call(lambda: None)
+        assert requests == [("GetItem", False)]
+        requests.clear()
+        strict = backend.breaker("cost", failure_threshold=5, consistent_reads=True)
+        strict.call(lambda: None)
         assert requests == [("GetItem", True)]
     finally:
         client.meta.events.unregister("provide-client-params.dynamodb", count)

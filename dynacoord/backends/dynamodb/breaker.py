@@ -148,8 +148,8 @@ class DynamoDBBreakerStore:
         attributes: dict[str, Any] = response.get("Attributes", {})
         return attributes
 
-    def get(self, name: str) -> BreakerRecord:
-        return _record(self._table.get_raw(self._key(name)))
+    def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
+        return _record(self._table.get_raw(self._key(name), consistent=consistent))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:
         # ADD is atomic: concurrent failures all land, none is lost to a read-modify-write. The

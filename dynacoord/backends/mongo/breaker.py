@@ -218,7 +218,8 @@ class MongoBreakerStore:
             )
         return result.matched_count == 1 or self._own(name, token, what) is not None
 
-    def get(self, name: str) -> BreakerRecord:
+    def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
+        # reads here are always consistent: ``consistent`` changes nothing
         return BreakerRecord.from_item(self._stored(name, "breaker get"))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:

@@ -224,7 +224,8 @@ class RedisBreakerStore:
         reply = self._conn.run(script, keys, args, what)
         return as_int(reply[0]) == 1, list(reply[1:])
 
-    def get(self, name: str) -> BreakerRecord:
+    def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
+        # reads here are always consistent: ``consistent`` changes nothing
         with translate_errors("breaker get"):
             raw = self._conn.client.hgetall(item_key(breaker_key(self._ns, name).pk))
         return BreakerRecord.from_item(hash_fields(raw))
