@@ -145,3 +145,18 @@ def test_the_docs_describe_the_first_use_table_check() -> None:
             if "no longer the `TableNotReadyError`" in around:
                 continue  # the note for upgraders
             assert "missing" not in around and "does not exist" not in around, (page, around)
+
+
+# -- point 14: README's links, read from a wheel ---------------------------------------------------
+
+
+def test_readme_says_where_its_linked_docs_are_and_every_link_resolves() -> None:
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(((?!https?://|#)[^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links, "README links its docs"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, missing
+    flat = re.sub(r"\s+", " ", text)
+    # the wheel carries the package only (and this README as its description): say so, and
+    # where the linked pages are
+    assert "not in the wheel" in flat and "relative to the repository" in flat
