@@ -125,10 +125,19 @@ class Backend(abc.ABC):
             ),
         )
 
-    def cache(self, default_ttl: float | None = None, namespace: str | None = None) -> Cache:
+    def cache(
+        self,
+        default_ttl: float | None = None,
+        namespace: str | None = None,
+        *,
+        consistent_reads: bool = False,
+        local_ttl: float | None = None,
+        local_max: int = 1024,
+    ) -> Cache:
         """A TTL cache in ``namespace`` (default: the backend's) with stampede protection.
 
         ``default_ttl`` (seconds) applies to writes without a ``ttl``; None: no expiry.
+        ``consistent_reads``, ``local_ttl`` and ``local_max``: see :class:`~dynacoord.Cache`.
         """
         from .cache import Cache
         from .locks import Locks
@@ -142,6 +151,9 @@ class Backend(abc.ABC):
             clock=self.clock,
             namespace=ns,
             metrics=self._scope("cache", ns),
+            consistent_reads=consistent_reads,
+            local_ttl=local_ttl,
+            local_max=local_max,
         )
 
     def breaker(

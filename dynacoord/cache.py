@@ -106,8 +106,10 @@ class CacheStore(Protocol):
         """No request: raise ValueTooLargeError / InvalidKeyError if the entry cannot be stored."""
         ...
 
-    def get(self, key: str, now_ms: int) -> CacheEntry | None:
-        """The live entry, read consistently; None if absent or expired."""
+    def get(self, key: str, now_ms: int, *, consistent: bool = True) -> CacheEntry | None:
+        """The live entry; None if absent or expired. Read consistently unless ``consistent``
+        is False (DynamoDB: an eventually consistent read; stores whose reads are always
+        consistent ignore it)."""
         ...
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
@@ -146,9 +148,10 @@ class CacheStore(Protocol):
         ...
 
     def get_batch(
-        self, keys: list[str], now_ms: int
+        self, keys: list[str], now_ms: int, *, consistent: bool = True
     ) -> tuple[Mapping[str, tuple[str, int | None]], list[str]]:
-        """Read up to ``max_batch_get`` distinct keys consistently: (live entries, unprocessed).
+        """Read up to ``max_batch_get`` distinct keys (consistently unless ``consistent`` is
+        False, as :meth:`get`): (live entries, unprocessed).
 
         An entry is any ``(encoded, expires_at_ms)`` pair: a :class:`CacheEntry` or a plain
         tuple, which is cheaper to make once per item of a batch.
@@ -196,6 +199,20 @@ class Cache:
 
     ``default_ttl`` (seconds) applies to every write that gives no ``ttl``; None means entries
     never expire unless a ``ttl`` is given.
+
+    ``consistent_reads`` (default False): :meth:`get`, :meth:`has` and :meth:`get_many` read
+    eventually consistently (DynamoDB: half the read units, DAX can serve them); a write by any
+    process is then seen after the store's replication lag (typically under a second), which a
+    cache's readers already accept for entries written just before they read. The reads that
+    decide something stay consistent whatever this says: :meth:`get_or_set` and ``@cached``
+    (the fill protocol: a waiter must see the filler's value), and every write's condition.
+
+    ``local_ttl`` (seconds, default None: off): an in-process tier for hot keys. A value this
+    cache read or wrote is kept in the process for that long (never past the entry's own
+    expiry; at most ``local_max`` keys, the oldest dropped first) and returned by :meth:`get`
+    and :meth:`has` without a request. Freshness: a write or delete by *another* process is seen
+    up to ``local_ttl`` seconds late (plus the replication lag); this cache's own writes,
+    deletes and increments update or drop its local copy at once. Misses are not kept.
     """
 
     #: first delay and cap of the backoff used while waiting for a fill or resending a batch
@@ -211,8 +228,22 @@ class Cache:
         clock: Clock | None = None,
         namespace: str = "default",
         metrics: MetricsScope | None = None,
+        consistent_reads: bool = False,
+        local_ttl: float | None = None,
+        local_max: int = 1024,
     ) -> None:
         self._store = store
+        self.consistent_reads = bool(consistent_reads)
+        if local_ttl is not None and (
+            not isinstance(local_ttl, int | float) or isinstance(local_ttl, bool)
+        ):
+            raise TypeError(f"local_ttl must be seconds or None, got {local_ttl!r}")
+        if local_ttl is not None and not 0 < local_ttl <= 3600:
+            raise ValueError(f"local_ttl must be within (0, 3600] seconds, got {local_ttl!r}")
+        self.local_ttl = local_ttl
+        self.local_max = check_int(local_max, "local_max", minimum=1)
+        #: key -> (monotonic deadline, encoded value, expires_at_ms) of the in-process tier
+        self._local: dict[str, tuple[float, str, int | None]] = {}
         self._locks = locks
         self._metrics = metrics if metrics is not None else NO_SCOPE
         self.clock: Clock = clock or SystemClock()
@@ -255,17 +286,53 @@ class Cache:
 
     # -- single keys ----------------------------------------------------------------------------
 
+    def _read(self, key: str) -> tuple[str, int | None] | None:
+        """The live entry of ``key`` as (encoded, expires_at_ms): from the in-process tier when
+        it holds a fresh copy, else one read (eventually consistent unless consistent_reads)."""
+        now = now_ms(self.clock)
+        if self.local_ttl is not None:
+            kept = self._local.get(key)
+            if kept is not None:
+                deadline, encoded, expires = kept
+                if self.clock.monotonic() < deadline and (expires is None or expires > now):
+                    return encoded, expires
+                self._local.pop(key, None)
+        entry = self._store.get(key, now, consistent=self.consistent_reads)
+        if entry is None:
+            return None
+        if self.local_ttl is not None:
+            self._keep(key, entry.encoded, entry.expires_at_ms)
+        return entry.encoded, entry.expires_at_ms
+
+    def _keep(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        """Put a copy in the in-process tier (when on)."""
+        if self.local_ttl is None:
+            return
+        local = self._local
+        local.pop(key, None)
+        while len(local) >= self.local_max:
+            try:
+                del local[next(iter(local))]  # the oldest kept
+            except (KeyError, StopIteration, RuntimeError):  # another thread changed it
+                break
+        local[key] = (self.clock.monotonic() + self.local_ttl, encoded, expires_at_ms)
+
+    def _forget(self, key: str) -> None:
+        if self._local:
+            self._local.pop(key, None)
+
     def get(self, key: str, default: Any = None) -> Any:
-        """The value of ``key``, or ``default`` when it is absent or expired (one read)."""
+        """The value of ``key``, or ``default`` when it is absent or expired (one read, or none
+        from the in-process tier; see the class docstring for the freshness of each)."""
         keys.validate_key(key, "cache key")
-        entry = self._store.get(key, now_ms(self.clock))
+        entry = self._read(key)
         self._metrics.count("CacheMiss" if entry is None else "CacheHit")
-        return default if entry is None else codec.decode(entry.encoded)
+        return default if entry is None else codec.decode(entry[0])
 
     def has(self, key: str) -> bool:
         """True if ``key`` holds a live entry (a stored None counts)."""
         keys.validate_key(key, "cache key")
-        return self._store.get(key, now_ms(self.clock)) is not None
+        return self._read(key) is not None
 
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
         """Store ``value`` under ``key`` for ``ttl`` seconds (default: the cache's default TTL).
@@ -276,21 +343,29 @@ class Cache:
         ``ttl`` out of range and ``TypeError`` for one that is not a number.
         """
         encoded, expires, _ = self._prepare(key, value, ttl)
+        self._forget(key)
         self._store.set(key, encoded, expires)
+        self._keep(key, encoded, expires)
 
     def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key`` is absent or expired (atomic); True if it was stored."""
         encoded, expires, now = self._prepare(key, value, ttl)
-        return self._store.add(key, encoded, expires, now)
+        self._forget(key)
+        added = self._store.add(key, encoded, expires, now)
+        if added:
+            self._keep(key, encoded, expires)
+        return added
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; True if a live entry was removed."""
         keys.validate_key(key, "cache key")
+        self._forget(key)
         return self._store.delete(key, now_ms(self.clock))
 
     def touch(self, key: str, ttl: float | None) -> bool:
         """Give a live entry a new TTL from now (None: never expire); False if absent/expired."""
         keys.validate_key(key, "cache key")
+        self._forget(key)
         now = now_ms(self.clock)
         expires = None if ttl is None else now + ttl_to_ms(ttl)
         return self._store.touch(key, expires, now)
@@ -317,6 +392,7 @@ class Cache:
         # No size check: a number of at most 38 digits cannot make the entry outgrow an item,
         # and the store refuses a key it cannot hold when it builds the key.
         ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)
+        self._forget(key)
         for _ in range(_BATCH_ATTEMPTS):
             now = now_ms(self.clock)
             expires = None if ttl_ms is None else now + ttl_ms
@@ -363,10 +439,12 @@ class Cache:
 
     def clear(self) -> int:
         """Remove every entry of this namespace; return how many live entries were removed.
+        (The in-process tier of this cache is emptied too.)
 
         Expired entries still stored are removed too (not counted). Entries written while
         ``clear`` runs may survive it.
         """
+        self._local.clear()
         removed = 0
         for page in self._walk("*"):
             batch = page.live + page.expired
@@ -380,7 +458,8 @@ class Cache:
     def get_many(self, keys_: Iterable[str]) -> dict[str, Any]:
         """The live entries among ``keys_`` as a dict (absent/expired keys are left out).
 
-        Consistent batch reads of ``max_batch_get`` keys (DynamoDB: 100) per request; keys the
+        Batch reads (eventually consistent unless ``consistent_reads``; never from the
+        in-process tier) of ``max_batch_get`` keys (DynamoDB: 100) per request; keys the
         store leaves unprocessed are resent with backoff. ``keys_`` must be an iterable of keys:
         a single str is refused with ``TypeError`` (it would be read as one key per character).
         """
@@ -393,7 +472,9 @@ class Cache:
             pending = chunk
             delay = self.backoff_initial
             for attempt in range(_BATCH_ATTEMPTS):
-                found, pending = self._store.get_batch(pending, now_ms(self.clock))
+                found, pending = self._store.get_batch(
+                    pending, now_ms(self.clock), consistent=self.consistent_reads
+                )
                 entries = {**entries, **found} if entries else found
                 if not pending:
                     break
@@ -431,6 +512,8 @@ class Cache:
             encoded = codec.encode(value)
             self._store.check_entry(key, encoded, expires)
             entries.append((key, encoded, expires))
+        for key, _, _ in entries:
+            self._forget(key)
         for chunk in _chunks(entries, self._store.max_batch_write):
             pending = chunk
             delay = self.backoff_initial
@@ -457,6 +540,8 @@ class Cache:
         self._delete_keys(wanted)
 
     def _delete_keys(self, wanted: list[str]) -> None:
+        for k in wanted:
+            self._forget(k)
         for chunk in _chunks(wanted, self._store.max_batch_write):
             pending = chunk
             delay = self.backoff_initial

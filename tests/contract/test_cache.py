@@ -593,12 +593,12 @@ class _HalfProcessed:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def get_batch(self, keys, now_ms):
+    def get_batch(self, keys, now_ms, **options):
         self.calls["get"].append(len(keys))
         if len(self.calls["get"]) == 1:
-            found, left = self._store.get_batch(keys[: len(keys) // 2], now_ms)
+            found, left = self._store.get_batch(keys[: len(keys) // 2], now_ms, **options)
             return found, left + keys[len(keys) // 2 :]
-        return self._store.get_batch(keys, now_ms)
+        return self._store.get_batch(keys, now_ms, **options)
 
     def set_batch(self, entries):
         self.calls["set"].append(len(entries))

@@ -161,9 +161,11 @@ class DynamoDBCacheStore:
 
     # -- single items ---------------------------------------------------------------------------
 
-    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+    def get(self, key: str, now_ms: int, *, consistent: bool = True) -> CacheEntry | None:
         # the table's call itself, not get_raw: a frame less on the hottest read
-        raw = self._table.call("get_item", Key=self._primary(key), ConsistentRead=True).get("Item")
+        raw = self._table.call("get_item", Key=self._primary(key), ConsistentRead=consistent).get(
+            "Item"
+        )
         return _entry(raw, now_ms) if raw else None
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
@@ -312,7 +314,7 @@ class DynamoDBCacheStore:
         return KeyPage(live, expired, page.get("LastEvaluatedKey") or None)
 
     def get_batch(
-        self, keys: list[str], now_ms: int
+        self, keys: list[str], now_ms: int, *, consistent: bool = True
     ) -> tuple[dict[str, tuple[str, int | None]], list[str]]:
         name = self._table.name
         # Plain low-level dicts both ways: this path handles 100 items per request, and boto3's
@@ -329,7 +331,7 @@ class DynamoDBCacheStore:
             RequestItems={
                 name: {
                     "Keys": [{"pk": {"S": pk}, "sk": sk} for pk in requested],
-                    "ConsistentRead": True,
+                    "ConsistentRead": consistent,
                     # Only what an entry needs: less to send, parse and decode.
                     "ProjectionExpression": "pk, v, n, expires_at_ms",
                 }

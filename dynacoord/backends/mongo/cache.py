@@ -70,7 +70,8 @@ class MongoCacheStore:
 
     # -- single items ---------------------------------------------------------------------------
 
-    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+    def get(self, key: str, now_ms: int, *, consistent: bool = True) -> CacheEntry | None:
+        # reads here are always consistent: ``consistent`` changes nothing
         with translate_errors("cache get"):
             return CacheEntry.from_item(self._c.find_one(self._primary(key)), now_ms)
 
@@ -200,7 +201,9 @@ class MongoCacheStore:
             (expired if exp is not None and int(exp) <= now_ms else live).append(str(doc["gsi1sk"]))
         return KeyPage(live, expired, str(docs[-1]["gsi1sk"]) if more else None)
 
-    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+    def get_batch(
+        self, keys: list[str], now_ms: int, *, consistent: bool = True
+    ) -> tuple[dict[str, CacheEntry], list[str]]:
         by_pk = {cache_key(self._ns, k).pk: k for k in keys}
         with translate_errors("cache get_many"):
             docs = list(self._c.find({"pk": {"$in": list(by_pk)}, "sk": "CACHE"}))

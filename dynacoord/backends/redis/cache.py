@@ -200,7 +200,8 @@ class RedisCacheStore:
 
     # -- single items ---------------------------------------------------------------------------
 
-    def get(self, key: str, now_ms: int) -> CacheEntry | None:
+    def get(self, key: str, now_ms: int, *, consistent: bool = True) -> CacheEntry | None:
+        # reads here are always consistent: ``consistent`` changes nothing
         with translate_errors("cache get"):
             n, v, expires = self._conn.client.hmget(self._item(key), ["n", "v", "expires_at_ms"])
         return self._entry(n, v, expires, now_ms)
@@ -322,7 +323,9 @@ class RedisCacheStore:
         expired = [m for m, state in pairs if state == "expired"]
         return KeyPage(live, expired, pairs[-1][0] if more else None)
 
-    def get_batch(self, keys: list[str], now_ms: int) -> tuple[dict[str, CacheEntry], list[str]]:
+    def get_batch(
+        self, keys: list[str], now_ms: int, *, consistent: bool = True
+    ) -> tuple[dict[str, CacheEntry], list[str]]:
         with translate_errors("cache get_many"):
             pipe = self._conn.client.pipeline(transaction=False)  # one round trip
             for key in keys:
