@@ -26,6 +26,7 @@ unconditional add would continue counting from the stale value of the expired co
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ __all__ = [
     "CounterStore",
     "Counters",
     "JoinResult",
+    "ShardedCounter",
     "WriteOutcome",
 ]
 
@@ -364,6 +366,12 @@ class Counters:
         keys.validate_key(key, "counter key")
         return self._store.extend(key, ttl_to_ms(ttl), now_ms(self.clock))
 
+    def sharded(self, key: str, *, shards: int) -> ShardedCounter:
+        """A counter spread over ``shards`` items, for rates past one item's ceiling (DynamoDB:
+        1,000 WCU/s per partition, so about 1,000 increments/s on one counter). See
+        :class:`ShardedCounter`."""
+        return ShardedCounter(self, key, shards=shards)
+
     # -- joins -------------------------------------------------------------------------------------
 
     def join(self, key: str, member: str, *, expected: int, ttl: float | None = None) -> JoinResult:
@@ -440,3 +448,56 @@ class Counters:
             raise CounterTypeError(
                 f"key {key!r} holds a {current.kind}, not a {wanted}", key=key, kind=current.kind
             )
+
+
+#: the most shards a sharded counter may have (a read is one request per shard)
+MAX_SHARDS = 100
+
+
+class ShardedCounter:
+    """A counter spread over ``shards`` counter items: ``{key}#shard{i}`` for i in 0..shards-1
+    (those keys are the sharded counter's; do not use them as other counters).
+
+    Each :meth:`increment` is one counting write to one shard picked at random, so the rate one
+    counter takes grows with the shards (DynamoDB: about 1,000 increments/s per shard, each
+    shard's item hashed to its own partition), at the same cost per increment as a plain counter
+    (one request, 1 WCU for items under 1 KB), and exact under lost responses the same way (the
+    shard's writer slot). :meth:`value` sums every shard: ``shards`` consistent reads (DynamoDB:
+    ``shards`` requests of 1 RCU each), so read it far less often than you increment it. The
+    sum is not a snapshot: increments that land while it reads may or may not be in it.
+    ``ttl`` applies per shard from its own first increment (each shard is a fixed window of its
+    own), so use ``ttl`` for cleanup, not for exact time windows.
+    """
+
+    def __init__(self, counters: Counters, key: str, *, shards: int) -> None:
+        keys.validate_key(key, "counter key")
+        self.shards = check_int(shards, "shards", minimum=1, maximum=MAX_SHARDS)
+        self.key = key
+        self._counters = counters
+        self._keys = [f"{key}#shard{i}" for i in range(self.shards)]
+        for shard_key in self._keys:
+            keys.validate_key(shard_key, "counter key")
+
+    def __repr__(self) -> str:
+        return f"ShardedCounter(key={self.key!r}, shards={self.shards})"
+
+    def increment(self, by: int = 1, *, ttl: float | None = None) -> None:
+        """Add ``by`` to one shard (one request). Returns nothing: the total needs every shard
+        (:meth:`value`)."""
+        self._counters.increment(random.choice(self._keys), by, ttl=ttl)
+
+    def value(self) -> int:
+        """The sum of every live shard (``shards`` reads)."""
+        total = 0
+        for shard_key in self._keys:
+            n = self._counters.get(shard_key)
+            if n is not None:
+                total += int(n)
+        return total
+
+    def delete(self) -> bool:
+        """Delete every shard; True if any was live."""
+        deleted = False
+        for shard_key in self._keys:
+            deleted = self._counters.delete(shard_key) or deleted
+        return deleted
