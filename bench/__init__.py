@@ -28,7 +28,17 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
-    from . import coldstart, contention, exactness, metrics, outbox, overhead, peers, request_counts
+    from . import (
+        coldstart,
+        contention,
+        exactness,
+        metrics,
+        outbox,
+        overhead,
+        peers,
+        request_counts,
+        writecost,
+    )
 
     return {
         "requests": request_counts.run,
@@ -39,6 +49,7 @@ def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
         "peers": peers.run,
         "exactness": exactness.run,
         "metrics": metrics.run,
+        "writecost": writecost.run,
     }
 
 
@@ -51,6 +62,7 @@ SECTIONS = (
     "peers",
     "exactness",
     "metrics",
+    "writecost",
 )
 
 

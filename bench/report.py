@@ -18,6 +18,7 @@ SECTION_TITLES = {
     "peers": "6. Peers in the same run",
     "exactness": "7. The cost of exact counting (lost responses)",
     "metrics": "8. What metrics cost",
+    "writecost": "9. What a write costs at a sustained rate (WCU/RCU by AWS's rules)",
 }
 
 
@@ -631,17 +632,17 @@ def _peer_rows(name: str, case: str, r: dict[str, Any]) -> list[Any]:
 def _exactness(s: dict[str, Any]) -> list[str]:
     lines = [
         f"A counter incremented {s['increments']} times at {s['rate_hz']:.0f}/s with "
-        "`counters.increment` (request tokens kept on the item, so a retried increment counts "
-        "once) and, interleaved, a raw `UpdateItem ADD` of a token-free counter (the previous "
-        "design), on DynamoDB Local.",
+        "`counters.increment` (one writer slot per writer kept on the item, so a retried "
+        "increment counts once) and, interleaved, a raw `UpdateItem ADD` of a token-free "
+        "counter, on DynamoDB Local.",
         "",
     ]
     lines += _table(
-        ["", "dynacoord (exact)", "raw ADD (previous design)"],
+        ["", "dynacoord (exact)", "raw ADD (no recognition)"],
         [
             ["requests per increment", s["requests_per_increment"], 1],
             ["item size at the end (bytes)", s["item_bytes"], s["raw_item_bytes"]],
-            ["request tokens on the item", s["tokens_on_item"], "-"],
+            ["writer slots on the item", s["tokens_on_item"], "-"],
             ["WCU per increment (reported)", s["wcu_per_increment"], s["raw_wcu_per_increment"]],
             ["median latency ms", s["median_ms"], s["raw_median_ms"]],
         ],
@@ -723,6 +724,84 @@ def _peers(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _writecost(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "DynamoDB Local, ManualClock advancing 1/rate s per call, units by AWS's rules from the "
+        "requests sent and the items' sizes read around every write (bench/_units.py). "
+        "`counters.increment` beside a plain `UpdateItem ADD` (no recognition of a retried "
+        "write) and the previous design (every token of the last 1-2 minutes on the item; its "
+        "steady state seeded as two minutes at the rate leave it). WCU per call over the second "
+        "half of the calls.",
+        "",
+    ]
+    rows = []
+    for r in s["counters"]:
+        previous = (
+            f"refused ({r['previous_refused']})"
+            if r["previous_refused"]
+            else f"{_fmt(r['previous_wcu'])} WCU, {r['previous_item_bytes']} B"
+        )
+        rows.append(
+            [
+                f"{r['rate']}/s",
+                f"{r['calls']} ({r['simulated_s']} s)",
+                f"**{_fmt(r['wcu'])}**",
+                _fmt(r["requests"]),
+                r["item_bytes"],
+                f"{_fmt(r['raw_wcu'])} WCU, {r['raw_item_bytes']} B",
+                previous,
+                f"{_fmt(r['cache_incr_wcu'])} + {_fmt(r['cache_incr_index_wcu'])}",
+            ]
+        )
+    lines += _table(
+        [
+            "rate",
+            "calls (simulated)",
+            "WCU / increment",
+            "requests / increment",
+            "item B",
+            "plain ADD",
+            "previous design",
+            "cache.incr WCU table + index",
+        ],
+        rows,
+    )
+    lines += [
+        "",
+        "Breaker: a closed call's read units after sustained failures (threshold never reached)",
+        "",
+    ]
+    lines += _table(
+        [
+            "failures/s",
+            "failures (simulated)",
+            "item B",
+            "RCU / closed call (default: eventual)",
+            "consistent_reads=True",
+            "state_cache=1 s (20 calls/s)",
+        ],
+        [
+            [
+                r["failures_per_s"],
+                f"{r['failures']} ({r['simulated_s']} s)",
+                r["item_bytes"],
+                f"**{_fmt(r['rcu_per_closed_call'])}**",
+                _fmt(r["rcu_per_closed_call_consistent"]),
+                _fmt(r["rcu_per_closed_call_state_cache_1s"]),
+            ]
+            for r in s["breaker"]
+        ],
+    )
+    j = s["join"]
+    lines += [
+        "",
+        f"Join: the last arrival of a {j['members']}-member join cost **{j['last_arrival_wcu']} "
+        f"WCU** in {j['last_arrival_requests']} requests (largest item written "
+        f"{j['item_bytes']} B; fired: {j['fired']}).",
+    ]
+    return lines
+
+
 RENDERERS = {
     "requests": _requests,
     "overhead": _overhead,
@@ -732,6 +811,7 @@ RENDERERS = {
     "peers": _peers,
     "exactness": _exactness,
     "metrics": _metrics,
+    "writecost": _writecost,
 }
 
 
@@ -900,11 +980,28 @@ def summary(results: dict[str, Any]) -> list[str]:
     if ex:
         rows.append(
             [
-                "exact counting (request tokens on the item)",
+                "exact counting (one writer slot per writer on the item)",
                 f"{_fmt(ex['requests_per_increment'])} requests per increment, item "
                 f"{ex['item_bytes']} vs {ex['raw_item_bytes']} bytes after {ex['increments']} "
                 f"increments at {ex['rate_hz']:.0f}/s, WCU {_fmt(ex['wcu_per_increment'])} vs "
                 f"{_fmt(ex['raw_wcu_per_increment'])}, latency ratio {_fmt(ex['ratio_median'], 3)}",
+            ]
+        )
+    wc = _ok(sections, "writecost")
+    if wc:
+        rows.append(
+            [
+                "write cost at a sustained rate (issue 29)",
+                "WCU per increment "
+                + ", ".join(f"{_fmt(r['wcu'])} at {r['rate']}/s" for r in wc["counters"])
+                + "; breaker closed call "
+                + ", ".join(
+                    f"{_fmt(r['rcu_per_closed_call'])} RCU ({r['item_bytes']} B item) after "
+                    f"{r['failures_per_s']} failures/s"
+                    for r in wc["breaker"]
+                )
+                + f"; last arrival of a {wc['join']['members']}-member join "
+                f"{wc['join']['last_arrival_wcu']} WCU",
             ]
         )
     if not rows:

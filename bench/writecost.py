@@ -1,0 +1,240 @@
+"""Section 9: what a write costs at a sustained rate (issue 29), by AWS's rules.
+
+On DynamoDB Local, with a ManualClock advancing 1/rate s per call (so the table holds what a
+real run at that rate leaves), units counted by AWS's rules from the requests sent and the items'
+sizes read around every write (bench/_units.py; DynamoDB Local does not bill):
+
+* ``counters.increment`` at 10, 100 and 1,000/s: WCU per increment, requests per increment and
+  the item's size, beside a plain ``UpdateItem ADD`` (no recognition of a retried write) and the
+  previous design (every token of the last one to two minutes on the item, rotating slots
+  ``rq0..rq2``), whose steady state is seeded: its previous minute's slot holds ``60 * rate``
+  tokens, as two minutes at that rate leave it (a seed over DynamoDB's 400 KB is reported as
+  refused, as every increment then is);
+* ``cache.incr``: table and index units apart (the index projects every attribute);
+* the breaker after ``calls`` failures at 10 and 100/s: its item size and the read units of a
+  closed call (eventually consistent by default, strongly consistent, and with a state cache);
+* the join: WCU of the last arrival of a ``members``-member join.
+
+Calls per rate are capped (``calls``): one writer's item holds one slot whatever the number of
+calls, so the cap changes nothing for dynacoord; the simulated seconds are reported.
+"""
+
+from __future__ import annotations
+
+import os
+from binascii import b2a_base64
+from typing import Any
+
+from dynacoord import ManualClock
+
+from ._harness import BenchEnv, unique
+from ._units import UnitMeter, item_size
+
+__all__ = ["run"]
+
+RATES = (10, 100, 1000)
+
+
+def _token() -> str:
+    return b2a_base64(os.urandom(8), newline=False)[:11].decode("ascii")
+
+
+def _previous_increment(client: Any, table: str, key: dict[str, Any], now_ms: int) -> None:
+    """The previous design's ``counters.increment``: ADD the token to the slot of the minute,
+    drop the slot of the next minute, refuse a token already in this or the previous slot."""
+    bucket = now_ms // 60_000
+    slots = (f"rq{bucket % 3}", f"rq{(bucket - 1) % 3}", f"rq{(bucket + 1) % 3}")
+    token = _token()
+    client.update_item(
+        TableName=table,
+        Key=key,
+        UpdateExpression="SET #k = :kind ADD #n :by, #a :rqs REMOVE #c",
+        ConditionExpression="NOT contains(#a, :rqt) AND NOT contains(#b, :rqt)",
+        ExpressionAttributeNames={
+            "#k": "kind",
+            "#n": "n",
+            "#a": slots[0],
+            "#b": slots[1],
+            "#c": slots[2],
+        },
+        ExpressionAttributeValues={
+            ":kind": {"S": "counter"},
+            ":by": {"N": "1"},
+            ":rqs": {"SS": [token]},
+            ":rqt": {"S": token},
+        },
+        ReturnValues="ALL_NEW",
+    )
+
+
+def _seed_previous(client: Any, table: str, key: dict[str, Any], rate: int, now_ms: int) -> str:
+    """The previous design's item after two minutes at ``rate``: the previous minute's slot
+    full (60 * rate tokens). Returns "" or why DynamoDB refused it."""
+    bucket = now_ms // 60_000
+    tokens = [_token() for _ in range(60 * rate)]
+    try:
+        client.put_item(
+            TableName=table,
+            Item={
+                **key,
+                "kind": {"S": "counter"},
+                "n": {"N": str(120 * rate)},
+                f"rq{(bucket - 1) % 3}": {"SS": tokens},
+            },
+        )
+    except client.exceptions.ClientError as exc:
+        return exc.response["Error"]["Message"]
+    return ""
+
+
+def _rate_rows(env: BenchEnv, calls: int) -> list[dict[str, Any]]:
+    rows = []
+    for rate in RATES:
+        client = env.new_client(counted=False)
+        peek = env.new_client(counted=False)
+        clock = ManualClock()
+        backend = env.backend(namespace=unique("wc"), client=client, clock=clock)
+        counters = backend.counters
+        meter = UnitMeter(client, peek, env.table)
+        raw_key = {"pk": {"S": f"RAWCOUNTER#{unique('raw')}"}, "sk": {"S": "COUNTER"}}
+        prev_key = {"pk": {"S": f"PREVCOUNTER#{unique('prev')}"}, "sk": {"S": "COUNTER"}}
+        try:
+            half = calls // 2
+            for i in range(calls):
+                if i == half:
+                    start = meter.wcu
+                counters.increment("hot")
+                clock.advance(1 / rate)
+            dyn_wcu = (meter.wcu - start) / (calls - half)
+            requests = meter.requests["UpdateItem"] / calls
+            dyn_size = meter.sizes[f"COUNTER#{backend.namespace}#hot"]
+            start = meter.wcu
+            for _ in range(half):
+                client.update_item(
+                    TableName=env.table,
+                    Key=raw_key,
+                    UpdateExpression="ADD n :one",
+                    ExpressionAttributeValues={":one": {"N": "1"}},
+                    ReturnValues="ALL_NEW",
+                )
+            raw_wcu = (meter.wcu - start) / half
+            raw_size = meter.sizes[raw_key["pk"]["S"]]
+            now = int(clock.time() * 1000)
+            refused = _seed_previous(peek, env.table, prev_key, rate, now - now % 60_000)
+            prev_wcu: float | None = None
+            prev_size: int | None = None
+            if not refused:
+                start = meter.wcu
+                for _ in range(half):
+                    _previous_increment(client, env.table, prev_key, now - now % 60_000)
+                prev_wcu = (meter.wcu - start) / half
+                prev_size = meter.sizes[prev_key["pk"]["S"]]
+            cache_meter_start = (meter.wcu, meter.index_wcu)
+            cache = backend.cache()
+            for _ in range(half):
+                cache.incr("hot")
+                clock.advance(1 / rate)
+            cache_wcu = (meter.wcu - cache_meter_start[0]) / half
+            cache_index = (meter.index_wcu - cache_meter_start[1]) / half
+        finally:
+            meter.close()
+        rows.append(
+            {
+                "rate": rate,
+                "calls": calls,
+                "simulated_s": round(calls / rate, 1),
+                "wcu": round(dyn_wcu, 3),
+                "requests": round(requests, 3),
+                "item_bytes": dyn_size,
+                "raw_wcu": round(raw_wcu, 3),
+                "raw_item_bytes": raw_size,
+                "previous_wcu": None if prev_wcu is None else round(prev_wcu, 2),
+                "previous_item_bytes": prev_size,
+                "previous_refused": refused[:120] or None,
+                "cache_incr_wcu": round(cache_wcu, 3),
+                "cache_incr_index_wcu": round(cache_index, 3),
+            }
+        )
+    return rows
+
+
+def _breaker_rows(env: BenchEnv, calls: int) -> list[dict[str, Any]]:
+    rows = []
+    for rate in (10, 100):
+        calls = calls or 120 * rate  # two minutes at the rate (full scale)
+        client = env.new_client(counted=False)
+        peek = env.new_client(counted=False)
+        clock = ManualClock()
+        backend = env.backend(namespace=unique("wb"), client=client, clock=clock)
+        breaker = backend.breaker("svc", failure_threshold=10**9, reset_timeout=60)
+        for _ in range(calls):
+            breaker.record_failure()
+            clock.advance(1 / rate)
+        meter = UnitMeter(client, peek, env.table)
+        try:
+            closed_calls = 20
+            for _ in range(closed_calls):
+                breaker.call(lambda: None)
+            eventual = meter.rcu / closed_calls
+            start = meter.rcu
+            strict = backend.breaker("svc", failure_threshold=10**9, consistent_reads=True)
+            for _ in range(closed_calls):
+                strict.call(lambda: None)
+            consistent = (meter.rcu - start) / closed_calls
+            start = meter.rcu
+            cached = backend.breaker("svc", failure_threshold=10**9, state_cache=1.0)
+            for _ in range(closed_calls):  # 20 calls in 1 s: one read
+                cached.call(lambda: None)
+                clock.advance(1 / closed_calls)
+            with_cache = (meter.rcu - start) / closed_calls
+        finally:
+            meter.close()
+        item = peek.get_item(
+            TableName=env.table,
+            Key={"pk": {"S": f"CB#{backend.namespace}#svc"}, "sk": {"S": "CB"}},
+            ConsistentRead=True,
+        )["Item"]
+        rows.append(
+            {
+                "failures_per_s": rate,
+                "failures": calls,
+                "simulated_s": round(calls / rate, 1),
+                "item_bytes": item_size(item),
+                "rcu_per_closed_call": round(eventual, 3),
+                "rcu_per_closed_call_consistent": round(consistent, 3),
+                "rcu_per_closed_call_state_cache_1s": round(with_cache, 3),
+            }
+        )
+    return rows
+
+
+def _join_row(env: BenchEnv, members: int) -> dict[str, Any]:
+    client = env.new_client(counted=False)
+    peek = env.new_client(counted=False)
+    backend = env.backend(namespace=unique("wj"), client=client)
+    counters = backend.counters
+    for i in range(members - 1):
+        counters.join("fan", f"member-{i:05d}", expected=members)
+    meter = UnitMeter(client, peek, env.table)
+    try:
+        result = counters.join("fan", f"member-{members - 1:05d}", expected=members)
+    finally:
+        meter.close()
+    return {
+        "members": members,
+        "fired": result.fired,
+        "last_arrival_wcu": meter.wcu,
+        "last_arrival_requests": sum(meter.requests.values()),
+        "item_bytes": max(meter.sizes.values()),
+    }
+
+
+def run(env: BenchEnv) -> dict[str, Any]:
+    tiny = env.scale.name == "tiny"
+    calls = 40 if tiny else 1200
+    return {
+        "status": "ok",
+        "counters": _rate_rows(env, calls),
+        "breaker": _breaker_rows(env, 40 if tiny else 0),
+        "join": _join_row(env, 20 if tiny else 2000),
+    }
