@@ -1,0 +1,651 @@
+"""The bundled CloudFormation stack: its template, its parameters (checked here against the
+template's allowed values and ``Rules`` before anything is uploaded or sent), and deploy
+(create or update), delete, outputs.
+
+Every CloudFormation request goes through :func:`._aws.call`; a refusal is a
+:class:`~dynacoord.errors.StackDeploymentError`. Waits poll on the caller's clock.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._clock import Clock
+from ..errors import DynacoordError, StackDeploymentError
+from ._aws import Progress, Refusal, call, noop, request, wait_for
+from .bundle import HANDLER_SPEC
+from .iam import namespace_list
+
+__all__ = [
+    "STACK_PARAMETERS",
+    "StackDeployment",
+    "StackParameterValue",
+    "check_stack_parameters",
+    "check_stack_rules",
+    "delete_stack",
+    "deploy_stack",
+    "stack_outputs",
+    "stack_parameters",
+    "template_body",
+    "template_path",
+]
+
+logger = logging.getLogger("dynacoord.provision")
+
+#: Parameters of the bundled template (tests check that this matches the YAML).
+STACK_PARAMETERS = (
+    "TableName",
+    "BillingMode",
+    "ReadCapacity",
+    "WriteCapacity",
+    "DeletionProtection",
+    "Namespaces",
+    "EncryptionKey",
+    "Stream",
+    "Relay",
+    "RelayNamespace",
+    "RelayHandlers",
+    "CodeS3Bucket",
+    "CodeS3Key",
+    "PythonRuntime",
+    "RelayBatchSize",
+    "RelayMaximumRetryAttempts",
+    "RelayTimeout",
+    "RelayMemorySize",
+    "RelayPolicyArns",
+    "OutboxOptions",
+    "HandlerSettings",
+    "SweepSchedule",
+    "ReconcileHandler",
+    "ReconcileAfter",
+    "LogRetentionDays",
+    "Alarms",
+    "AlarmTopic",
+)
+#: The template creates an IAM managed policy and (with the relay) a role, without fixed names.
+_CAPABILITIES = ["CAPABILITY_IAM"]
+_STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
+_MAX_EVENT_PAGES = 20
+
+
+def template_path() -> Path:
+    """The file system path of the bundled template ``dynacoord/cloudformation/dynacoord.yaml``."""
+    return Path(
+        str(importlib.resources.files("dynacoord").joinpath("cloudformation/dynacoord.yaml"))
+    )
+
+
+def template_body() -> str:
+    """The bundled CloudFormation template (YAML text)."""
+    return (
+        importlib.resources.files("dynacoord")
+        .joinpath("cloudformation/dynacoord.yaml")
+        .read_text(encoding="utf-8")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StackDeployment:
+    """The result of :func:`deploy_stack`."""
+
+    stack_name: str
+    stack_id: str
+    #: the final stack status (``CREATE_COMPLETE``, ``UPDATE_COMPLETE``, or the unchanged status
+    #: when there was nothing to update; ``*_IN_PROGRESS`` with ``wait=False``)
+    status: str
+    #: False when CloudFormation reported that no updates were needed
+    changed: bool
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+#: A stack parameter value: bools become "true"/"false"; the list parameters (Namespaces,
+#: RelayPolicyArns) also take a list of str; OutboxOptions and HandlerSettings also take a dict
+#: (sent as JSON).
+StackParameterValue = str | int | bool | Sequence[str] | Mapping[str, Any]
+_LIST_PARAMETERS = ("Namespaces", "RelayPolicyArns")
+_HANDLER_PARAMETERS = ("RelayHandlers", "ReconcileHandler")
+
+
+def _parameter_text(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int)):
+        return str(value)
+    if (
+        key in _LIST_PARAMETERS
+        and isinstance(value, (list, tuple))
+        and all(isinstance(v, str) for v in value)
+    ):
+        return ",".join(value)
+    if key in ("OutboxOptions", "HandlerSettings") and isinstance(value, Mapping):
+        return json.dumps(dict(value), sort_keys=True)
+    kinds = "a str, int or bool"
+    if key in _LIST_PARAMETERS:
+        kinds += " or a list of str"
+    elif key in ("OutboxOptions", "HandlerSettings"):
+        kinds += " or a dict"
+    raise TypeError(f"stack parameter {key} must be {kinds}, got {type(value).__name__}")
+
+
+def _check_parameter(key: str, text: str) -> None:
+    """Refuse values of the bundled template's parameters that would fail (or widen the policy)
+    in CloudFormation, before any request."""
+    if key == "Namespaces" and text:
+        namespace_list(text.split(","))
+    elif key == "RelayNamespace":
+        namespace_list([text])
+    elif key in _HANDLER_PARAMETERS and text and not HANDLER_SPEC.match(text):
+        raise ValueError(f"stack parameter {key} must be MODULE:ATTRIBUTE, got {text!r}")
+    elif key in ("OutboxOptions", "HandlerSettings"):
+        from ..outbox.stream import OUTBOX_OPTIONS
+
+        try:
+            options = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"stack parameter {key} is not JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise ValueError(f"stack parameter {key} must be a JSON object, got {text!r}")
+        unknown = sorted(set(options) - set(OUTBOX_OPTIONS)) if key == "OutboxOptions" else []
+        if unknown:
+            raise ValueError(
+                f"unknown outbox option(s) {unknown} in OutboxOptions; the options are "
+                f"{', '.join(OUTBOX_OPTIONS)}"
+            )
+
+
+def _stack_parameters(
+    parameters: Mapping[str, StackParameterValue] | None, *, check_names: bool
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (parameters or {}).items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"stack parameter names must be non-empty strings, got {key!r}")
+        if check_names and key not in STACK_PARAMETERS:
+            raise ValueError(
+                f"unknown stack parameter {key!r}; the template takes {', '.join(STACK_PARAMETERS)}"
+            )
+        out[key] = _parameter_text(key, value)
+        if check_names:
+            _check_parameter(key, out[key])
+    if check_names and "RelayTimeout" in out and "OutboxOptions" in out:
+        # Neither function claims an event once a whole lease no longer fits its remaining time:
+        # a timeout at or under the lease would deliver nothing, ever.
+        from ..outbox.stream import OUTCOME_MARGIN_MS
+
+        lease = json.loads(out["OutboxOptions"]).get("lease", 30)
+        if isinstance(lease, (int, float)) and int(out["RelayTimeout"]) * 1000 <= (
+            lease * 1000 + OUTCOME_MARGIN_MS
+        ):
+            raise ValueError(
+                f"RelayTimeout {out['RelayTimeout']} s leaves no room for the lease of {lease} s "
+                "(and a second to store the outcome): nothing would ever be delivered"
+            )
+    if check_names:
+        _check_allowed(out)
+    namespaces = out.get("Namespaces")
+    relay_namespace = out.get("RelayNamespace")
+    if namespaces and relay_namespace and relay_namespace not in namespaces.split(","):
+        raise ValueError(
+            f"RelayNamespace {relay_namespace!r} is not one of Namespaces {namespaces!r}: the "
+            "relay could not read its own events"
+        )
+    return out
+
+
+def _template_parameters(body: str) -> dict[str, dict[str, Any]]:
+    """The ``Parameters`` section of a template in the bundled template's layout (two-space
+    names, four-space attributes): Type, Default, AllowedValues, AllowedPattern, MinValue,
+    MaxValue of each. Read without a YAML library (the package has none, and CloudFormation's
+    short tags need a custom loader)."""
+    out: dict[str, dict[str, Any]] = {}
+    in_parameters = False
+    current: dict[str, Any] | None = None
+    for line in body.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            in_parameters = line.rstrip() == "Parameters:"
+            continue
+        if not in_parameters:
+            continue
+        if line.startswith("  ") and not line.startswith("   "):
+            current = out.setdefault(line.strip().rstrip(":"), {})
+        elif current is not None and line.startswith("    ") and not line.startswith("     "):
+            key, _, raw = line.strip().partition(":")
+            raw = raw.strip()
+            if key == "AllowedValues" and raw.startswith("["):
+                current[key] = [_scalar(v) for v in raw.strip("[]").split(",")]
+            elif key in ("Type", "Default", "AllowedPattern", "MinValue", "MaxValue"):
+                current[key] = _scalar(raw)
+    return out
+
+
+def _scalar(raw: str) -> str:
+    raw = raw.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        return raw[1:-1].replace("\\\\", "\\")
+    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+        return raw[1:-1]
+    return raw
+
+
+_bundled_parameters: dict[str, dict[str, Any]] | None = None
+
+
+def _bundled_template_parameters() -> dict[str, dict[str, Any]]:
+    global _bundled_parameters
+    if _bundled_parameters is None:
+        _bundled_parameters = _template_parameters(template_body())
+    return _bundled_parameters
+
+
+def _check_allowed(values: Mapping[str, str]) -> None:
+    """Refuse a value the bundled template's AllowedValues, AllowedPattern, MinValue or MaxValue
+    would refuse, before anything is uploaded or sent (an emulator may not check them)."""
+    spec = _bundled_template_parameters()
+    for key, text in values.items():
+        rules = spec.get(key, {})
+        allowed = rules.get("AllowedValues")
+        if allowed is not None and text not in allowed:
+            raise ValueError(
+                f"stack parameter {key} must be one of {', '.join(allowed)}, got {text!r}"
+            )
+        pattern = rules.get("AllowedPattern")
+        if pattern is not None and not re.fullmatch(pattern, text):
+            raise ValueError(f"stack parameter {key} must match {pattern}, got {text!r}")
+        if rules.get("Type") == "Number":
+            try:
+                number = float(text)
+            except ValueError:
+                raise ValueError(f"stack parameter {key} must be a number, got {text!r}") from None
+            low, high = rules.get("MinValue"), rules.get("MaxValue")
+            if (low is not None and number < float(low)) or (
+                high is not None and number > float(high)
+            ):
+                raise ValueError(
+                    f"stack parameter {key} must be in {low or '-inf'}..{high or 'inf'}, got {text}"
+                )
+
+
+def _effective_parameters(
+    values: Mapping[str, str], previous: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The values a stack will have: given, else previous (an update), else the default."""
+    effective = {k: str(v.get("Default", "")) for k, v in _bundled_template_parameters().items()}
+    effective.update({k: v for k, v in (previous or {}).items() if v != "****"})
+    effective.update(values)
+    return effective
+
+
+def check_stack_parameters(
+    parameters: Mapping[str, StackParameterValue], *, previous: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Check ``parameters`` of the bundled template as :func:`deploy_stack` will, with the
+    ``previous`` values of an existing stack (:func:`stack_parameters`), without sending
+    anything; return them as text. ``ValueError``/``TypeError`` for a value that would fail."""
+    values = _stack_parameters(parameters, check_names=True)
+    check_stack_rules(_effective_parameters(values, previous))
+    return values
+
+
+def check_stack_rules(values: Mapping[str, str]) -> None:
+    """The bundled template's ``Rules``, checked here on the values the stack will have (given,
+    else previous, else default): CloudFormation checks them too, but only after the code
+    bundle was uploaded, and an emulator (moto) not at all (a stack with Relay=true and no code
+    then stays in CREATE_IN_PROGRESS)."""
+    if values.get("Relay") == "true":
+        missing = [k for k in ("RelayHandlers", "CodeS3Bucket", "CodeS3Key") if not values.get(k)]
+        if missing:
+            raise ValueError(
+                f"Relay=true needs {', '.join(missing)}: deploy with `dynacoord stack deploy "
+                "--relay MODULE:HANDLERS --code-bucket BUCKET`, which packages and uploads the "
+                "code and sets them"
+            )
+        # (moto reports a previous CommaDelimitedList as a Python list's repr: read that too)
+        raw = (values.get("Namespaces") or "").strip().strip("[]")
+        namespaces = [n.strip().strip("'\"") for n in raw.split(",") if n.strip()]
+        relay_namespace = values.get("RelayNamespace", "")
+        if namespaces and relay_namespace not in namespaces:
+            raise ValueError(
+                f"RelayNamespace {relay_namespace!r} is not one of Namespaces "
+                f"{','.join(namespaces)!r}: the relay could not read its own events"
+            )
+
+
+def _check_stack_name(stack_name: str) -> None:
+    if not isinstance(stack_name, str) or not _STACK_NAME.match(stack_name):
+        raise ValueError(
+            "stack name must start with a letter and contain only letters, digits and '-' "
+            f"(at most 128 characters), got {stack_name!r}"
+        )
+
+
+def _kept_parameters(
+    existing: Mapping[str, Any], values: Mapping[str, str], template: str | None
+) -> list[dict[str, Any]]:
+    """The parameters an update does not change: ``UsePreviousValue`` (a parameter the
+    bundled template no longer has is dropped)."""
+    return [
+        {"ParameterKey": str(p["ParameterKey"]), "UsePreviousValue": True}
+        for p in existing.get("Parameters") or []
+        if str(p["ParameterKey"]) not in values
+        and (template is not None or str(p["ParameterKey"]) in STACK_PARAMETERS)
+    ]
+
+
+def _stack_error(stack_name: str) -> Callable[[str, Refusal], DynacoordError]:
+    """The error of a refused CloudFormation request about ``stack_name``."""
+
+    def error(what: str, refusal: Refusal) -> DynacoordError:
+        return StackDeploymentError(
+            f"cannot {what}: {refusal.message}", stack_name=stack_name, events=[]
+        )
+
+    return error
+
+
+def _cfn(cfn_client: Any, operation: str, stack_name: str, what: str, **kwargs: Any) -> Any:
+    """One CloudFormation request about ``stack_name`` (refusals: StackDeploymentError)."""
+    return request(cfn_client, operation, what, error=_stack_error(stack_name), **kwargs)
+
+
+def _describe_stack(cfn_client: Any, stack_name: str) -> dict[str, Any] | None:
+    found = call(
+        cfn_client,
+        "describe_stacks",
+        f"describe stack {stack_name!r}",
+        expect=lambda r: r.code == "ValidationError" and "does not exist" in r.message,
+        error=_stack_error(stack_name),
+        StackName=stack_name,
+    )
+    if isinstance(found, Refusal):
+        return None
+    stacks = found["Stacks"]
+    return dict(stacks[0]) if stacks else None
+
+
+def _outputs(stack: Mapping[str, Any]) -> dict[str, str]:
+    return {str(o["OutputKey"]): str(o["OutputValue"]) for o in stack.get("Outputs") or []}
+
+
+def _latest_event_id(cfn_client: Any, stack_id: str, stack_name: str) -> str | None:
+    events = _cfn(
+        cfn_client,
+        "describe_stack_events",
+        stack_name,
+        f"read the events of stack {stack_name}",
+        StackName=stack_id,
+    ).get("StackEvents", [])
+    return str(events[0]["EventId"]) if events else None
+
+
+def _failed_events(
+    cfn_client: Any, stack_id: str, stack_name: str, since_event_id: str | None
+) -> list[dict[str, Any]]:
+    """The ``*_FAILED`` events newer than ``since_event_id``, oldest first."""
+    failed: list[dict[str, Any]] = []
+    token: str | None = None
+    for _ in range(_MAX_EVENT_PAGES):
+        page_request: dict[str, Any] = {"StackName": stack_id}
+        if token:
+            page_request["NextToken"] = token
+        page = _cfn(
+            cfn_client,
+            "describe_stack_events",
+            stack_name,
+            f"read the events of stack {stack_name}",
+            **page_request,
+        )
+        for event in page.get("StackEvents", []):
+            if since_event_id is not None and event.get("EventId") == since_event_id:
+                return failed[::-1]
+            if str(event.get("ResourceStatus", "")).endswith("_FAILED"):
+                timestamp = event.get("Timestamp")
+                failed.append(
+                    {
+                        "logical_id": event.get("LogicalResourceId"),
+                        "resource_type": event.get("ResourceType"),
+                        "status": event.get("ResourceStatus"),
+                        "reason": event.get("ResourceStatusReason", ""),
+                        "timestamp": timestamp.isoformat()
+                        if hasattr(timestamp, "isoformat")
+                        else timestamp,
+                    }
+                )
+        token = page.get("NextToken")
+        if not token:
+            break
+    return failed[::-1]
+
+
+def _failure(
+    stack_name: str, status: str, reason: str | None, events: list[dict[str, Any]]
+) -> StackDeploymentError:
+    if events:
+        detail = "; ".join(
+            f"{e['logical_id']} ({e['resource_type']}) {e['status']}: {e['reason']}" for e in events
+        )
+    else:
+        detail = f"no failed resource events ({reason or 'no reason given'})"
+    return StackDeploymentError(
+        f"stack {stack_name} ended in {status}: {detail}", stack_name=stack_name, events=events
+    )
+
+
+def _wait_stack(
+    cfn_client: Any,
+    stack_id: str,
+    stack_name: str,
+    progress: Progress,
+    poll_interval: float,
+    timeout: float,
+    clock: Clock | None,
+) -> dict[str, Any]:
+    """Poll (every ``poll_interval`` seconds of ``clock``) until the stack leaves every
+    ``*_IN_PROGRESS`` state; return its description."""
+
+    def probe() -> tuple[dict[str, Any] | None, str]:
+        stack = dict(
+            _cfn(
+                cfn_client,
+                "describe_stacks",
+                stack_name,
+                f"describe stack {stack_name!r}",
+                StackName=stack_id,
+            )["Stacks"][0]
+        )
+        status = str(stack["StackStatus"])
+        return (None if status.endswith("_IN_PROGRESS") else stack), status
+
+    return wait_for(
+        probe,
+        what=f"stack {stack_name}",
+        clock=clock,
+        timeout=timeout,
+        progress=progress,
+        timed_out=lambda status: StackDeploymentError(
+            f"stack {stack_name} still {status} after {timeout}s",
+            stack_name=stack_name,
+            events=[],
+        ),
+        delay=poll_interval,
+        max_delay=poll_interval,
+    )
+
+
+def deploy_stack(
+    cfn_client: Any,
+    stack_name: str,
+    *,
+    parameters: Mapping[str, StackParameterValue] | None = None,
+    template: str | None = None,
+    wait: bool = True,
+    progress: Progress = noop,
+    poll_interval: float = 5.0,
+    timeout: float = 3600.0,
+    clock: Clock | None = None,
+) -> StackDeployment:
+    """Create the stack, or update it when it exists, from the bundled template.
+
+    ``parameters`` maps template parameters to values (bools become ``"true"``/``"false"``,
+    ``Namespaces`` and ``RelayPolicyArns`` also take a list, ``OutboxOptions`` and
+    ``HandlerSettings`` a dict); values
+    that would fail in CloudFormation or widen the policy (a namespace with ``#`` or ``*``, a
+    handler that is not ``MODULE:ATTRIBUTE``, an unknown outbox option, a ``RelayNamespace``
+    outside ``Namespaces``) raise ``ValueError`` before any request. On an update, parameters
+    not given keep their previous values (like ``aws cloudformation deploy``). The template's allowed values and its ``Rules`` (Relay=true
+    needs the code and handlers; RelayNamespace one of Namespaces) are checked here too. An update with nothing to change ("No updates are to be performed") is a success
+    with ``changed=False``. With ``wait`` (default), polls until the stack settles and raises
+    :class:`~dynacoord.errors.StackDeploymentError` unless it ends ``CREATE_COMPLETE`` /
+    ``UPDATE_COMPLETE``; the error's message and ``events`` list the resource events that failed,
+    with CloudFormation's reasons. A stack left in ``ROLLBACK_COMPLETE`` by a failed creation
+    cannot be updated: delete it (:func:`delete_stack`) and deploy again. ``template`` replaces
+    the bundled template (its parameter names are then not checked here). The waits sleep on
+    ``clock`` (default: the system's).
+    """
+    _check_stack_name(stack_name)
+    values = _stack_parameters(parameters, check_names=template is None)
+    body = template if template is not None else template_body()
+    given = [{"ParameterKey": k, "ParameterValue": v} for k, v in values.items()]
+
+    existing = _describe_stack(cfn_client, stack_name)
+    if existing is not None:
+        status = str(existing["StackStatus"])
+        if status == "ROLLBACK_COMPLETE":
+            raise StackDeploymentError(
+                f"stack {stack_name} is in ROLLBACK_COMPLETE (its creation failed) and cannot "
+                "be updated: delete it and deploy again",
+                stack_name=stack_name,
+                events=[],
+            )
+        if status.endswith("_IN_PROGRESS"):
+            raise StackDeploymentError(
+                f"stack {stack_name} is busy ({status}); try again when it has settled",
+                stack_name=stack_name,
+                events=[],
+            )
+
+    if template is None:  # the Rules on the values the stack will have, before anything is sent
+        previous = {
+            str(p["ParameterKey"]): str(p["ParameterValue"])
+            for p in (existing or {}).get("Parameters") or []
+            if p.get("ParameterValue") is not None
+        }
+        check_stack_rules(_effective_parameters(values, previous))
+
+    since: str | None = None
+    if existing is None:
+        logger.info("creating stack %r", stack_name)
+        created = _cfn(
+            cfn_client,
+            "create_stack",
+            stack_name,
+            f"create stack {stack_name}",
+            StackName=stack_name,
+            TemplateBody=body,
+            Parameters=given,
+            Capabilities=_CAPABILITIES,
+        )
+        stack_id = str(created["StackId"])
+        action = "CREATE"
+        progress(f"creating stack {stack_name} ...")
+    else:
+        stack_id = str(existing["StackId"])
+        keep = _kept_parameters(existing, values, template)
+        since = _latest_event_id(cfn_client, stack_id, stack_name)
+        logger.info("updating stack %r", stack_name)
+        updated = call(
+            cfn_client,
+            "update_stack",
+            f"update stack {stack_name}",
+            expect=lambda r: "No updates are to be performed" in r.message,
+            error=_stack_error(stack_name),
+            StackName=stack_id,
+            TemplateBody=body,
+            Parameters=given + keep,
+            Capabilities=_CAPABILITIES,
+        )
+        if isinstance(updated, Refusal):
+            progress(f"stack {stack_name} is up to date")
+            return StackDeployment(
+                stack_name,
+                stack_id,
+                str(existing["StackStatus"]),
+                changed=False,
+                outputs=_outputs(existing),
+            )
+        action = "UPDATE"
+        progress(f"updating stack {stack_name} ...")
+
+    if not wait:
+        return StackDeployment(stack_name, stack_id, f"{action}_IN_PROGRESS", changed=True)
+    stack = _wait_stack(cfn_client, stack_id, stack_name, progress, poll_interval, timeout, clock)
+    status = str(stack["StackStatus"])
+    if status != f"{action}_COMPLETE":
+        events = _failed_events(cfn_client, stack_id, stack_name, since)
+        raise _failure(stack_name, status, stack.get("StackStatusReason"), events)
+    progress(f"stack {stack_name} is {status}")
+    return StackDeployment(stack_name, stack_id, status, changed=True, outputs=_outputs(stack))
+
+
+def delete_stack(
+    cfn_client: Any,
+    stack_name: str,
+    *,
+    wait: bool = True,
+    progress: Progress = noop,
+    poll_interval: float = 5.0,
+    timeout: float = 3600.0,
+    clock: Clock | None = None,
+) -> bool:
+    """Delete the stack (and with it the table, unless deletion protection is on). False if the
+    stack did not exist. With ``wait``, raises :class:`StackDeploymentError` listing the failed
+    resource events unless the stack ends ``DELETE_COMPLETE``. The waits sleep on ``clock``."""
+    _check_stack_name(stack_name)
+    existing = _describe_stack(cfn_client, stack_name)
+    if existing is None:
+        return False
+    stack_id = str(existing["StackId"])
+    since = _latest_event_id(cfn_client, stack_id, stack_name)
+    _cfn(cfn_client, "delete_stack", stack_name, f"delete stack {stack_name}", StackName=stack_id)
+    logger.info("deleting stack %r", stack_name)
+    progress(f"deleting stack {stack_name} ...")
+    if not wait:
+        return True
+    stack = _wait_stack(cfn_client, stack_id, stack_name, progress, poll_interval, timeout, clock)
+    status = str(stack["StackStatus"])
+    if status != "DELETE_COMPLETE":
+        events = _failed_events(cfn_client, stack_id, stack_name, since)
+        raise _failure(stack_name, status, stack.get("StackStatusReason"), events)
+    progress(f"stack {stack_name} is deleted")
+    return True
+
+
+def stack_outputs(cfn_client: Any, stack_name: str) -> dict[str, str]:
+    """The outputs of the stack (``TableName``, ``TableArn``, ``AccessPolicyArn``, and those of
+    the parts it has: ``StreamArn``, ``RelayFunctionName``, ...)."""
+    stack = _describe_stack(cfn_client, stack_name)
+    if stack is None:
+        raise StackDeploymentError(
+            f"stack {stack_name} does not exist", stack_name=stack_name, events=[]
+        )
+    return _outputs(stack)
+
+
+def stack_parameters(cfn_client: Any, stack_name: str) -> dict[str, str] | None:
+    """The parameter values the stack was last deployed with, or None if it does not exist."""
+    _check_stack_name(stack_name)
+    stack = _describe_stack(cfn_client, stack_name)
+    if stack is None:
+        return None
+    return {
+        str(p["ParameterKey"]): str(p.get("ParameterValue", ""))
+        for p in stack.get("Parameters") or []
+    }
