@@ -160,3 +160,16 @@ def test_readme_says_where_its_linked_docs_are_and_every_link_resolves() -> None
     # the wheel carries the package only (and this README as its description): say so, and
     # where the linked pages are
     assert "not in the wheel" in flat and "relative to the repository" in flat
+
+
+# -- point 10 (follow-up): a stack's previous empty Namespaces as moto reports it ------------------
+
+
+@pytest.mark.parametrize("previous", ["", "['']", "[]", "[' ']"])
+def test_an_empty_previous_namespaces_list_allows_every_relay_namespace(previous: str) -> None:
+    from dynacoord.provision import check_stack_rules
+
+    relay = {"Relay": "true", "RelayHandlers": "m:h", "CodeS3Bucket": "b", "CodeS3Key": "k"}
+    check_stack_rules({**relay, "Namespaces": previous, "RelayNamespace": "orders"})
+    with pytest.raises(ValueError, match="not one of Namespaces 'billing'"):
+        check_stack_rules({**relay, "Namespaces": "['billing']", "RelayNamespace": "orders"})

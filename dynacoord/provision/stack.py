@@ -310,7 +310,9 @@ def check_stack_rules(values: Mapping[str, str]) -> None:
             )
         # (moto reports a previous CommaDelimitedList as a Python list's repr: read that too)
         raw = (values.get("Namespaces") or "").strip().strip("[]")
-        namespaces = [n.strip().strip("'\"") for n in raw.split(",") if n.strip()]
+        # (and an empty list as "['']": a name is what is left inside the quotes)
+        names = (n.strip().strip("'\"").strip() for n in raw.split(","))
+        namespaces = [n for n in names if n]
         relay_namespace = values.get("RelayNamespace", "")
         if namespaces and relay_namespace not in namespaces:
             raise ValueError(
