@@ -413,12 +413,16 @@ def test_stack_commands_use_the_endpoint_url_for_every_service(
         seen.clear()
         code, _, err = _cli(capsys, *local, *command)
         assert code == 1 and "RefusedError" in err, err
-        assert seen == [("cloudformation" if "delete" in command else "s3", local[1])], command
-    # the default (and still the only one for the table) comes from DYNACOORD_ENDPOINT_URL too
+        # package uploads first; deploy reads the stack's values first (all checked before the
+        # bundle is uploaded); delete only talks to CloudFormation
+        first = "s3" if "package" in command else "cloudformation"
+        assert seen == [(first, local[1])], command
+    # DYNACOORD_ENDPOINT_URL is DynamoDB's only (what `local start` prints): CloudFormation
+    # goes where boto3 would send it
     monkeypatch.setenv("DYNACOORD_ENDPOINT_URL", "http://localhost:4577")
     seen.clear()
     assert _cli(capsys, "stack", "outputs")[0] == 1
-    assert seen == [("cloudformation", "http://localhost:4577")]
+    assert seen == [("cloudformation", None)]
     monkeypatch.undo()
     monkeypatch.chdir(example_path)
 
