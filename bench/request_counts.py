@@ -549,9 +549,10 @@ def _outbox_ops(env: BenchEnv, reps: int) -> list[Op]:
             "outbox",
             "stats()",
             lambda i: doomed.stats(),
-            4 * shards + 1,
-            f"the namespace's shard count (1 GetItem) and a COUNT Query per shard ({shards}) "
-            "for pending, due, in_flight, failed",
+            6 * shards + 1,
+            f"the namespace's shard count (1 GetItem), a COUNT Query per shard ({shards}) for "
+            "pending, due, in_flight, failed, and a one-item Query per shard for the oldest due "
+            "event and the earliest expired lease (the lag)",
         ),
     ]
 
@@ -606,15 +607,17 @@ def _counter_ops(env: BenchEnv, reps: int) -> list[Op]:
             "counters",
             "join arrive (new member)",
             lambda i: counters.join(f"join{i}", f"m{i}", expected=3),
-            1,
-            "one conditional UpdateItem (ADD to the member set)",
+            2,
+            "the member's bucket, then its count carried to the join item (2 WCU whatever "
+            "the member count; the join's generation read once per process)",
         ),
         Op(
             "counters",
             "join arrive (redelivered member)",
             lambda i: counters.join(f"join{i}", "first", expected=3),
-            1,
-            "one conditional UpdateItem (refused, returns the state)",
+            2,
+            "the bucket refuses (member in it), the carry refuses and returns the state (it "
+            "repairs a count a crash left uncarried)",
         ),
         Op("counters", "delete", lambda i: counters.delete(f"del{i}"), 1, "one DeleteItem"),
     ]

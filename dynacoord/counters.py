@@ -56,10 +56,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: A join keeps its member set in one item (DynamoDB: 400 KB), so it is bounded: at most this
-#: many distinct members, each at most :data:`MAX_JOIN_MEMBER_BYTES` of UTF-8 (256 KB in all).
-#: For a larger fan-in, count with :meth:`Counters.increment` and make each member idempotent.
-MAX_JOIN_EXPECTED = 2000
+#: The most members a join may wait for. DynamoDB spreads them over at most 160 bucket items
+#: (about 16 members each up to 2,560 members, 625 at this limit: 80 KB of 128-byte members);
+#: Redis keeps one hash field per member, MongoDB one array on the document (12.8 MB of 128-byte
+#: members at this limit, under its 16 MB). For a larger fan-in, count with
+#: :meth:`Counters.increment` and make each member's work idempotent.
+MAX_JOIN_EXPECTED = 100_000
 MAX_JOIN_MEMBER_BYTES = 128
 
 #: How often an increment or join retries after finding the item expired and losing the restart
@@ -409,9 +411,11 @@ class Counters:
             if outcome.ok:
                 assert outcome.item is not None
                 count = int(outcome.item.value)
-                # Exactly one add makes the count equal expected: the counts of successful adds
-                # are distinct (1, 2, 3, ...) because each add is atomic and counts a new member.
-                return _join_result(count, count >= expected, count == expected, expected)
+                # Exactly one write makes the count reach expected (each write moves it up
+                # atomically from the value it read), and only writes made while the join was
+                # incomplete name their member ``last``: that member completed it.
+                fired = count >= expected and outcome.item.last_member == member
+                return _join_result(count, count >= expected, fired, expected)
             current = outcome.current
             if current is not None:
                 if current.kind != JOIN:  # checked here: a redelivery is a hot path

@@ -4,7 +4,32 @@ Item: ``pk=COUNTER#{ns}#{key}``, ``sk=COUNTER``, ``kind`` (counter | flag | join
 
 * counter: ``n`` (number)
 * flag: ``value`` (codec-encoded JSON text)
-* join: ``n`` (count of distinct members), ``members`` (string set), ``expected`` (number)
+* join: ``n`` (count of distinct members), ``expected``, ``last`` (the member that completed it),
+  ``gen`` (the join's generation, a token made when it is created) and ``c{b}`` (how many
+  members bucket ``b`` held when its count was last carried here); the members live in bucket
+  items beside it (below). A join written by the previous design holds its members in one
+  string set ``members`` on this item (no ``gen``) and keeps that form until it ends.
+
+**Joins at a constant cost.** An arrival writes two small items instead of rewriting one that
+grows with the members (the previous design: up to ~250 WCU for the last arrivals of a
+2,000-member join):
+
+1. its bucket, ``sk=JOIN#{gen}#{b}`` with ``b = crc32(member) % buckets`` (``buckets`` from
+   ``expected``, at most :data:`_MAX_BUCKETS`): ``ADD members :m, n :1`` unless the member is in
+   it (a redelivery, or a retry of this write whose answer was lost, changes nothing and reads
+   the bucket's count);
+2. the join item: ``SET c{b} = :nb ADD n :d`` on the condition ``c{b} = :old`` (``d = nb - old``):
+   it carries the bucket's count up, never down, so carrying it again (a retry, a redelivery, a
+   crash between the two writes repaired by the redelivery) changes nothing, and a count carried
+   by another arrival of the same bucket first makes this one a no-op. ``n`` is therefore the
+   sum of the buckets' counts carried so far: each member counted once.
+
+The write that takes ``n`` to ``expected`` or past it is unique (each write moves ``n`` up
+atomically from the value it read); only writes made while ``n < expected`` set ``last``, so
+``last`` names the completer. Every arrival first needs the join's ``gen`` (a process keeps it
+once read: one eventually consistent GetItem per process and join), and the first arrival
+creates the join item. Buckets take the join's expiry; a join that expired starts again with a
+new ``gen``, so its old buckets are never read again (the TTL sweeper removes them).
 
 plus ``expires_at_ms`` and ``ttl`` when the item expires. Every condition treats an item with
 ``expires_at_ms <= :now`` as absent; an item without ``expires_at_ms`` never expires.
@@ -14,6 +39,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +57,7 @@ from ...counters import (
     _write_outcome,
     value_fields,
 )
+from ...errors import BackendError
 from ...keys import COUNTER_SK, counter_pk
 from ._table import (
     FREE,
@@ -39,6 +67,7 @@ from ._table import (
     DynamoTable,
     counting_update,
     exact_sum,
+    marshal,
     sum_limit,
     unmarshal,
 )
@@ -211,6 +240,37 @@ def _read(raw: Mapping[str, Any] | None, now_ms: int) -> CounterItem | None:
     return CounterItem.from_item(unmarshal(raw), now_ms)  # an unusual item
 
 
+#: a join's members are spread over at most this many bucket items (about 16 members each up
+#: to 2,560 members; more per bucket past that): the join item holds one small count per bucket
+_MAX_BUCKETS = 160
+_MEMBERS_PER_BUCKET = 16
+#: pk -> (gen, expected, expires_at_ms) of the joins this process has seen (bounded: cleared
+#: when full); a stale entry is found out by the join item's condition on ``gen``
+_gens: dict[str, tuple[str, int, int | None]] = {}
+_GENS_KEPT = 4096
+_JOIN_ROUNDS = 8
+_LEGACY = "legacy"
+
+
+def join_buckets(expected: int) -> int:
+    """How many bucket items a join waiting for ``expected`` members spreads them over."""
+    return max(1, min(-(-expected // _MEMBERS_PER_BUCKET), _MAX_BUCKETS))
+
+
+def _bucket_sk(gen: str, bucket: int) -> str:
+    return f"JOIN#{gen}#{bucket:03d}"
+
+
+def _bucket_of(member: str, buckets: int) -> int:
+    return zlib.crc32(member.encode("utf-8")) % buckets
+
+
+def _remember_gen(pk: str, known: tuple[str, int, int | None]) -> None:
+    if len(_gens) >= _GENS_KEPT:
+        _gens.clear()
+    _gens[pk] = known
+
+
 class DynamoDBCounterStore:
     def __init__(self, table: DynamoTable, namespace: str) -> None:
         self._table = table
@@ -301,15 +361,59 @@ class DynamoDBCounterStore:
         return self._table.put_if_free(item, now_ms)
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        return _read(self._table.get_raw(self._key(key)), now_ms)
+        raw = self._table.get_raw(self._key(key))
+        item = _read(raw, now_ms)
+        if item is not None and item.kind == JOIN and raw is not None and "gen" in raw:
+            # a join's members live in its buckets: one Query (per MB) lists them
+            members = frozenset(
+                m
+                for bucket in self._buckets(key, raw["gen"]["S"], "members")
+                for m in bucket.get("members", {}).get("SS", ())
+            )
+            return _counter_item(
+                JOIN, item.value, item.expires_at_ms, item.expected, members, item.last_member
+            )
+        return item
+
+    def _buckets(self, key: str, gen: str, projection: str) -> list[dict[str, Any]]:
+        """Every bucket item of the join ``key``'s generation ``gen`` (attribute values)."""
+        found: list[dict[str, Any]] = []
+        for page in self._table.query_pages(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues={
+                ":pk": {"S": counter_pk(self._ns, key)},
+                ":prefix": {"S": f"JOIN#{gen}#"},
+            },
+            ProjectionExpression=f"pk, sk, {projection}",
+            ConsistentRead=True,
+        ):
+            found.extend(page.get("Items", ()))
+        return found
 
     def delete(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")
-        return _read(response.get("Attributes"), now_ms) is not None
+        old = response.get("Attributes")
+        if old and "gen" in old:
+            # a join's buckets go with it (one Query, a batch delete per 25)
+            keys = [
+                {"DeleteRequest": {"Key": {"pk": b["pk"], "sk": b["sk"]}}}
+                for b in self._buckets(key, old["gen"]["S"], "n")
+            ]
+            for i in range(0, len(keys), 25):
+                pending: list[dict[str, Any]] = keys[i : i + 25]
+                for _ in range(10):
+                    left = self._table.call(
+                        "batch_write_item", RequestItems={self._table.name: pending}
+                    ).get("UnprocessedItems", {})
+                    pending = left.get(self._table.name, [])
+                    if not pending:
+                        break
+            _gens.pop(counter_pk(self._ns, key), None)
+        return _read(old, now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
         try:
-            self._table.call(
+            response = self._table.call(
                 "update_item",
                 Key=self._key(key),
                 ConditionExpression=_EXTEND_CONDITION,
@@ -318,9 +422,30 @@ class DynamoDBCounterStore:
                 ExpressionAttributeValues=_expiry_values(
                     {":now": {"N": str(now_ms)}}, ttl_ms, now_ms
                 ),
+                ReturnValues="ALL_NEW",
             )
         except ConditionFailedError:
             return False
+        new = response.get("Attributes", {})
+        if "gen" in new:
+            # a join's buckets take its new expiry (one write each): the TTL sweeper must not
+            # remove them before the join item
+            expires = now_ms + ttl_ms
+            for bucket in self._buckets(key, new["gen"]["S"], "n"):
+                self._table.call(
+                    "update_item",
+                    Key={"pk": bucket["pk"], "sk": bucket["sk"]},
+                    UpdateExpression="SET expires_at_ms = :exp, #ttl = :ttl",
+                    ExpressionAttributeNames={"#ttl": "ttl"},
+                    ExpressionAttributeValues={
+                        ":exp": {"N": str(expires)},
+                        ":ttl": {"N": str(_ttl_s(expires))},
+                    },
+                )
+            pk = counter_pk(self._ns, key)
+            known = _gens.get(pk)
+            if known is not None:
+                _remember_gen(pk, (known[0], known[1], expires))
         return True
 
     # -- joins -------------------------------------------------------------------------------------
@@ -328,12 +453,188 @@ class DynamoDBCounterStore:
     def join_add(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
-        # One atomic write: the member is added and counted only if it is not in the set yet, so
-        # a redelivered arrival fails the condition (and reads back the state) instead of counting
-        # twice; the count each successful add returns is therefore distinct.
-        # ``last`` names the member that completed the join: every arrival before completion
-        # sets it (``#n < :expected``), so once complete it is the completer's, and arrivals
-        # beyond ``expected`` (a second request, only for them) leave it alone.
+        """One arrival (see the module docstring): the bucket write and the carry to the join
+        item, after learning the join's generation (a read, once per process and join) and
+        creating the join item if there is none (once per join)."""
+        pk = counter_pk(self._ns, key)
+        for _ in range(_JOIN_ROUNDS):
+            known = _gens.get(pk)
+            if known is None or known[1] != expected:
+                head = self._join_head(key, pk, expected, ttl_ms, now_ms)
+                if isinstance(head, WriteOutcome):
+                    return head
+                if isinstance(head, str):  # a join of the previous design, still live
+                    return self._legacy_join_add(key, member, expected, ttl_ms, now_ms)
+                known = head
+            gen, _, expires = known
+            if expires is not None and expires <= now_ms:
+                _gens.pop(pk, None)
+                continue
+            bucket = _bucket_of(member, join_buckets(expected))
+            count = self._bucket_add(pk, gen, bucket, member, expires, now_ms)
+            outcome = self._carry(key, gen, bucket, count, member, expected, now_ms)
+            if outcome is not None:
+                return outcome
+            _gens.pop(pk, None)  # the join ended or started again: read it again
+        raise BackendError(  # pragma: no cover - needs the join to restart on every round
+            f"join {key!r} kept changing generation while joined ({_JOIN_ROUNDS} attempts)"
+        )
+
+    def _join_head(
+        self, key: str, pk: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> tuple[str, int, int | None] | WriteOutcome | str:
+        """The join's (gen, expected, expires_at_ms), creating the join item when there is no
+        live one; or the refusal (another kind, another ``expected``, a join of the previous
+        design) as a WriteOutcome for the caller."""
+        raw = self._table.get_raw(self._key(key), consistent=False)
+        for _ in range(_JOIN_ROUNDS):
+            current = _read(raw, now_ms)
+            if current is not None:
+                if current.kind != JOIN or current.expected != expected:
+                    return _write_outcome(False, None, current)
+                if "gen" not in raw:  # type: ignore[operator]  # live, so raw is not None
+                    return _LEGACY
+                known = (raw["gen"]["S"], expected, current.expires_at_ms)  # type: ignore[index]
+                _remember_gen(pk, known)
+                return known
+            gen = os.urandom(6).hex()
+            item: dict[str, Any] = {
+                "pk": pk,
+                "sk": COUNTER_SK,
+                "kind": JOIN,
+                "expected": expected,
+                "n": 0,
+                "gen": gen,
+            }
+            if ttl_ms is not None:
+                item["expires_at_ms"] = now_ms + ttl_ms
+                item["ttl"] = _ttl_s(now_ms + ttl_ms)
+            marshalled = marshal(item)
+            try:
+                self._table.put_free(marshalled, now_ms)
+            except ConditionFailedError as failed:
+                # another arrival created it first (join that one), or this very put applied
+                # and its answer was lost (the item shows its token: the same join)
+                raw = failed.raw
+                continue
+            known = (gen, expected, item.get("expires_at_ms"))
+            _remember_gen(pk, known)
+            return known
+        raise BackendError(  # pragma: no cover
+            f"join {key!r} kept expiring while being created ({_JOIN_ROUNDS} attempts)"
+        )
+
+    def _bucket_add(
+        self, pk: str, gen: str, bucket: int, member: str, expires: int | None, now_ms: int
+    ) -> int:
+        """Add ``member`` to its bucket; the bucket's count after it (or, when the member was
+        in it already, the count as it is)."""
+        update = "ADD #members :mset, #n :one"
+        values: dict[str, Any] = {
+            ":mset": {"SS": [member]},
+            ":member": {"S": member},
+            ":one": {"N": "1"},
+        }
+        names = {"#members": "members", "#n": "n"}
+        if expires is not None:
+            update = "SET expires_at_ms = :exp, #ttl = :ttl " + update
+            values[":exp"] = {"N": str(expires)}
+            values[":ttl"] = {"N": str(_ttl_s(expires))}
+            names["#ttl"] = "ttl"
+        try:
+            response = self._table.call(
+                "update_item",
+                Key={"pk": {"S": pk}, "sk": {"S": _bucket_sk(gen, bucket)}},
+                UpdateExpression=update,
+                ConditionExpression="attribute_not_exists(#members) OR NOT contains(#members, :member)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValues="UPDATED_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            # arrived before (a redelivery, or this write retried after its answer was lost)
+            return int((failed.raw or {}).get("n", {}).get("N", "0"))
+        return int(response["Attributes"]["n"]["N"])
+
+    def _carry(
+        self,
+        key: str,
+        gen: str,
+        bucket: int,
+        count: int,
+        member: str,
+        expected: int,
+        now_ms: int,
+    ) -> WriteOutcome | None:
+        """Carry the bucket's ``count`` up to the join item (see the module docstring); the
+        join as it is after, or None when the join item is not this generation's any more."""
+        slot = f"c{bucket}"
+        old = count - 1  # the usual case: this arrival's own member is the only one not carried
+        before_complete = True
+        for _ in range(_JOIN_ROUNDS + count):
+            names = {"#n": "n", "#c": slot, "#gen": "gen"}
+            values: dict[str, Any] = {
+                ":gen": {"S": gen},
+                ":count": {"N": str(count)},
+                ":d": {"N": str(count - old)},
+                ":now": {"N": str(now_ms)},
+            }
+            condition = f"#gen = :gen AND {LIVE} AND "
+            if old == 0:
+                condition += "attribute_not_exists(#c)"
+            else:
+                condition += "#c = :old"
+                values[":old"] = {"N": str(old)}
+            if before_complete:
+                # only a write made while the join is incomplete names itself the completer
+                condition += " AND #n < :expected"
+                values[":expected"] = {"N": str(expected)}
+                values[":member"] = {"S": member}
+                names["#last"] = "last"
+                update = "SET #c = :count, #last = :member ADD #n :d"
+            else:
+                update = "SET #c = :count ADD #n :d"
+            try:
+                response = self._table.call(
+                    "update_item",
+                    Key=self._key(key),
+                    UpdateExpression=update,
+                    ConditionExpression=condition,
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            except ConditionFailedError as failed:
+                raw = failed.raw
+                if (
+                    raw is None
+                    or raw.get("gen") != {"S": gen}
+                    or _read(raw, now_ms) is None  # expired
+                ):
+                    return None
+                carried = int(raw.get(slot, {}).get("N", "0"))
+                if carried >= count:
+                    # carried already: by this write (its answer lost), by another arrival of
+                    # the same bucket, or by an earlier delivery of this member
+                    return _write_outcome(True, _read(raw, now_ms))
+                if carried != old:
+                    old = carried  # members of the bucket not carried yet: carry them too
+                    continue
+                before_complete = False  # complete: carry without naming a completer
+                continue
+            return _write_outcome(True, _read(response["Attributes"], now_ms))
+        raise BackendError(  # pragma: no cover - every refusal moves old up or ends the loop
+            f"join {key!r}: could not carry bucket {bucket}"
+        )
+
+    def _legacy_join_add(
+        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
+    ) -> WriteOutcome:
+        """An arrival at a join of the previous design (its members in one string set on the
+        join item, no ``gen``) still live: it keeps that form until it ends. One atomic write:
+        the member is added and counted only if it is not in the set yet."""
         values = _join_values(member, expected, now_ms)
         if ttl_ms is not None:
             _expiry_values(values, ttl_ms, now_ms)

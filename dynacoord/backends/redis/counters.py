@@ -118,12 +118,22 @@ return 1
 _JOIN_ADD = (
     _HEAD
     + """
+-- the join's state without its members (a reply of constant size whatever the member count):
+-- only this arrival's own member field, which tells a redelivery it arrived before
+local function join_reply(flag)
+  local out = {flag}
+  for _, f in ipairs({'kind', 'n', 'expected', 'last', 'expires_at_ms', ARGV[2]}) do
+    local v = redis.call('HGET', KEYS[1], f)
+    if v then table.insert(out, f); table.insert(out, v) end
+  end
+  return out
+end
 if s == 'expired' then return {0} end
 if s == 'live' then
-  if redis.call('HGET', KEYS[1], 'kind') ~= 'join'
-     or redis.call('HGET', KEYS[1], 'expected') ~= ARGV[3]
+  if redis.call('HGET', KEYS[1], 'kind') ~= 'join' then return reply(0) end
+  if redis.call('HGET', KEYS[1], 'expected') ~= ARGV[3]
      or redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
-    return reply(0)
+    return join_reply(0)
   end
 end
 -- 'last' names the member that completed the join: arrivals beyond expected leave it alone
@@ -133,7 +143,7 @@ end
 redis.call('HSET', KEYS[1], 'kind', 'join', 'expected', ARGV[3], ARGV[2], '1')
 redis.call('HINCRBY', KEYS[1], 'n', 1)
 set_expiry(ARGV[4], ARGV[5], true)
-return reply(1)
+return join_reply(1)
 """
 )
 
