@@ -176,3 +176,30 @@ def test_a_join_of_the_previous_design_keeps_its_form(ddb_table):
     assert done.fired and done.count == 2
     item = counters.item("old")
     assert item is not None and item.members == frozenset("ab")
+
+
+def test_a_process_with_a_stale_generation_learns_the_new_one_from_the_refusal(ddb_table):
+    """No read again (an eventually consistent one could still show the old generation): the
+    join item's refusal shows the generation to join."""
+    client, table = ddb_table
+    backend = _backend(client, table)
+    counters = backend.counters
+    pk = f"COUNTER#{backend.namespace}#g"
+    counters.join("g", "a", expected=3)
+    stale = _gens[pk]
+    counters.delete("g")  # "another process" deletes the join and starts it again
+    counters.join("g", "b", expected=3)
+    assert _gens[pk][0] != stale[0]
+    _gens[pk] = stale  # this process still knows the old generation
+    sent: list[str] = []
+
+    def note(model, **_):
+        sent.append(model.name)
+
+    client.meta.events.register("before-parameter-build.dynamodb", note)
+    try:
+        result = counters.join("g", "c", expected=3)
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb", note)
+    assert result.count == 2 and not result.fired
+    assert sent == ["UpdateItem", "UpdateItem", "UpdateItem", "UpdateItem"]

@@ -475,7 +475,7 @@ class DynamoDBCounterStore:
             outcome = self._carry(key, gen, bucket, count, member, expected, now_ms)
             if outcome is not None:
                 return outcome
-            _gens.pop(pk, None)  # the join ended or started again: read it again
+            # the join ended or started again: _carry left what it learnt in _gens
         raise BackendError(  # pragma: no cover - needs the join to restart on every round
             f"join {key!r} kept changing generation while joined ({_JOIN_ROUNDS} attempts)"
         )
@@ -608,11 +608,19 @@ class DynamoDBCounterStore:
                 )
             except ConditionFailedError as failed:
                 raw = failed.raw
-                if (
-                    raw is None
-                    or raw.get("gen") != {"S": gen}
-                    or _read(raw, now_ms) is None  # expired
-                ):
+                current = _read(raw, now_ms)
+                if raw is None or current is None or raw.get("gen") != {"S": gen}:
+                    # absent, expired or started again: the next round joins what is there,
+                    # known from this refusal when it is a live join (no stale read again)
+                    pk = counter_pk(self._ns, key)
+                    _gens.pop(pk, None)
+                    if (
+                        current is not None
+                        and current.kind == JOIN
+                        and current.expected == expected
+                        and "gen" in raw  # type: ignore[operator]
+                    ):
+                        _remember_gen(pk, (raw["gen"]["S"], expected, current.expires_at_ms))  # type: ignore[index]
                     return None
                 carried = int(raw.get(slot, {}).get("N", "0"))
                 if carried >= count:
