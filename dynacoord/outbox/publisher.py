@@ -309,7 +309,11 @@ class Outbox:
 
     def stats(self) -> OutboxStats:
         """Counts of pending (and due), in-flight and failed events (COUNT queries, every shard
-        and page). Completed events are not counted (that would need a scan)."""
+        and page), and the lag: the age of the oldest due pending event and of the earliest
+        expired lease (the index is ordered by due time: one one-item query per shard and
+        status, no scan). Completed events are not counted (that would need a scan). The ages
+        are also reported to the metrics listener (``OutboxOldestDueAge``,
+        ``OutboxExpiredLeaseAge``, milliseconds) when there is one."""
         now = now_ms(self.clock)
         shards = self._shards()
 
@@ -326,9 +330,27 @@ class Outbox:
                         break
             return total
 
+        def oldest_age_ms(status: EventStatus) -> int | None:
+            earliest: int | None = None
+            for shard in range(shards):
+                page, _ = self._store.query_page(status, shard, due_before_ms=now, limit=1)
+                for record in page:
+                    if earliest is None or record.due_at_ms < earliest:
+                        earliest = record.due_at_ms
+            return None if earliest is None else max(0, now - earliest)
+
+        due_age = oldest_age_ms(EventStatus.PENDING)
+        lease_age = oldest_age_ms(EventStatus.IN_FLIGHT)
+        if self._metrics.enabled:
+            if due_age is not None:
+                self._metrics.milliseconds("OutboxOldestDueAge", due_age)
+            if lease_age is not None:
+                self._metrics.milliseconds("OutboxExpiredLeaseAge", lease_age)
         return OutboxStats(
             pending=count(EventStatus.PENDING),
             due=count(EventStatus.PENDING, now),
             in_flight=count(EventStatus.IN_FLIGHT),
             failed=count(EventStatus.FAILED),
+            oldest_due_age=None if due_age is None else due_age / 1000,
+            expired_lease_age=None if lease_age is None else lease_age / 1000,
         )

@@ -73,7 +73,15 @@ class TransactionEntries(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OutboxStats:
-    """Event counts by status. ``due`` is the part of ``pending`` whose next attempt time has come.
+    """Event counts by status, and how far delivery lags. ``due`` is the part of ``pending``
+    whose next attempt time has come.
+
+    ``oldest_due_age``: seconds since the oldest due pending event became due (for a first
+    attempt, since it was published): the delivery lag of the backlog; None when nothing is due.
+    ``expired_lease_age``: seconds since the earliest lease of an in-flight event ran out, None
+    while every lease holds: a worker died or froze holding it and no worker has recovered it
+    yet (a live worker does within half a lease). The age of a healthy in-flight event says
+    nothing; an expired lease does.
 
     Completed events are not counted: they leave the listing index, and counting them would need
     a table scan.
@@ -83,13 +91,17 @@ class OutboxStats:
     due: int
     in_flight: int
     failed: int
+    oldest_due_age: float | None = None
+    expired_lease_age: float | None = None
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float | None]:
         return {
             "pending": self.pending,
             "due": self.due,
             "in_flight": self.in_flight,
             "failed": self.failed,
+            "oldest_due_age": self.oldest_due_age,
+            "expired_lease_age": self.expired_lease_age,
         }
 
 

@@ -415,7 +415,14 @@ def test_stats_counts_by_status(make_backend):
             worker.run_once()
     stats = outbox.stats()
     assert stats.in_flight == 1 and stats.failed == 2 and stats.pending == 0
-    assert stats.as_dict() == {"pending": 0, "due": 0, "in_flight": 1, "failed": 2}
+    assert stats.as_dict() == {
+        "pending": 0,
+        "due": 0,
+        "in_flight": 1,
+        "failed": 2,
+        "oldest_due_age": None,  # nothing pending
+        "expired_lease_age": None,  # the stuck event's lease still holds
+    }
 
 
 def test_stop_finishes_the_current_event_and_claims_no_more(make_backend):

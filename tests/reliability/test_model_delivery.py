@@ -477,6 +477,17 @@ def make_machine(
                 counts[EventStatus.FAILED],
             ), f"stats() of a reader with {reader._store.shards} shards: {stats}"
 
+            def age(status: EventStatus) -> float | None:
+                ends = [
+                    r.due_at_ms
+                    for r in truth.values()
+                    if r is not None and r.status is status and r.due_at_ms <= now
+                ]
+                return (now - min(ends)) / 1000 if ends else None
+
+            lag = (age(EventStatus.PENDING), age(EventStatus.IN_FLIGHT))
+            assert (stats.oldest_due_age, stats.expired_lease_age) == lag, (stats, lag)
+
         @invariant()
         def safe(self) -> None:
             assert not self.violations, self.violations
