@@ -401,7 +401,7 @@ class Counters:
         if size > MAX_JOIN_MEMBER_BYTES:
             raise InvalidKeyError(
                 f"join member is {size} bytes, the limit is {MAX_JOIN_MEMBER_BYTES} bytes of UTF-8 "
-                "(the member set must fit in one item)",
+                "(members are stored as given, in a bounded number of items)",
                 key=member,
             )
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
