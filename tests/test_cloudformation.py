@@ -502,6 +502,12 @@ def test_update_with_no_changes_is_success(stubbed: tuple[Any, Stubber]) -> None
 def test_failed_update_lists_only_the_events_of_this_update(stubbed: tuple[Any, Stubber]) -> None:
     client, stub = stubbed
     stub.add_response("describe_stacks", _stack("CREATE_COMPLETE"))
+    # no value given: deploy_stack reads the stack's template to tell whether anything changes
+    stub.add_response(
+        "get_template",
+        {"TemplateBody": "an older template"},
+        expected_params={"StackName": STACK_ID, "TemplateStage": "Original"},
+    )
     stub.add_response(
         "describe_stack_events",
         {

@@ -70,13 +70,23 @@ def call(
     ``expect(refusal)``; else ``error(what, refusal)`` raised from the ``ClientError`` (``what``
     completes "cannot ...": ``f"describe table {name!r}"``).
 
-    Errors botocore raises before or without an AWS answer (no region, no credentials, an
-    unreachable endpoint) are not AWS refusals and pass unchanged: the CLI names their fixes.
+    An answer botocore cannot parse (``ResponseParserError``: an emulator's HTTP 500 page, the
+    endpoint of another service) raises ``error(what, ...)`` too, with code
+    ``ResponseParserError`` and a message naming the endpoint (``expect`` is not asked: it is
+    no refusal of AWS's). Errors botocore raises before or without an answer (no region, no
+    credentials, an unreachable endpoint) pass unchanged: the CLI names their fixes.
     """
     from botocore.exceptions import ClientError
+    from botocore.parsers import ResponseParserError
 
     try:
         response: dict[str, Any] = getattr(client, operation)(**request)
+    except ResponseParserError as exc:
+        # The endpoint answered, but not with the service's response: an emulator's internal
+        # error (moto's server answers an exception inside moto with an HTML page and HTTP
+        # 500), or an endpoint of another service. Named here, with what was being done.
+        refusal = Refusal("ResponseParserError", _unreadable(client, exc), exc)
+        raise error(what, refusal) from exc
     except ClientError as exc:
         details = exc.response.get("Error", {})
         refusal = Refusal(
@@ -86,6 +96,25 @@ def call(
             return refusal
         raise error(what, refusal) from exc
     return response
+
+
+def _unreadable(client: Any, exc: Exception) -> str:
+    """The message of an answer botocore could not parse: the endpoint, the service, and
+    whether it was an internal server error (an HTML page with status 500)."""
+    meta = getattr(client, "meta", None)
+    endpoint = getattr(meta, "endpoint_url", None) or "the endpoint"
+    service = getattr(getattr(meta, "service_model", None), "service_name", None) or "AWS"
+    text = str(exc)
+    if "500 Internal Server Error" in text:
+        return (
+            f"{endpoint} failed with an internal server error (HTTP 500) instead of a "
+            f"{service} response; an emulator (moto's server, LocalStack) may not support this "
+            "request: its log names the cause"
+        )
+    return (
+        f"{endpoint} answered something that is not a {service} response (is it the "
+        f"endpoint of another service?): {' '.join(text.split())[:200]}"
+    )
 
 
 def request(

@@ -8,6 +8,7 @@ Every CloudFormation request goes through :func:`._aws.call`; a refusal is a
 
 from __future__ import annotations
 
+import ast
 import importlib.resources
 import json
 import logging
@@ -329,17 +330,105 @@ def _check_stack_name(stack_name: str) -> None:
         )
 
 
+def _reported_value(key: str, value: str, spec: Mapping[str, Mapping[str, Any]]) -> str:
+    """A parameter value as DescribeStacks reported it, in the form it is sent in. moto reports
+    a ``CommaDelimitedList`` as a Python list's repr (``"['a', 'b']"``, ``"['']"``); that is
+    read back as ``a,b`` (CloudFormation reports what was sent, which stays as it is)."""
+    if spec.get(key, {}).get("Type") != "CommaDelimitedList":
+        return value
+    text = value.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return value
+    try:
+        items = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        return value
+    return ",".join(items)
+
+
+def _previous_values(
+    existing: Mapping[str, Any], spec: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str | None]:
+    """The stack's parameter values as DescribeStacks reports them (None: a ``NoEcho``
+    parameter, reported masked as ``****``)."""
+    out: dict[str, str | None] = {}
+    for p in existing.get("Parameters") or []:
+        key, value = str(p["ParameterKey"]), p.get("ParameterValue")
+        out[key] = (
+            None if value is None or value == "****" else _reported_value(key, str(value), spec)
+        )
+    return out
+
+
 def _kept_parameters(
-    existing: Mapping[str, Any], values: Mapping[str, str], template: str | None
+    previous: Mapping[str, str | None],
+    values: Mapping[str, str],
+    template: str | None,
+    spec: Mapping[str, Mapping[str, Any]],
 ) -> list[dict[str, Any]]:
-    """The parameters an update does not change: ``UsePreviousValue`` (a parameter the
-    bundled template no longer has is dropped)."""
-    return [
-        {"ParameterKey": str(p["ParameterKey"]), "UsePreviousValue": True}
-        for p in existing.get("Parameters") or []
-        if str(p["ParameterKey"]) not in values
-        and (template is not None or str(p["ParameterKey"]) in STACK_PARAMETERS)
-    ]
+    """The parameters an update does not change (a parameter the bundled template no longer
+    has is dropped): ``UsePreviousValue``, except for a parameter whose value is the
+    template's default, which is sent with that value.
+
+    Why: moto stores only the parameters a request named, so ``UsePreviousValue`` on one that
+    took its default fails inside moto (a ``KeyError``, an HTTP 500 from its server). The value
+    sent is the one DescribeStacks reported for the stack, which is the value CloudFormation
+    holds and would reuse: a real CloudFormation ends with the same parameters either way. (A
+    ``NoEcho`` value is masked, so it always keeps ``UsePreviousValue``.)"""
+    kept: list[dict[str, Any]] = []
+    for key, value in previous.items():
+        if key in values or (template is None and key not in STACK_PARAMETERS):
+            continue
+        default = spec.get(key, {}).get("Default")
+        if value is not None and default is not None and value == default:
+            continue  # not named: it takes the default, which is its value
+        else:
+            kept.append({"ParameterKey": key, "UsePreviousValue": True})
+    return kept
+
+
+def _unchanged(
+    cfn_client: Any,
+    stack_id: str,
+    stack_name: str,
+    body: str,
+    values: Mapping[str, str],
+    previous: Mapping[str, str | None],
+) -> bool:
+    """True when an update would change nothing: every given value is the stack's value (the
+    others keep theirs) and the stack's template is ``body`` (GetTemplate, stage Original).
+
+    A real CloudFormation answers such an update with "No updates are to be performed", which
+    :func:`deploy_stack` reports as ``changed=False``; deciding it here gives the same answer
+    without the UpdateStack request, which moto (its server, and in-process) cannot always take
+    for a stack whose parameters kept their defaults. Where this cannot tell (a ``NoEcho``
+    value, a template resolving SSM parameters, which CloudFormation reads again on every
+    update, GetTemplate not allowed), the update is sent and CloudFormation decides."""
+    if "AWS::SSM::Parameter::Value" in body:
+        return False
+    for key, value in values.items():
+        if key not in previous or previous[key] is None or previous[key] != value:
+            return False
+    found = call(
+        cfn_client,
+        "get_template",
+        f"read the template of stack {stack_name}",
+        expect=lambda r: r.code in ("AccessDenied", "AccessDeniedException"),
+        error=_stack_error(stack_name),
+        StackName=stack_id,
+        TemplateStage="Original",
+    )
+    if isinstance(found, Refusal):
+        return False
+    current = found.get("TemplateBody")
+    if isinstance(current, Mapping):  # botocore decodes a JSON template into a dict
+        try:
+            return bool(dict(current) == json.loads(body))
+        except ValueError:
+            return False
+    return current == body
 
 
 def _stack_error(stack_name: str) -> Callable[[str, Refusal], DynacoordError]:
@@ -560,7 +649,14 @@ def deploy_stack(
         progress(f"creating stack {stack_name} ...")
     else:
         stack_id = str(existing["StackId"])
-        keep = _kept_parameters(existing, values, template)
+        spec = _bundled_template_parameters() if template is None else _template_parameters(body)
+        previous_values = _previous_values(existing, spec)
+        if _unchanged(cfn_client, stack_id, stack_name, body, values, previous_values):
+            progress(f"stack {stack_name} is up to date")
+            return StackDeployment(
+                stack_name, stack_id, status, changed=False, outputs=_outputs(existing)
+            )
+        keep = _kept_parameters(previous_values, values, template, spec)
         since = _latest_event_id(cfn_client, stack_id, stack_name)
         logger.info("updating stack %r", stack_name)
         updated = call(
