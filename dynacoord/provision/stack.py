@@ -370,13 +370,14 @@ def _kept_parameters(
 ) -> list[dict[str, Any]]:
     """The parameters an update does not change (a parameter the bundled template no longer
     has is dropped): ``UsePreviousValue``, except for a parameter whose value is the
-    template's default, which is sent with that value.
+    template's default, which is left out of the request (it takes that default again).
 
     Why: moto stores only the parameters a request named, so ``UsePreviousValue`` on one that
-    took its default fails inside moto (a ``KeyError``, an HTTP 500 from its server). The value
-    sent is the one DescribeStacks reported for the stack, which is the value CloudFormation
-    holds and would reuse: a real CloudFormation ends with the same parameters either way. (A
-    ``NoEcho`` value is masked, so it always keeps ``UsePreviousValue``.)"""
+    took its default fails inside moto (a ``KeyError``, an HTTP 500 from its server), and a
+    value sent explicitly counts as changed there (moto then updates resources that are off).
+    On CloudFormation a parameter left out takes the template's default, and the value
+    DescribeStacks reported is that default: the stack ends with the same parameters either
+    way. (A ``NoEcho`` value is masked, so it always keeps ``UsePreviousValue``.)"""
     kept: list[dict[str, Any]] = []
     for key, value in previous.items():
         if key in values or (template is None and key not in STACK_PARAMETERS):
