@@ -792,6 +792,40 @@ def _writecost(s: dict[str, Any]) -> list[str]:
             for r in s["breaker"]
         ],
     )
+    pt = s.get("powertools") or {}
+    if pt.get("status") == "ok":
+        lines += [
+            "",
+            f"Breakers side by side ({pt['peer']}): 4 processes on one breaker name, threshold 5; "
+            "closed calls after each process read once; then failures only, round-robin, until "
+            "a call is refused without being made.",
+            "",
+        ]
+        lines += _table(
+            [
+                "",
+                "requests / closed call",
+                "RCU / closed call",
+                "failed calls made before one is refused",
+                "RCU, WCU spent on them",
+            ],
+            [
+                [
+                    label,
+                    _fmt(r["closed_call_requests"]),
+                    _fmt(r["closed_call_rcu"]),
+                    r["failures_to_trip"],
+                    f"{_fmt(r['rcu_until_trip'])}, {r['wcu_until_trip']}",
+                ]
+                for label, r in (
+                    ("dynacoord (default: eventual read)", pt["dynacoord"]),
+                    ("dynacoord state_cache=5", pt["dynacoord_state_cache_5s"]),
+                    ("Powertools (5 s local cache)", pt["powertools"]),
+                )
+            ],
+        )
+    elif pt:
+        lines += ["", f"Powertools breaker: {pt.get('status')} ({pt.get('error')})."]
     j = s["join"]
     lines += [
         "",

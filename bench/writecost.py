@@ -229,6 +229,110 @@ def _join_row(env: BenchEnv, members: int) -> dict[str, Any]:
     }
 
 
+def _powertools_row(env: BenchEnv) -> dict[str, Any]:
+    """The Powertools breaker (failures counted per execution environment, state written on a
+    transition, eventual reads behind a 5 s local cache) beside dynacoord's default and its
+    state_cache, on the same DynamoDB Local: units per closed call, per failure and per trip,
+    and how many failures across 4 processes it takes to trip (threshold 5)."""
+    try:
+        from aws_lambda_powertools.utilities.circuit_breaker import (
+            CircuitBreakerConfig,
+            CircuitBreakerOpenError,
+            circuit_breaker,
+        )
+        from aws_lambda_powertools.utilities.circuit_breaker.persistence import (
+            CircuitBreakerDynamoDBPersistence,
+        )
+    except ImportError:
+        return {"status": "not installed", "error": "pip install aws-lambda-powertools"}
+    import importlib.metadata
+
+    class BoomError(Exception):
+        pass
+
+    def fail() -> None:
+        raise BoomError
+
+    def measure(make: Any, open_error: type[BaseException]) -> dict[str, Any]:
+        client = env.new_client(counted=False)
+        peek = env.new_client(counted=False)
+        processes = [make(client, i) for i in range(4)]  # (call_ok, call_fail) per process
+        meter = UnitMeter(client, peek, env.table)
+        try:
+            for ok, _ in processes:  # warm: each process reads once
+                ok()
+            start = (meter.rcu, meter.wcu, sum(meter.requests.values()))
+            closed = 40
+            for i in range(closed):
+                processes[i % 4][0]()
+            closed_cost = [
+                round((meter.rcu - start[0]) / closed, 3),
+                round((meter.wcu - start[1]) / closed, 3),
+                round((sum(meter.requests.values()) - start[2]) / closed, 3),
+            ]
+            failures = 0
+            start = (meter.rcu, meter.wcu, sum(meter.requests.values()))
+            tripped = False
+            while failures < 40:
+                # failures only, round-robin over the 4 processes (a success in between resets
+                # a count in both designs), until a call is refused without being made
+                _, bad = processes[failures % 4]
+                try:
+                    bad()
+                except BoomError:
+                    failures += 1
+                    continue
+                except open_error:
+                    tripped = True
+                break
+            spent = (meter.rcu - start[0], meter.wcu - start[1])
+        finally:
+            meter.close()
+        return {
+            "closed_call_rcu": closed_cost[0],
+            "closed_call_wcu": closed_cost[1],
+            "closed_call_requests": closed_cost[2],
+            "failures_to_trip": failures if tripped else None,
+            "rcu_until_trip": round(spent[0], 2),
+            "wcu_until_trip": spent[1],
+        }
+
+    def powertools(client: Any, i: int) -> tuple[Any, Any]:
+        store = CircuitBreakerDynamoDBPersistence(
+            table_name=env.table,
+            key_attr="pk",
+            sort_key_attr="sk",
+            static_pk_value=f"PT#{name}",
+            boto3_client=client,
+        )
+        config = CircuitBreakerConfig(failure_threshold=5, recovery_timeout=60)
+        ok = circuit_breaker(name="svc", persistence_store=store, config=config)(lambda: None)
+        bad = circuit_breaker(name="svc", persistence_store=store, config=config)(fail)
+        return ok, bad
+
+    def dynacoord(state_cache: float) -> Any:
+        namespace = unique("wpb")
+
+        def make(client: Any, i: int) -> tuple[Any, Any]:
+            breaker = env.backend(namespace=namespace, client=client).breaker(
+                "svc", failure_threshold=5, reset_timeout=60, state_cache=state_cache
+            )
+            return (lambda: breaker.call(lambda: None)), (lambda: breaker.call(fail))
+
+        return make
+
+    from dynacoord import CircuitOpenError
+
+    name = unique("pt")
+    return {
+        "status": "ok",
+        "peer": f"aws-lambda-powertools {importlib.metadata.version('aws-lambda-powertools')}",
+        "powertools": measure(powertools, CircuitBreakerOpenError),
+        "dynacoord": measure(dynacoord(0.0), CircuitOpenError),
+        "dynacoord_state_cache_5s": measure(dynacoord(5.0), CircuitOpenError),
+    }
+
+
 def run(env: BenchEnv) -> dict[str, Any]:
     tiny = env.scale.name == "tiny"
     calls = 40 if tiny else 1200
@@ -237,4 +341,5 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "counters": _rate_rows(env, calls),
         "breaker": _breaker_rows(env, 40 if tiny else 0),
         "join": _join_row(env, 20 if tiny else 2000),
+        "powertools": _powertools_row(env),
     }
