@@ -448,6 +448,7 @@ class OutboxWorker:
             keeper.start()
         outcomes: list[Outcome] = []
         settled: set[str] = set()  # events with an outcome (stored or not), or skipped
+        current: EventRecord | None = None  # the event whose handler runs
         flush_by = now + self.lease_ms // 3
         held_back: dict[str, int] = {}  # ordered group -> due of its unfinished head
         handled = 0
@@ -477,7 +478,9 @@ class OutboxWorker:
                         # back to pending): the rest of its group waits behind it.
                         held_back[group] = now_ms(self.clock)
                     continue
+                current = record
                 outcome = self._handle(record)
+                current = None
                 handled += 1
                 outcomes.append(outcome)
                 settled.add(record.id)
@@ -491,14 +494,14 @@ class OutboxWorker:
             self._finish(outcomes, keeper)
             outcomes = []
         except BaseException:
-            # KeyboardInterrupt / SystemExit mid-batch: store what is done (so it is not
-            # delivered again) and give back what was not started; the event whose handler was
-            # interrupted (the one claimed, not settled, and first in line) is claimed again
-            # after its lease.
+            # KeyboardInterrupt / SystemExit mid-batch (or a store error storing outcomes):
+            # store what is done (so it is not delivered again) and give back what was not
+            # started; the event whose handler was interrupted is claimed again after its lease.
             back = now_ms(self.clock)
-            unsettled = [r for r in claimed if r.id not in settled]
             outcomes.extend(
-                Outcome(r, "pending", due_ms=back, count_attempt=False) for r in unsettled[1:]
+                Outcome(r, "pending", due_ms=back, count_attempt=False)
+                for r in claimed
+                if r.id not in settled and r is not current
             )
             try:
                 self._finish(outcomes, keeper)

@@ -17,7 +17,7 @@ import pytest
 from dynacoord._clock import ManualClock
 from dynacoord.errors import InvalidValueError, NotSupportedError
 from dynacoord.keys import outbox_index_pk, shard_of
-from dynacoord.outbox import Event, EventStatus
+from dynacoord.outbox import Event, EventStatus, OutboxStats
 
 from ..conftest import _dynamodb_factory, needs_atomic_store
 
@@ -63,7 +63,7 @@ def test_a_batch_is_claimed_and_completed_in_one_request_each(make_backend):
     counts = _count_dynamodb_requests(backend)
     assert worker.run_once() == 20
     assert sorted(got) == [f"b{i:02d}" for i in range(20)]
-    assert outbox.stats().as_dict() == {"pending": 0, "due": 0, "in_flight": 0, "failed": 0}
+    assert outbox.stats() == OutboxStats(pending=0, due=0, in_flight=0, failed=0)
     if counts is not None:
         client = backend.client  # type: ignore[attr-defined]
         client.meta.events.unregister("before-send.dynamodb.*", counts)
@@ -175,7 +175,7 @@ def test_a_crash_mid_batch_loses_nothing(make_backend):
     assert rescuer.run_once() == 1
     assert sorted(seen[:2] + [e.id for e in rest]) == [f"m{i}" for i in range(6)]
     assert [e.attempt for e in rest if e.id == crashed] == [2]
-    assert outbox.stats().as_dict() == {"pending": 0, "due": 0, "in_flight": 0, "failed": 0}
+    assert outbox.stats() == OutboxStats(pending=0, due=0, in_flight=0, failed=0)
 
 
 def test_keep_going_gives_back_what_was_not_started(make_backend):
