@@ -363,6 +363,104 @@ def _defer_interrupts() -> Any:
     return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
+# -- Java does not outlive the process that started it -------------------------------------------
+#
+# A SIGTERM (how CI cancels a job, how `kill` ends a process) ends Python without running
+# finally blocks or fixture teardowns, so stop() never runs. Two guards, so Java goes too:
+# * Linux: the child asks the kernel for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG),
+#   whatever killed the parent (SIGTERM, SIGKILL, a crash). The kernel means the parent *thread*,
+#   so this is done only for a server started from the main thread, which lives as long as the
+#   process does.
+# * Elsewhere (or when prctl is unavailable): a SIGTERM handler, installed only where SIGTERM
+#   still has its default action and only from the main thread, stops the servers this process
+#   started and then ends the process by SIGTERM as the default action would have. A handler the
+#   program set first stays in charge (it should stop the server itself, as `dynacoord local
+#   start` does).
+
+#: Whether servers started from the main thread on Linux die with their parent (set False to use
+#: the SIGTERM handler instead; the tests use it to exercise that path on Linux).
+_DIE_WITH_PARENT = True
+_PR_SET_PDEATHSIG = 1
+
+#: Servers this process started and has not stopped (read by the SIGTERM handler).
+_RUNNING: set[DynamoDBLocal] = set()
+#: (pid, previous handler) while our SIGTERM handler is installed.
+_sigterm_installed: tuple[int, Any] | None = None
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when this (main) thread's process
+    dies, or None where that is not available (not Linux, not the main thread)."""
+    if not (_DIE_WITH_PARENT and sys.platform.startswith("linux") and _in_main_thread()):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        # Signals blocked by _defer_interrupts while Popen runs would stay blocked in Java.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        if prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return  # not for a valid signal on Linux; Java would then run as before
+        if os.getppid() != parent:  # the parent died before prctl: nobody will stop us
+            os._exit(1)
+
+    return in_child
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Stop the servers this process started, then end it by SIGTERM (the default action)."""
+    installed = _sigterm_installed
+    if installed is not None and installed[0] == os.getpid():  # not a forked child's copy
+        processes = [server._process for server in list(_RUNNING)]
+        for process in processes:
+            if process is not None and process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + 5
+        for process in processes:
+            if process is None:
+                continue
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_handler() -> None:
+    global _sigterm_installed
+    if not _in_main_thread():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _on_sigterm and _sigterm_installed is not None:
+        if _sigterm_installed[0] == os.getpid():
+            return
+    elif current is not signal.SIG_DFL:  # the program's own handler, or SIG_IGN: theirs
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = (os.getpid(), signal.SIG_DFL)
+
+
+def _uninstall_sigterm_handler() -> None:
+    global _sigterm_installed
+    if _RUNNING or _sigterm_installed is None or not _in_main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, _sigterm_installed[1])
+    _sigterm_installed = None
+
+
 class DynamoDBLocal:
     """Run Amazon DynamoDB Local on 127.0.0.1 for the life of a ``with`` block (or between
     :meth:`start` and :meth:`stop`): in memory on a free port unless told otherwise.
@@ -370,6 +468,11 @@ class DynamoDBLocal:
     ``db_path`` (with ``in_memory=False``) keeps the tables in files in that folder;
     ``shared_db`` makes every access key and region see the same tables (by default DynamoDB
     Local keeps one database per access key and region).
+
+    Java does not outlive the process that started it: on Linux it gets SIGTERM when that
+    process dies, however it died (for a server started from the main thread); elsewhere a
+    SIGTERM to the process stops the server first, unless the program set its own SIGTERM
+    handler before (that handler should then call :meth:`stop`). docs/testing.md has the details.
     """
 
     def __init__(
@@ -470,12 +573,18 @@ class DynamoDBLocal:
         deferred = _defer_interrupts()
         try:
             try:
+                die_with_parent = _die_with_parent()
+                if die_with_parent is None:
+                    _install_sigterm_handler()
                 self._process = subprocess.Popen(
                     self.command(java),
                     cwd=self.jar_dir,
                     stdout=subprocess.DEVNULL,
                     stderr=self._stderr,
+                    # prctl and a signal mask only, with everything looked up before fork.
+                    preexec_fn=die_with_parent,
                 )
+                _RUNNING.add(self)
             finally:
                 if deferred is not None:
                     signal.pthread_sigmask(signal.SIG_SETMASK, deferred)
@@ -519,7 +628,7 @@ class DynamoDBLocal:
         return self._process.wait()
 
     def stop(self) -> None:
-        process, self._process = self._process, None
+        process = self._process
         if process is not None:
             process.terminate()
             try:
@@ -527,6 +636,9 @@ class DynamoDBLocal:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self._process = None
+        _RUNNING.discard(self)
+        _uninstall_sigterm_handler()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

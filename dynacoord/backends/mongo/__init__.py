@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 try:
     import pymongo
+    import pymongo.errors
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError("MongoBackend needs pymongo: pip install 'dynacoord[mongo]'") from exc
 
 from ..._backend import Backend
 from ..._clock import Clock
-from ...errors import ConfigurationError, NotSupportedError
+from ...errors import BackendError, ConfigurationError, NotSupportedError
 from ...metrics import Metrics
 from ._collection import MongoCollection, translate_errors
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from ...outbox import OutboxStore
     from ...runs import RunStore
 
-__all__ = ["INDEXES", "MongoBackend"]
+__all__ = ["DEFAULT_SERVER_SELECTION_TIMEOUT_MS", "INDEXES", "MongoBackend"]
 
 #: name -> (keys, options) of every index the collection needs.
 INDEXES: dict[str, tuple[list[tuple[str, int]], dict[str, Any]]] = {
@@ -53,6 +54,12 @@ INDEXES: dict[str, tuple[list[tuple[str, int]], dict[str, Any]]] = {
     ),
     "ttl": ([("expires_at", pymongo.ASCENDING)], {"expireAfterSeconds": 0}),
 }
+
+
+#: ``serverSelectionTimeoutMS`` that :meth:`MongoBackend.from_env` gives its ``MongoClient``
+#: unless the URI sets one: how long a call waits for a reachable server before it fails with a
+#: :class:`~dynacoord.errors.BackendError` (pymongo's own default is 30 s).
+DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 5000
 
 
 class MongoBackend(Backend):
@@ -109,6 +116,9 @@ class MongoBackend(Backend):
         (default: the database named in the URI, else ``dynacoord``),
         ``DYNACOORD_MONGODB_COLLECTION`` (default ``dynacoord``) and ``DYNACOORD_NAMESPACE``
         (default ``default``). Other keyword arguments go to the constructor (``metrics=``...).
+
+        The client it builds waits at most :data:`DEFAULT_SERVER_SELECTION_TIMEOUT_MS` (5 s) for
+        a reachable server, unless the URI sets ``serverSelectionTimeoutMS`` itself.
         """
         import os
 
@@ -119,7 +129,10 @@ class MongoBackend(Backend):
                     "DYNACOORD_MONGODB_URI is not set: set it to the server's URI "
                     "(mongodb://host:27017/app?replicaSet=rs0) or pass client="
                 )
-            client = pymongo.MongoClient(uri)
+            options: dict[str, Any] = {}
+            if "serverselectiontimeoutms=" not in uri.lower():
+                options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
+            client = pymongo.MongoClient(uri, **options)
         name = os.environ.get("DYNACOORD_MONGODB_DATABASE")
         database = client[name] if name else client.get_default_database(default="dynacoord")
         kwargs.setdefault(
@@ -135,11 +148,18 @@ class MongoBackend(Backend):
         )
 
     def ensure_indexes(self) -> list[str]:
-        """Create the indexes the stores rely on (idempotent); return their names."""
+        """Create the indexes the stores rely on (idempotent); return their names.
+
+        No reachable server within the client's ``serverSelectionTimeoutMS`` raises
+        :class:`~dynacoord.errors.BackendError` naming the servers and that setting.
+        """
         names = []
         with translate_errors("ensure_indexes"):
-            for name, (keys, options) in INDEXES.items():
-                names.append(self.coll.collection.create_index(keys, name=name, **options))
+            try:
+                for name, (keys, options) in INDEXES.items():
+                    names.append(self.coll.collection.create_index(keys, name=name, **options))
+            except pymongo.errors.ServerSelectionTimeoutError as exc:
+                raise _unreachable(self.database, exc, "ensure_indexes") from exc
         self._indexes_ready = True
         return names
 
@@ -229,3 +249,26 @@ def _check_database(database: Any) -> None:
             f"{name}"
             + (" (a URI: use MongoBackend.from_env())" if isinstance(database, str) else "")
         )
+
+
+def _unreachable(database: Any, exc: Exception, what: str) -> BackendError:
+    """A short error for "no server answered in time": the servers, why, the bound and the
+    setting to raise; not pymongo's topology description (the cause, chained, keeps it)."""
+    text = str(exc)
+    reason = text.split(", Timeout: ", 1)[0].split(" (configured timeouts:", 1)[0]
+    client: Any = getattr(database, "client", None)
+    timeout = getattr(getattr(client, "options", None), "server_selection_timeout", None)
+    try:
+        servers = ", ".join(
+            f"{host}:{port}" for host, port in client.topology_description.server_descriptions()
+        )
+    except Exception:  # not a pymongo client: the reason names the servers
+        servers = ""
+    within = f" within {timeout:g} s (serverSelectionTimeoutMS)" if timeout is not None else ""
+    at = f" at {servers}" if servers and servers not in reason else ""
+    return BackendError(
+        f"MongoDB unreachable during {what}: no server answered{within}{at}: {reason}. Check that "
+        "the server runs and the URI (DYNACOORD_MONGODB_URI with from_env); to wait longer, "
+        "raise serverSelectionTimeoutMS in the URI or on your MongoClient",
+        code=type(exc).__name__,
+    )

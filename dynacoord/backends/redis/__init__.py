@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from ..._backend import Backend
 from ..._clock import Clock
-from ...errors import ConfigurationError, NotSupportedError
+from ...errors import BackendError, ConfigurationError, NotSupportedError
 from ...metrics import Metrics
 from ._conn import RedisConn
 
@@ -88,11 +88,19 @@ class RedisBackend(Backend):
     ) -> RedisBackend:
         """Build a backend from the environment (as ``DynamoDBBackend.from_env``).
 
-        Reads ``DYNACOORD_REDIS_URL`` (required unless ``client`` is given; any URL redis-py's
-        ``from_url`` takes: ``redis://``, ``rediss://`` for TLS, ``unix://``; user and password
-        in the URL), ``DYNACOORD_REDIS_CLUSTER`` (``1``/``true``: a ``RedisCluster`` from the
-        same URL) and ``DYNACOORD_NAMESPACE`` (default ``default``). Other keyword arguments
-        go to the constructor (``metrics=``, ``gc_grace=``...).
+        Reads ``DYNACOORD_REDIS_URL`` (required unless ``client`` is given: ``redis://``,
+        ``rediss://`` for TLS, ``unix://`` for a socket path; user and password in the URL),
+        ``DYNACOORD_REDIS_CLUSTER`` (``1``/``true``/``yes``: a ``RedisCluster`` from the same
+        URL; ``0``/``false``/``no`` or unset: one primary) and ``DYNACOORD_NAMESPACE`` (default
+        ``default``). Other keyword arguments go to the constructor (``metrics=``,
+        ``gc_grace=``...).
+
+        A URL redis-py cannot use, or a cluster flag that is neither, raises
+        :class:`~dynacoord.errors.ConfigurationError` naming the variable. A ``redis.Redis``
+        client connects on first use; a ``RedisCluster`` connects here, at construction (it
+        reads the cluster's slot map when built): a server without cluster mode raises
+        ``ConfigurationError``, a node that does not answer raises
+        :class:`~dynacoord.errors.BackendError` naming it.
         """
         import os
 
@@ -103,15 +111,9 @@ class RedisBackend(Backend):
                     "DYNACOORD_REDIS_URL is not set: set it to the server's URL "
                     "(redis://host:6379/0, rediss:// for TLS) or pass client="
                 )
-            cluster = os.environ.get("DYNACOORD_REDIS_CLUSTER", "").strip().lower()
-            if cluster in ("1", "true", "yes"):
-                from redis.cluster import RedisCluster
-
-                client = RedisCluster.from_url(url)
-            else:
-                import redis
-
-                client = redis.Redis.from_url(url)
+            cluster = _cluster_flag(os.environ.get("DYNACOORD_REDIS_CLUSTER", ""))
+            _check_url(url, cluster)
+            client = _connect_cluster(url) if cluster else _standalone(url)
         kwargs.setdefault("namespace", os.environ.get("DYNACOORD_NAMESPACE") or "default")
         return cls(client, clock=clock, **kwargs)
 
@@ -173,6 +175,103 @@ class RedisBackend(Backend):
             "backend.transaction() is DynamoDB-only: "
             "a Redis MULTI/EXEC cannot carry DynamoDB's conditional writes to other tables, and Lua scripts are not a general transaction API; publish events with backend.outbox.publish() (one atomic script for the whole batch)"
         )
+
+
+#: URL schemes ``DYNACOORD_REDIS_URL`` may use (a cluster is reached over TCP only).
+URL_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_URL_SCHEMES = ("redis", "rediss")
+
+_TRUE = ("1", "true", "yes")
+_FALSE = ("", "0", "false", "no")
+
+
+def _cluster_flag(value: str) -> bool:
+    text = value.strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ConfigurationError(
+        f"DYNACOORD_REDIS_CLUSTER={value!r} is neither on nor off: set it to 1 (a Redis Cluster) "
+        "or 0 / leave it unset (one primary)"
+    )
+
+
+def _redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def _check_url(url: str, cluster: bool) -> None:
+    """Refuse a scheme redis-py would refuse (or a cluster cannot use), naming the variable."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    accepted = CLUSTER_URL_SCHEMES if cluster else URL_SCHEMES
+    if scheme in accepted:
+        return
+    names = ", ".join(f"{name}://" for name in accepted)
+    found = f"scheme {scheme!r}" if scheme else "no scheme"
+    where = " with DYNACOORD_REDIS_CLUSTER=1" if cluster else ""
+    raise ConfigurationError(
+        f"DYNACOORD_REDIS_URL={_redacted(url)} has {found}: accepted schemes{where} are "
+        f"{names} (rediss:// for TLS), e.g. redis://host:6379/0"
+    )
+
+
+def _bad_url(url: str, exc: ValueError) -> ConfigurationError:
+    return ConfigurationError(
+        f"DYNACOORD_REDIS_URL={_redacted(url)} is not a URL redis-py can use: {exc}"
+    )
+
+
+def _standalone(url: str) -> Any:
+    """``redis.Redis.from_url(url)`` (it connects on first use)."""
+    import redis
+
+    try:
+        return redis.Redis.from_url(url)
+    except ValueError as exc:  # what redis-py's URL parser raises
+        raise _bad_url(url, exc) from exc
+
+
+def _connect_cluster(url: str) -> Any:
+    """``RedisCluster.from_url(url)``, which connects now: its failures as dynacoord errors."""
+    from urllib.parse import urlsplit
+
+    import redis
+    from redis.cluster import RedisCluster
+    from redis.exceptions import RedisClusterException
+
+    try:
+        parts = urlsplit(url)
+        node = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        return RedisCluster.from_url(url)
+    except ValueError as exc:
+        raise _bad_url(url, exc) from exc
+    except (RedisClusterException, redis.RedisError) as exc:
+        text = str(exc)
+        if "cluster mode is not enabled" in text.lower() or "cluster support disabled" in (
+            text.lower()
+        ):
+            raise ConfigurationError(
+                f"DYNACOORD_REDIS_CLUSTER=1 but the server at {node} (DYNACOORD_REDIS_URL) runs "
+                "without cluster mode: unset DYNACOORD_REDIS_CLUSTER for one primary, or point "
+                "DYNACOORD_REDIS_URL at a node of a cluster"
+            ) from exc
+        reason = text.rpartition("reachable node: ")[2] or type(exc).__name__
+        raise BackendError(
+            f"DYNACOORD_REDIS_CLUSTER=1: no Redis Cluster node answered at {node} "
+            f"(DYNACOORD_REDIS_URL); a cluster client connects when it is built, to read the "
+            f"slot map: {reason}",
+            code=type(exc).__name__,
+        ) from exc
 
 
 #: redis-py runs MULTI/EXEC on a cluster (keys of one slot) from this version on.
