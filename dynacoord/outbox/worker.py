@@ -269,6 +269,13 @@ class OutboxWorker:
         self._number = next(_worker_numbers)
         self._shards = 0  # read from the store at the first poll
         self._next_zombie_scan_ms = 0
+        # Added to the home shard after a poll that found events but claimed none (all taken,
+        # or waiting behind their group's head): the next poll starts at the next shard. Without
+        # it, a blocked ordered event that is due again at every poll on the home shard (it is
+        # postponed by a second at a time) kept a batch_size=1 worker from ever reading the
+        # shard where the group's head waits, when publishers with different shard counts had
+        # put the group's events on two shards.
+        self._shard_skew = 0
         #: running totals since the worker was made
         self.delivered = 0
         self.retried = 0
@@ -348,6 +355,8 @@ class OutboxWorker:
             try:
                 candidates = self._poll(turns)
                 claimed = self._claim_batch(candidates) if candidates else []
+                if candidates and not claimed:
+                    self._shard_skew += 1
             finally:
                 for turn in turns:
                     turn.release()
@@ -368,6 +377,8 @@ class OutboxWorker:
                 continue  # someone else claimed it first, or it is not due any more
             self._process(record, token)
             handled += 1
+        if not handled:
+            self._shard_skew += 1  # see __init__
         return handled
 
     # -- polling ----------------------------------------------------------------------------------
@@ -398,7 +409,7 @@ class OutboxWorker:
             if full:
                 return found
         shards = self._shards
-        home = (_PROCESS_OFFSET + self._number) % shards
+        home = (_PROCESS_OFFSET + self._number + self._shard_skew) % shards
         # The worker's own shard first; the next ones only while its own has fewer due events
         # than a batch, so busy workers of one process never race for the same queue head.
         for i in range(shards):

@@ -144,3 +144,42 @@ def test_an_interrupt_after_a_flush_gives_back_only_what_was_not_started(
         "e3": (EventStatus.IN_FLIGHT, 1),
         "e4": (EventStatus.PENDING, 0),
     }, status
+
+
+def test_a_blocked_follower_on_the_home_shard_does_not_starve_its_head(ddb_table: Any) -> None:
+    """Found by the fault model: publishers with 8 and 4 shards put an ordered group's head and
+    follower on two shards. A batch_size=1 worker whose home shard holds the follower found it
+    due at every poll (it is postponed a second at a time), claimed nothing, and never read the
+    head's shard: the group never moved. A poll that claims nothing starts the next one at the
+    next shard."""
+    from dynacoord.keys import shard_of
+    from dynacoord.outbox import worker as worker_module
+    from tests.conftest import _dynamodb_factory
+
+    client, table = ddb_table
+    group = next(
+        f"acct-{i}" for i in range(100) if shard_of(f"acct-{i}", 8) != shard_of(f"acct-{i}", 4)
+    )
+    clock = ManualClock()
+    make = _dynamodb_factory(client, table)
+    wide = make(clock=clock, shards=8)
+    narrow = make(clock=clock, shards=4, namespace=wide.namespace)
+    wide.outbox.publish(
+        Event("t", 1, id="head", group=group, ordered=True, occurred_at=clock.time())
+    )
+    narrow.outbox.publish(
+        Event("t", 2, id="follower", group=group, ordered=True, occurred_at=clock.time() - 1)
+    )
+    delivered: list[str] = []
+    worker = make(clock=clock, shards=1, namespace=wide.namespace).outbox.worker(
+        lambda e: delivered.append(e.id), batch_size=1, lease=LEASE, heartbeat=False
+    )
+    worker._shards = worker._store.refresh_shards()  # 8, as its first poll reads
+    # Its home is shard 0, where its own postpone (one shard of its own) puts the follower.
+    worker._shard_skew = (0 - worker_module._PROCESS_OFFSET - worker._number) % 8
+    for _ in range(20):
+        worker.run_once()
+        clock.advance(LEASE)
+        if delivered == ["head", "follower"]:
+            break
+    assert delivered == ["head", "follower"], delivered

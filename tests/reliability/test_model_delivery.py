@@ -363,6 +363,7 @@ def make_machine(
                     "t",
                     {"n": len(self.events) + i},
                     id=f"{rank:02d}-e{len(self.events) + i}",
+                    occurred_at=self.clock.time(),  # due then: the manual clock, not the real one
                     group=group,
                     ordered=ordered and bool(group),
                 )
