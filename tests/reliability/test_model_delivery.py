@@ -30,6 +30,10 @@ Checked after every step (safety):
 Checked at the end, once the faults stop (liveness): frozen workers go on, handlers succeed,
 and within a bounded number of polls every event is completed (its handler succeeded) or failed
 after ``max_attempts``: nothing wedges, whatever the batch sizes; every reader's ``stats()`` agrees.
+
+While developing: ``DYNACOORD_MODEL_SCALE=N`` runs N times the examples,
+``DYNACOORD_MODEL_NO_SHRINK=1`` reports a failure without shrinking it (minutes on the real
+servers), ``DYNACOORD_MODEL_DEBUG=1`` prints what each history did.
 """
 
 from __future__ import annotations
