@@ -111,6 +111,26 @@ def make_backend(request: pytest.FixtureRequest) -> BackendFactory:
     return factory
 
 
+class CountingStore:
+    """Wraps a primitive's store and counts the calls of each method it passes on (every
+    backend alike, no client hooks): ``calls["get"]``."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
 def needs_atomic_store(make_backend: BackendFactory) -> None:
     """Skip a concurrency case on moto: its in-memory store does not make conditional writes
     atomic across threads (that is proven on DynamoDB Local, Redis and MongoDB instead).

@@ -7,6 +7,7 @@ import pytest
 
 from dynacoord import CircuitOpenError, ManualClock
 from dynacoord.breaker import State
+from tests.conftest import CountingStore
 
 
 class BoomError(Exception):
@@ -17,24 +18,9 @@ def _fail() -> None:
     raise BoomError
 
 
-class _CountingStore:
-    """Wraps a breaker store and counts its reads (every backend, no client hooks)."""
-
-    def __init__(self, store):
-        self._store = store
-        self.reads = 0
-
-    def get(self, name, *, consistent=True):
-        self.reads += 1
-        return self._store.get(name, consistent=consistent)
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
-
 def _breaker(backend, **options):
     breaker = backend.breaker("svc", **options)
-    breaker._store = store = _CountingStore(breaker._store)
+    breaker._store = store = CountingStore(breaker._store)
     return breaker, store
 
 
@@ -44,10 +30,10 @@ def test_a_closed_state_is_reused_without_a_read_within_state_cache(make_backend
     breaker, store = _breaker(backend, failure_threshold=3, state_cache=2.0)
     for _ in range(5):
         assert breaker.call(lambda: "ok") == "ok"
-    assert store.reads == 1
+    assert store.calls.get("get", 0) == 1
     clock.advance(2.5)
     breaker.call(lambda: "ok")
-    assert store.reads == 2
+    assert store.calls.get("get", 0) == 2
 
 
 def test_without_state_cache_every_call_reads(make_backend):
@@ -55,7 +41,7 @@ def test_without_state_cache_every_call_reads(make_backend):
     breaker, store = _breaker(backend, failure_threshold=3)
     for _ in range(3):
         breaker.call(lambda: "ok")
-    assert store.reads == 3
+    assert store.calls.get("get", 0) == 3
 
 
 def test_a_trip_elsewhere_reaches_a_cached_process_within_state_cache(make_backend):
@@ -83,10 +69,10 @@ def test_own_failures_are_counted_while_cached_and_trip_at_once(make_backend):
         with pytest.raises(BoomError):
             breaker.call(_fail)
     assert breaker.state is State.OPEN
-    reads = store.reads
+    reads = store.calls.get("get", 0)
     with pytest.raises(CircuitOpenError):  # the trip dropped the cached state
         breaker.call(lambda: None)
-    assert store.reads == reads + 1
+    assert store.calls.get("get", 0) == reads + 1
 
 
 def test_a_refused_failure_drops_the_cached_state(make_backend):

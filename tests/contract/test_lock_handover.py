@@ -9,26 +9,7 @@ import time
 from typing import Any
 
 from dynacoord.locks import Locks
-from tests.conftest import needs_atomic_store
-
-
-class CountingStore:
-    """A lock store that counts the requests of each kind it passes on."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.calls: dict[str, int] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if not callable(attr):
-            return attr
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return attr(*args, **kwargs)
-
-        return counted
+from tests.conftest import CountingStore, needs_atomic_store
 
 
 def test_a_waiter_gets_a_lock_released_early_in_another_process_promptly(make_backend: Any) -> None:
