@@ -120,17 +120,21 @@ NO_METRICS: Metrics = NoMetrics()
 _broken_listeners: weakref.WeakSet[Metrics] = weakref.WeakSet()
 #: the same for listeners that cannot be held weakly or hashed (by id, kept alive with it)
 _broken_pinned: dict[int, Metrics] = {}
+#: makes "seen broken?" and "mark broken" one step: two threads reporting through a broken
+#: listener at once would otherwise both find it unmarked and both log
+_broken_lock = threading.Lock()
 
 
 def _listener_failed(metrics: Metrics, name: str) -> None:
-    try:
-        if metrics in _broken_listeners:
-            return
-        _broken_listeners.add(metrics)
-    except TypeError:  # no weak reference or no hash: pin it, so its id cannot be reused
-        if id(metrics) in _broken_pinned:
-            return
-        _broken_pinned[id(metrics)] = metrics
+    with _broken_lock:
+        try:
+            if metrics in _broken_listeners:
+                return
+            _broken_listeners.add(metrics)
+        except TypeError:  # no weak reference or no hash: pin it, so its id cannot be reused
+            if id(metrics) in _broken_pinned:
+                return
+            _broken_pinned[id(metrics)] = metrics
     logger.exception(
         "metrics listener %r failed; data point %r dropped (logged once per listener)",
         metrics,
@@ -299,7 +303,13 @@ class EMFMetrics(Metrics):
         self.default_dimensions = defaults
         self.consumed_capacity = consumed_capacity
         self._stream = stream
+        #: guards the buffer (held for a dict update, never during a write)
         self._lock = threading.Lock()
+        #: held from taking data points out of the buffer until they are written (taken before
+        #: _lock): a flush that finds the buffer emptied by another thread's flush still in the
+        #: middle of its write waits for that write, so when flush() returns every point
+        #: emitted before it is written (each invocation's, when invocations share the listener)
+        self._flush_lock = threading.Lock()
         # (dimension items) -> metric name -> (unit, values)
         self._buffer: dict[tuple[tuple[str, str], ...], dict[str, tuple[str, list[float]]]] = {}
         if flush_at_exit:
@@ -316,7 +326,7 @@ class EMFMetrics(Metrics):
 
     def emit(self, name: str, value: float, unit: str, dimensions: Mapping[str, str]) -> None:
         dims = tuple({**self.default_dimensions, **dimensions}.items())
-        full: list[str] | None = None
+        full = False
         with self._lock:
             group = self._buffer.setdefault(dims, {})
             entry = group.get(name)
@@ -326,17 +336,29 @@ class EMFMetrics(Metrics):
                 entry[1][0] += value
             else:
                 entry[1].append(value)
-                if len(entry[1]) >= _EMF_MAX_VALUES:
-                    full = self._documents({dims: {name: group.pop(name)}})
+                full = len(entry[1]) >= _EMF_MAX_VALUES
         if full:
-            self._write(full)
+            self._write_full(dims, name)
+
+    def _write_full(self, dims: tuple[tuple[str, str], ...], name: str) -> None:
+        """Write a metric that reached the format's 100 values (under the flush lock, as a flush)."""
+        with self._flush_lock:
+            with self._lock:
+                group = self._buffer.get(dims)
+                entry = None if group is None else group.get(name)
+                if group is None or entry is None or len(entry[1]) < _EMF_MAX_VALUES:
+                    return  # a flush in between wrote it
+                del group[name]
+                lines = self._documents({dims: {name: entry}})
+            self._write(lines)
 
     def flush(self) -> None:
-        with self._lock:
-            buffer, self._buffer = self._buffer, {}
-        lines = self._documents(buffer)
-        if lines:
-            self._write(lines)
+        with self._flush_lock:
+            with self._lock:
+                buffer, self._buffer = self._buffer, {}
+            lines = self._documents(buffer)
+            if lines:
+                self._write(lines)
 
     def _documents(
         self, buffer: Mapping[tuple[tuple[str, str], ...], Mapping[str, tuple[str, list[float]]]]
@@ -346,27 +368,31 @@ class EMFMetrics(Metrics):
         timestamp = int(time.time() * 1000)
         lines = []
         for dims, group in buffer.items():
-            names = [name for name, (_unit, values) in group.items() if values]
             dim_names = [k for k, _v in dims][:_EMF_MAX_DIMENSIONS]
-            for start in range(0, len(names), _EMF_MAX_METRICS):
-                chunk = names[start : start + _EMF_MAX_METRICS]
-                doc: dict[str, Any] = {
-                    "_aws": {
-                        "Timestamp": timestamp,
-                        "CloudWatchMetrics": [
-                            {
-                                "Namespace": self.namespace,
-                                "Dimensions": [dim_names],
-                                "Metrics": [{"Name": n, "Unit": group[n][0]} for n in chunk],
-                            }
-                        ],
+            # A timing can hold more than 100 values when threads add to it while the one that
+            # reached 100 waits to write it: the extra values go into further documents.
+            longest = max((len(values) for _unit, values in group.values()), default=0)
+            for offset in range(0, longest, _EMF_MAX_VALUES):
+                names = [name for name, (_unit, values) in group.items() if len(values) > offset]
+                for start in range(0, len(names), _EMF_MAX_METRICS):
+                    chunk = names[start : start + _EMF_MAX_METRICS]
+                    doc: dict[str, Any] = {
+                        "_aws": {
+                            "Timestamp": timestamp,
+                            "CloudWatchMetrics": [
+                                {
+                                    "Namespace": self.namespace,
+                                    "Dimensions": [dim_names],
+                                    "Metrics": [{"Name": n, "Unit": group[n][0]} for n in chunk],
+                                }
+                            ],
+                        }
                     }
-                }
-                doc.update(dims)
-                for n in chunk:
-                    values = group[n][1]
-                    doc[n] = values[0] if len(values) == 1 else list(values)
-                lines.append(json.dumps(doc, separators=(",", ":")))
+                    doc.update(dims)
+                    for n in chunk:
+                        values = group[n][1][offset : offset + _EMF_MAX_VALUES]
+                        doc[n] = values[0] if len(values) == 1 else values
+                    lines.append(json.dumps(doc, separators=(",", ":")))
         return lines
 
     def _write(self, lines: list[str]) -> None:

@@ -1,0 +1,458 @@
+"""Many Lambda invocations at once in one process, sharing one module-level backend.
+
+Lambda Managed Instances send several invocations to one execution environment at a time. The
+Python runtime runs each in its own process (so module state is not shared between them), but
+code that fans a handler out over threads, a threaded web framework, or a runtime that uses
+threads shares one backend between invocations running at the same moment. Every Lambda helper
+of the package runs here under ``N`` threads, each an invocation with its own context (its own
+``aws_request_id`` and remaining time), a barrier making them overlap, on DynamoDB Local (moto's
+store is not atomic across threads). Each checks what the invocation saw of its own context and
+that the outcome is the one a serial run gives.
+
+The races found are pinned by deterministic tests (a store call or a write held open by an
+event, so the interleaving does not depend on the scheduler); each fails without its fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from dynacoord import DynamoDBBackend, EMFMetrics
+from dynacoord.aws_lambda import process_sqs_batch, process_stream_batch
+from dynacoord.idempotency import lambda_context, register_lambda_context
+from dynacoord.metrics import Metrics
+from dynacoord.testing import unique_name
+
+pytestmark = pytest.mark.integration
+
+#: concurrent invocations in each test
+N = 16
+
+T = TypeVar("T")
+
+
+class Context:
+    """A Lambda context of one invocation: its own request id and deadline."""
+
+    function_name = "orders"
+
+    def __init__(self, request_id: str, remaining_ms: int) -> None:
+        self.aws_request_id = request_id
+        self._deadline = time.monotonic() + remaining_ms / 1000
+        #: the deadline as epoch milliseconds (what a lease bounded by it ends at)
+        self.deadline_ms = time.time() * 1000 + remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def invoke_concurrently(count: int, invocation: Callable[[int], T]) -> list[T]:
+    """Run ``invocation(i)`` for i in range(count), each in its own thread, all released at
+    once; the results in order. An exception in any of them is raised here."""
+    start = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = invocation(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "an invocation hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def emf_totals(stream: io.StringIO) -> Counter[tuple[str, str]]:
+    """(metric, Primitive) -> sum of the counts written as EMF lines; each line must parse."""
+    totals: Counter[tuple[str, str]] = Counter()
+    for line in stream.getvalue().splitlines():
+        doc = json.loads(line)
+        for metric in doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]:
+            if metric["Unit"] == "Count":
+                totals[(metric["Name"], doc.get("Primitive", ""))] += doc[metric["Name"]]
+    return totals
+
+
+@pytest.fixture()
+def table(ddb_table: tuple[Any, str]) -> tuple[Any, str]:
+    return ddb_table
+
+
+def make_backend(table: tuple[Any, str], **kwargs: Any) -> DynamoDBBackend:
+    client, name = table
+    return DynamoDBBackend(client, table_name=name, namespace=unique_name("ns"), **kwargs)
+
+
+# -- idempotency: each invocation's lease ends with its own invocation -------------------------
+
+
+def test_idempotent_handlers_each_bound_their_leases_by_their_own_context(
+    table: tuple[Any, str],
+) -> None:
+    backend = make_backend(table)
+    inside = threading.Barrier(N)
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    @backend.idempotent(key=lambda order: f"charge:{order['order_id']}", use_local_cache=True)
+    def charge(order: dict[str, Any]) -> dict[str, Any]:
+        with lock:
+            runs[order["order_id"]] += 1
+        context = lambda_context()
+        # the lease of this claim and of the handler's, as stored: both end with this invocation
+        leases = [
+            backend.idempotency.get(key).expires_at_ms  # type: ignore[union-attr]
+            for key in (f"charge:{order['order_id']}", order["order_id"])
+            if backend.idempotency.get(key) is not None
+        ]
+        inside.wait(10)  # every invocation holds its claims now
+        return {"order": order["order_id"], "request": context.aws_request_id, "leases": leases}
+
+    @backend.idempotent(key="order_id")
+    def decorated(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {**charge(event), "handler": context.aws_request_id}
+
+    def plain(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        # not decorated: it tells the idempotent functions it calls which invocation it is
+        register_lambda_context(context)
+        return {**charge(event), "handler": context.aws_request_id}
+
+    # remaining times 1 s apart, so a lease bounded by another invocation's is told apart
+    contexts = [Context(f"req-{i}", 20_000 + 1000 * i) for i in range(N)]
+
+    def invocation(i: int) -> dict[str, Any]:
+        handler = decorated if i % 2 == 0 else plain
+        return handler({"order_id": f"o-{i}"}, contexts[i])
+
+    results = invoke_concurrently(N, invocation)
+    for i, result in enumerate(results):
+        assert result["request"] == result["handler"] == f"req-{i}"
+        assert result["order"] == f"o-{i}"
+        assert result["leases"], "no claim found while the function ran"
+        for lease in result["leases"]:
+            assert abs(lease - contexts[i].deadline_ms) < 400, (i, lease - contexts[i].deadline_ms)
+    assert runs == {f"o-{i}": 1 for i in range(N)}
+
+    # the redelivery of every invocation at once: all replayed, nothing runs again
+    again = invoke_concurrently(N, invocation)
+    assert [r["order"] for r in again] == [r["order"] for r in results]
+    assert runs == {f"o-{i}": 1 for i in range(N)}
+
+
+def test_one_key_from_every_invocation_at_once_runs_once_and_all_get_its_result(
+    table: tuple[Any, str],
+) -> None:
+    backend = make_backend(table)
+    runs: list[str] = []
+
+    @backend.idempotent(key="order_id", wait=True, wait_timeout=20)
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        runs.append(context.aws_request_id)
+        time.sleep(0.3)  # the others arrive while it runs
+        return {"charged": event["order_id"], "by": context.aws_request_id}
+
+    results = invoke_concurrently(
+        N, lambda i: handler({"order_id": "o-1"}, Context(f"req-{i}", 30_000))
+    )
+    assert len(runs) == 1
+    assert results == [{"charged": "o-1", "by": runs[0]}] * N  # what a serial run returns
+
+
+# -- the batch helpers -------------------------------------------------------------------------
+
+
+def sqs_event(invocation: int, count: int) -> dict[str, Any]:
+    return {
+        "Records": [
+            {
+                "messageId": f"m-{invocation}-{j}",
+                "body": json.dumps({"order_id": f"o-{invocation}-{j}", "fail": j == 1}),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:eu-west-1:123456789012:orders",
+            }
+            for j in range(count)
+        ]
+    }
+
+
+def test_sqs_batches_of_concurrent_invocations_keep_their_contexts_and_metrics(
+    table: tuple[Any, str],
+) -> None:
+    stream = io.StringIO()
+    metrics = EMFMetrics(namespace="Orders", stream=stream, flush_at_exit=False)
+    backend = make_backend(table, metrics=metrics)
+    started = threading.Barrier(N - 1)  # invocation 0 has no time to start any record
+    lock = threading.Lock()
+    ran: list[tuple[str, str]] = []
+
+    @backend.idempotent(key=lambda order_id: f"ship:{order_id}")
+    def ship(order_id: str) -> str:
+        lease = backend.idempotency.get(f"ship:{order_id}")
+        context = lambda_context()
+        assert lease is not None and context is not None
+        assert abs(lease.expires_at_ms - context.deadline_ms) < 400
+        return order_id
+
+    def record_handler(record: dict[str, Any]) -> None:
+        body = json.loads(record["body"])
+        context = lambda_context()
+        assert context is not None
+        if record["messageId"].endswith("-0"):
+            started.wait(10)  # every invocation that starts is inside its batch now
+        with lock:
+            ran.append((record["messageId"], context.aws_request_id))
+        if body["fail"]:
+            raise ValueError(f"order {body['order_id']} cannot be shipped")
+        ship(body["order_id"])
+
+    contexts = [Context(f"req-{i}", 500 if i == 0 else 20_000 + 1000 * i) for i in range(N)]
+
+    def invocation(i: int) -> dict[str, Any]:
+        return process_sqs_batch(
+            sqs_event(i, 3), record_handler, backend=backend, context=contexts[i]
+        )
+
+    logging.disable(logging.ERROR)  # the failing records log their exceptions
+    try:
+        results = invoke_concurrently(N, invocation)
+    finally:
+        logging.disable(logging.NOTSET)
+    # what a serial run gives: invocation 0 starts nothing, the others report their record 1
+    assert results[0] == {"batchItemFailures": [{"itemIdentifier": f"m-0-{j}"} for j in range(3)]}
+    for i in range(1, N):
+        assert results[i] == {"batchItemFailures": [{"itemIdentifier": f"m-{i}-1"}]}
+    assert sorted(ran) == sorted(
+        (f"m-{i}-{j}", f"req-{i}") for i in range(1, N) for j in range(3)
+    )  # each record ran once, in the invocation it belongs to
+    totals = emf_totals(stream)
+    assert totals[("BatchRecordSucceeded", "sqs")] == 2 * (N - 1)
+    assert totals[("BatchRecordFailed", "sqs")] == N - 1
+    assert totals[("BatchRecordNotStarted", "sqs")] == 3
+    # record claims (3 per started batch) and the ship claims (1 per succeeded record)
+    assert totals[("IdempotencyFirstCall", "idempotency")] == 3 * (N - 1) + 2 * (N - 1)
+
+
+def test_stream_batches_of_concurrent_invocations_stop_at_their_own_failure(
+    table: tuple[Any, str],
+) -> None:
+    stream = io.StringIO()
+    metrics = EMFMetrics(namespace="Orders", stream=stream, flush_at_exit=False)
+    backend = make_backend(table, metrics=metrics)
+    inside = threading.Barrier(N)
+    seen: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def kinesis_event(i: int) -> dict[str, Any]:
+        import base64
+
+        return {
+            "Records": [
+                {
+                    "kinesis": {
+                        "sequenceNumber": f"{i:04d}{j:04d}",
+                        "data": base64.b64encode(json.dumps({"j": j}).encode()).decode(),
+                    },
+                    "eventSource": "aws:kinesis",
+                    "eventID": f"shard-{i}:{j}",
+                    "eventSourceARN": f"arn:aws:kinesis:eu-west-1:123456789012:stream/s{i}",
+                }
+                for j in range(4)
+            ]
+        }
+
+    def record_handler(record: dict[str, Any]) -> None:
+        context = lambda_context()
+        assert context is not None
+        if record["eventID"].endswith(":0"):
+            inside.wait(10)
+        with lock:
+            seen.setdefault(context.aws_request_id, []).append(record["eventID"])
+        if record["eventID"].endswith(":2") and context.aws_request_id.endswith(("1", "3")):
+            raise ValueError("poison record")
+
+    def invocation(i: int) -> dict[str, Any]:
+        return process_stream_batch(
+            kinesis_event(i), record_handler, backend=backend, context=Context(f"req-{i}", 20_000)
+        )
+
+    logging.disable(logging.ERROR)
+    try:
+        results = invoke_concurrently(N, invocation)
+    finally:
+        logging.disable(logging.NOTSET)
+    failing = {i for i in range(N) if str(i).endswith(("1", "3"))}
+    for i, result in enumerate(results):
+        expected = [{"itemIdentifier": f"{i:04d}0002"}] if i in failing else []
+        assert result == {"batchItemFailures": expected}
+        ran = 3 if i in failing else 4
+        assert seen[f"req-{i}"] == [f"shard-{i}:{j}" for j in range(ran)]
+    totals = emf_totals(stream)
+    assert totals[("BatchRecordFailed", "stream")] == len(failing)
+    assert totals[("BatchRecordSucceeded", "stream")] == 4 * N - 2 * len(failing)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def test_flush_after_writes_every_invocations_counts_once(table: tuple[Any, str]) -> None:
+    stream = io.StringIO()
+    metrics = EMFMetrics(namespace="Orders", stream=stream, flush_at_exit=False)
+    backend = make_backend(table, metrics=metrics)
+    cache = backend.cache(default_ttl=60)
+    written_by_return: dict[str, bool] = {}
+
+    @metrics.flush_after
+    def handler(event: dict[str, Any], context: Any) -> None:
+        mine = metrics.scope(RequestId=context.aws_request_id)
+        for j in range(event["count"]):
+            mine.count("Work")
+            mine.milliseconds("Step", j)
+            cache.get(f"{context.aws_request_id}:{j}")  # CacheMiss, and store request metrics
+
+    def invocation(i: int) -> None:
+        handler({"count": 20}, Context(f"req-{i}", 20_000))
+        # flush_after returned: this invocation's data points are written already
+        written_by_return[f"req-{i}"] = f'"RequestId":"req-{i}"' in stream.getvalue()
+
+    invoke_concurrently(N, invocation)
+    assert written_by_return == {f"req-{i}": True for i in range(N)}
+    work: Counter[str] = Counter()
+    steps: Counter[str] = Counter()
+    for line in stream.getvalue().splitlines():
+        doc = json.loads(line)
+        if "RequestId" in doc:
+            work[doc["RequestId"]] += doc["Work"]
+            step = doc["Step"]
+            steps[doc["RequestId"]] += len(step) if isinstance(step, list) else 1
+    assert work == {f"req-{i}": 20 for i in range(N)}  # none lost, none doubled
+    assert steps == {f"req-{i}": 20 for i in range(N)}
+    assert emf_totals(stream)[("CacheMiss", "cache")] == 20 * N
+
+
+class HeldStream(io.StringIO):
+    """A stream whose first write waits until ``release`` is set (a slow stdout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+        self._first = True
+
+    def write(self, text: str) -> int:
+        if self._first:
+            self._first = False
+            self.writing.set()
+            assert self.release.wait(10)
+        return super().write(text)
+
+
+def test_a_flush_returns_only_once_the_points_of_its_invocation_are_written() -> None:
+    # A's flush takes the buffer (B's point with it) and is still writing it when B flushes:
+    # B's flush must not return before that write is done, or B ends with its metrics unwritten
+    # (flush_after promises each invocation's data points are written when it ends).
+    stream = HeldStream()
+    metrics = EMFMetrics(namespace="Orders", stream=stream, flush_at_exit=False)
+    metrics.emit("Work", 1, "Count", {"RequestId": "a"})
+    metrics.emit("Work", 1, "Count", {"RequestId": "b"})
+    first = threading.Thread(target=metrics.flush)
+    first.start()
+    assert stream.writing.wait(10)  # A took what was buffered, B's point too, and is writing it
+    seen_by_b: list[str] = []
+
+    def flush_b() -> None:
+        metrics.flush()
+        seen_by_b.append(stream.getvalue())
+
+    second = threading.Thread(target=flush_b)
+    second.start()
+    second.join(0.3)  # B waits for A's write (without the fix it has returned already)
+    stream.release.set()
+    first.join(10)
+    second.join(10)
+    assert '"RequestId":"b"' in seen_by_b[0]
+    assert stream.getvalue().count('"RequestId":"b"') == 1
+
+
+def test_a_failing_listener_is_logged_once_when_invocations_report_at_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import weakref
+
+    from dynacoord import metrics as metrics_module
+
+    class Broken(Metrics):
+        def emit(self, name: str, value: float, unit: str, dimensions: Any) -> None:
+            raise RuntimeError("sink down")
+
+    both_looked = threading.Barrier(2)
+
+    class SlowSet(weakref.WeakSet):  # type: ignore[type-arg]
+        def __contains__(self, item: object) -> bool:
+            found = super().__contains__(item)
+            # both invocations looked before either added: the window of the race
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_looked.wait(0.5)
+            return found
+
+    monkeypatch.setattr(metrics_module, "_broken_listeners", SlowSet())
+    scope = Broken().scope(Primitive="lock", DynacoordNamespace="default")
+    with caplog.at_level(logging.ERROR, logger="dynacoord.metrics"):
+        invoke_concurrently(2, lambda i: scope.count("LockAcquired"))
+    assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
+
+
+def test_a_timing_that_grows_past_100_values_while_waiting_to_be_written_is_split() -> None:
+    # The emit that reaches 100 values writes them under the flush lock; other invocations may
+    # add values meanwhile. No document may hold more than the format's 100 values.
+    stream = io.StringIO()
+    metrics = EMFMetrics(namespace="Orders", stream=stream, flush_at_exit=False)
+    dims = {"Primitive": "lock"}
+
+    def emit(count: int) -> Callable[[], None]:
+        return lambda: [metrics.emit("Wait", 1.0, "Milliseconds", dims) for _ in range(count)]
+
+    def buffered() -> int:
+        with metrics._lock:
+            return sum(len(v) for g in metrics._buffer.values() for _u, v in g.values())
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while buffered() < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    with metrics._flush_lock:  # a flush in progress elsewhere
+        first = threading.Thread(target=emit(100))
+        first.start()
+        wait_for(100)  # the 100th value is in: its emit waits to write them
+        second = threading.Thread(target=emit(30))
+        second.start()
+        wait_for(101)  # another invocation's value joined them; it waits too
+    first.join(10)
+    second.join(10)
+    metrics.flush()
+    sizes = []
+    for line in stream.getvalue().splitlines():
+        value = json.loads(line)["Wait"]
+        sizes.append(len(value) if isinstance(value, list) else 1)
+    assert sum(sizes) == 130
+    assert max(sizes) <= 100
+    assert len(sizes) >= 3  # the 101st value waited in a document of its own
