@@ -17,9 +17,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import itertools
 import logging
 import random
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
@@ -212,7 +214,8 @@ class Cache:
     expiry; at most ``local_max`` keys, the oldest dropped first) and returned by :meth:`get`
     and :meth:`has` without a request. Freshness: a write or delete by *another* process is seen
     up to ``local_ttl`` seconds late (plus the replication lag); this cache's own writes,
-    deletes and increments update or drop its local copy at once. Misses are not kept.
+    deletes and increments update or drop its local copy at once, also when threads share the
+    cache (see :meth:`_begin`). Misses are not kept.
     """
 
     #: first delay and cap of the backoff used while waiting for a fill or resending a batch
@@ -244,6 +247,11 @@ class Cache:
         self.local_max = check_int(local_max, "local_max", minimum=1)
         #: key -> (monotonic deadline, encoded value, expires_at_ms) of the in-process tier
         self._local: dict[str, tuple[float, str, int | None]] = {}
+        #: key -> tokens of this cache's reads and writes of it in flight (tier on only)
+        self._inflight: dict[str, set[int]] = {}
+        self._tokens = itertools.count()
+        #: guards _local and _inflight (never held during a request)
+        self._local_lock = threading.Lock()
         self._locks = locks
         self._metrics = metrics if metrics is not None else NO_SCOPE
         self.clock: Clock = clock or SystemClock()
@@ -286,40 +294,93 @@ class Cache:
 
     # -- single keys ----------------------------------------------------------------------------
 
+    # The in-process tier when threads share this cache (concurrent invocations). A request's
+    # answer may be older than a change this cache made while it was in flight:
+    #
+    #   A: get(k) misses the tier, reads 1 .................... answer arrives, keeps 1
+    #   B:               delete(k) (drops the tier's copy, deletes) ^ the store holds nothing
+    #
+    # Kept, A's answer would be served to every thread for local_ttl after B's delete. So each
+    # request on a key takes a token before it is sent and its answer is kept only if the token
+    # is still valid when it comes back: a write voids every token on its key when it starts
+    # (the answers in flight may predate it) and when it ends (they may have been read before
+    # it applied), and a write whose own token was voided (another write overlapped it: which
+    # of the two the store holds is unknown) drops the copy instead of keeping its value.
+
+    def _begin(self, key: str, *, write: bool) -> int | None:
+        """A token for one request on ``key`` (None when the tier is off)."""
+        if self.local_ttl is None:
+            return None
+        with self._local_lock:
+            if write:
+                self._local.pop(key, None)
+                self._inflight.pop(key, None)
+            token = next(self._tokens)
+            self._inflight.setdefault(key, set()).add(token)
+            return token
+
+    def _end(
+        self,
+        key: str,
+        token: int | None,
+        *,
+        write: bool,
+        keep: tuple[str, int | None] | None = None,
+    ) -> None:
+        """The request of ``token`` on ``key`` came back (or failed: ``keep`` None): keep
+        ``(encoded, expires_at_ms)`` in the tier if nothing voided the token."""
+        if token is None:
+            return
+        with self._local_lock:
+            tokens = self._inflight.get(key)
+            valid = tokens is not None and token in tokens
+            if write:
+                self._inflight.pop(key, None)
+                if not valid or keep is None:
+                    self._local.pop(key, None)
+            elif tokens is not None:
+                tokens.discard(token)
+                if not tokens:
+                    del self._inflight[key]
+            if valid and keep is not None:
+                self._keep_locked(key, *keep)
+
+    def _keep_locked(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
+        """Put a copy in the tier (the tier is on and _local_lock is held)."""
+        assert self.local_ttl is not None
+        local = self._local
+        local.pop(key, None)
+        while len(local) >= self.local_max:
+            del local[next(iter(local))]  # the oldest kept
+        local[key] = (self.clock.monotonic() + self.local_ttl, encoded, expires_at_ms)
+
     def _read(self, key: str) -> tuple[str, int | None] | None:
         """The live entry of ``key`` as (encoded, expires_at_ms): from the in-process tier when
         it holds a fresh copy, else one read (eventually consistent unless consistent_reads)."""
         now = now_ms(self.clock)
-        if self.local_ttl is not None:
+        if self.local_ttl is None:
+            entry = self._store.get(key, now, consistent=self.consistent_reads)
+            return None if entry is None else (entry.encoded, entry.expires_at_ms)
+        with self._local_lock:
             kept = self._local.get(key)
             if kept is not None:
                 deadline, encoded, expires = kept
                 if self.clock.monotonic() < deadline and (expires is None or expires > now):
                     return encoded, expires
-                self._local.pop(key, None)
-        entry = self._store.get(key, now, consistent=self.consistent_reads)
-        if entry is None:
-            return None
-        if self.local_ttl is not None:
-            self._keep(key, entry.encoded, entry.expires_at_ms)
-        return entry.encoded, entry.expires_at_ms
-
-    def _keep(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
-        """Put a copy in the in-process tier (when on)."""
-        if self.local_ttl is None:
-            return
-        local = self._local
-        local.pop(key, None)
-        while len(local) >= self.local_max:
-            try:
-                del local[next(iter(local))]  # the oldest kept
-            except (KeyError, StopIteration, RuntimeError):  # another thread changed it
-                break
-        local[key] = (self.clock.monotonic() + self.local_ttl, encoded, expires_at_ms)
-
-    def _forget(self, key: str) -> None:
-        if self._local:
-            self._local.pop(key, None)
+                del self._local[key]
+            token = next(self._tokens)
+            self._inflight.setdefault(key, set()).add(token)
+        entry = None
+        try:
+            entry = self._store.get(key, now, consistent=self.consistent_reads)
+        finally:
+            self._end(
+                key,
+                token,
+                write=False,
+                keep=None if entry is None else (entry.encoded, entry.expires_at_ms),
+            )
+        return None if entry is None else (entry.encoded, entry.expires_at_ms)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when it is absent or expired (one read, or none
@@ -343,32 +404,47 @@ class Cache:
         ``ttl`` out of range and ``TypeError`` for one that is not a number.
         """
         encoded, expires, _ = self._prepare(key, value, ttl)
-        self._forget(key)
-        self._store.set(key, encoded, expires)
-        self._keep(key, encoded, expires)
+        token = self._begin(key, write=True)
+        stored = False
+        try:
+            self._store.set(key, encoded, expires)
+            stored = True
+        finally:
+            self._end(key, token, write=True, keep=(encoded, expires) if stored else None)
 
     def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         """Store ``value`` only if ``key`` is absent or expired (atomic); True if it was stored."""
         encoded, expires, now = self._prepare(key, value, ttl)
-        self._forget(key)
-        added = self._store.add(key, encoded, expires, now)
-        if added:
-            self._keep(key, encoded, expires)
+        token = self._begin(key, write=True)
+        added = False
+        try:
+            added = self._store.add(key, encoded, expires, now)
+        finally:
+            self._end(key, token, write=True, keep=(encoded, expires) if added else None)
         return added
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; True if a live entry was removed."""
         keys.validate_key(key, "cache key")
-        self._forget(key)
-        return self._store.delete(key, now_ms(self.clock))
+        return self._delete_checked(key)
+
+    def _delete_checked(self, key: str) -> bool:
+        token = self._begin(key, write=True)
+        try:
+            return self._store.delete(key, now_ms(self.clock))
+        finally:
+            self._end(key, token, write=True)
 
     def touch(self, key: str, ttl: float | None) -> bool:
         """Give a live entry a new TTL from now (None: never expire); False if absent/expired."""
         keys.validate_key(key, "cache key")
-        self._forget(key)
         now = now_ms(self.clock)
         expires = None if ttl is None else now + ttl_to_ms(ttl)
-        return self._store.touch(key, expires, now)
+        token = self._begin(key, write=True)
+        try:
+            return self._store.touch(key, expires, now)
+        finally:
+            self._end(key, token, write=True)
 
     def incr(self, key: str, by: int = 1, *, ttl: float | None = None) -> int:
         """Atomically add ``by`` to the integer under ``key`` and return the new value.
@@ -392,15 +468,18 @@ class Cache:
         # No size check: a number of at most 38 digits cannot make the entry outgrow an item,
         # and the store refuses a key it cannot hold when it builds the key.
         ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl)
-        self._forget(key)
-        for _ in range(_BATCH_ATTEMPTS):
-            now = now_ms(self.clock)
-            expires = None if ttl_ms is None else now + ttl_ms
-            value = self._store.incr(key, by, now, expires)
-            if value is not None:
-                return value
-            if self._store.create_counter(key, by, expires, now):
-                return by
+        token = self._begin(key, write=True)
+        try:
+            for _ in range(_BATCH_ATTEMPTS):
+                now = now_ms(self.clock)
+                expires = None if ttl_ms is None else now + ttl_ms
+                value = self._store.incr(key, by, now, expires)
+                if value is not None:
+                    return value
+                if self._store.create_counter(key, by, expires, now):
+                    return by
+        finally:
+            self._end(key, token, write=True)
         raise BackendError(
             f"incr of cache key {key!r} kept racing with concurrent deletes/creates; giving up",
             code="IncrContention",
@@ -444,14 +523,23 @@ class Cache:
         Expired entries still stored are removed too (not counted). Entries written while
         ``clear`` runs may survive it.
         """
-        self._local.clear()
+        self._clear_local()
         removed = 0
-        for page in self._walk("*"):
-            batch = page.live + page.expired
-            if batch:
-                self._delete_keys(batch)
-            removed += len(page.live)
+        try:
+            for page in self._walk("*"):
+                batch = page.live + page.expired
+                if batch:
+                    self._delete_keys(batch)
+                removed += len(page.live)
+        finally:
+            # a read in flight during the walk may have kept an entry deleted after it
+            self._clear_local()
         return removed
+
+    def _clear_local(self) -> None:
+        with self._local_lock:
+            self._local.clear()
+            self._inflight.clear()
 
     # -- batches --------------------------------------------------------------------------------
 
@@ -512,8 +600,14 @@ class Cache:
             encoded = codec.encode(value)
             self._store.check_entry(key, encoded, expires)
             entries.append((key, encoded, expires))
-        for key, _, _ in entries:
-            self._forget(key)
+        tokens = [(key, self._begin(key, write=True)) for key, _, _ in entries]
+        try:
+            self._set_batches(entries)
+        finally:
+            for key, token in tokens:
+                self._end(key, token, write=True)  # not kept: the tier keeps what was read
+
+    def _set_batches(self, entries: list[tuple[str, str, int | None]]) -> None:
         for chunk in _chunks(entries, self._store.max_batch_write):
             pending = chunk
             delay = self.backoff_initial
@@ -540,8 +634,14 @@ class Cache:
         self._delete_keys(wanted)
 
     def _delete_keys(self, wanted: list[str]) -> None:
-        for k in wanted:
-            self._forget(k)
+        tokens = [(key, self._begin(key, write=True)) for key in wanted]
+        try:
+            self._delete_batches(wanted)
+        finally:
+            for key, token in tokens:
+                self._end(key, token, write=True)
+
+    def _delete_batches(self, wanted: list[str]) -> None:
         for chunk in _chunks(wanted, self._store.max_batch_write):
             pending = chunk
             delay = self.backoff_initial
@@ -712,8 +812,9 @@ class Cache:
                 return result
 
             def invalidate(*args: Any, **kwargs: Any) -> bool:
-                # delete() without its key check: cache_key returns a checked key
-                return self._store.delete(cache_key(*args, **kwargs), now_ms(self.clock))
+                # delete() without its key check: cache_key returns a checked key (and the
+                # in-process tier drops its copy, as delete() does)
+                return self._delete_checked(cache_key(*args, **kwargs))
 
             wrapper.cache_key = cache_key  # type: ignore[attr-defined]
             wrapper.invalidate = invalidate  # type: ignore[attr-defined]

@@ -456,3 +456,105 @@ def test_a_timing_that_grows_past_100_values_while_waiting_to_be_written_is_spli
     assert sum(sizes) == 130
     assert max(sizes) <= 100
     assert len(sizes) >= 3  # the 101st value waited in a document of its own
+
+
+# -- the cache's in-process tier ---------------------------------------------------------------
+
+
+class HeldCall:
+    """Wraps a store: the first call of ``method`` is made, then its answer is held until
+    ``release`` is set (a slow response), so another invocation can act in between."""
+
+    def __init__(self, store: Any, method: str) -> None:
+        self._store = store
+        self._method = method
+        self.answered = threading.Event()
+        self.release = threading.Event()
+        self._held = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name != self._method or self._held:
+            return attr
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            self._held = True
+            result = attr(*args, **kwargs)
+            self.answered.set()
+            assert self.release.wait(10)
+            return result
+
+        return held
+
+
+def slow_in_thread(action: Callable[[], Any], held: HeldCall) -> threading.Thread:
+    """Start ``action`` in another invocation and return once its held call was answered."""
+    thread = threading.Thread(target=action)
+    thread.start()
+    assert held.answered.wait(10)
+    return thread
+
+
+@pytest.mark.parametrize("change", ["delete", "set", "incr"])
+def test_a_read_in_flight_does_not_bring_back_what_this_cache_changed_meanwhile(
+    table: tuple[Any, str], change: str
+) -> None:
+    # Invocation A reads "k" (a miss in the tier: one read, answered with 1 but slow to come
+    # back); invocation B changes "k" through the same cache. A's answer is older than B's
+    # change: kept in the tier, every invocation would get the old value for local_ttl.
+    backend = make_backend(table)
+    cache = backend.cache(default_ttl=60, local_ttl=30)
+    backend.cache(default_ttl=60).set("k", 1)  # written elsewhere: not in this cache's tier
+    held = HeldCall(cache._store, "get")
+    cache._store = held  # type: ignore[assignment]
+    reader = slow_in_thread(lambda: cache.get("k"), held)
+    if change == "delete":
+        cache.delete("k")
+        expected = None
+    elif change == "set":
+        cache.set("k", 2)
+        expected = 2
+    else:
+        expected = cache.incr("k")
+    held.release.set()
+    reader.join(10)
+    assert cache.get("k") == expected == backend.cache().get("k")
+
+
+def test_two_writes_in_flight_leave_the_tier_with_what_the_store_holds(
+    table: tuple[Any, str],
+) -> None:
+    # A's write reaches the store first but its answer comes back after B's whole write: A
+    # must not put its value in the tier over B's (the store holds B's).
+    backend = make_backend(table)
+    cache = backend.cache(default_ttl=60, local_ttl=30)
+    held = HeldCall(cache._store, "set")
+    cache._store = held  # type: ignore[assignment]
+    writer = slow_in_thread(lambda: cache.set("k", "a"), held)
+    cache.set("k", "b")
+    held.release.set()
+    writer.join(10)
+    assert backend.cache().get("k") == "b"
+    assert cache.get("k") == "b"
+
+
+def test_invocations_sharing_a_cache_with_a_local_tier_see_their_own_writes(
+    table: tuple[Any, str],
+) -> None:
+    backend = make_backend(table)
+    cache = backend.cache(default_ttl=60, local_ttl=30, local_max=8)  # evictions too
+
+    def invocation(i: int) -> tuple[Any, ...]:
+        seen = []
+        for j in range(5):
+            cache.set(f"own:{i}", j)
+            seen.append(cache.get(f"own:{i}"))
+            cache.incr("shared")
+            cache.get("shared")
+        cache.delete(f"own:{i}")
+        return (seen, cache.get(f"own:{i}"))
+
+    results = invoke_concurrently(N, invocation)
+    assert results == [([0, 1, 2, 3, 4], None)] * N  # a serial run's answers
+    assert cache.get("shared") == backend.cache().get("shared") == 5 * N
+    assert len(cache._local) <= 8
