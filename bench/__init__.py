@@ -31,6 +31,7 @@ def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
     from . import (
         coldstart,
         contention,
+        costs,
         exactness,
         metrics,
         outbox,
@@ -50,6 +51,7 @@ def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
         "exactness": exactness.run,
         "metrics": metrics.run,
         "writecost": writecost.run,
+        "costs": costs.run,
     }
 
 
@@ -63,6 +65,7 @@ SECTIONS = (
     "exactness",
     "metrics",
     "writecost",
+    "costs",
 )
 
 

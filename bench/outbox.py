@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._harness import BenchEnv, RedisCommandCounter, RequestCounter, unique
+from ._units import RefusalCounter
 
 __all__ = ["run"]
 
@@ -60,7 +61,8 @@ def _deadline(n: int) -> float:
 
 class CapacityMeter:
     """Table write units by AWS's pricing rule for items up to 1 KB (every event here is): 1 per
-    plain write (PutItem, UpdateItem, DeleteItem), 2 per item of a TransactWriteItems. Counted
+    plain write (PutItem, UpdateItem, DeleteItem, a write statement of a
+    BatchExecuteStatement), 2 per item of a TransactWriteItems or ExecuteTransaction. Counted
     from the requests, not read from ``ConsumedCapacity``: DynamoDB Local reports a transaction
     as if it held one item. Index writes are left out: each design moves an event through the
     index the same way (claim: a key change; completion: a removal)."""
@@ -91,6 +93,19 @@ class CapacityMeter:
             self.plain += 1
         elif model.name == "TransactWriteItems":
             self.transactional += len(params.get("TransactItems", ()))
+        elif model.name == "BatchExecuteStatement":
+            # each statement is its own plain write (a SELECT is a read)
+            self.plain += sum(
+                1
+                for s in params.get("Statements", ())
+                if not s["Statement"].lstrip().upper().startswith("SELECT")
+            )
+        elif model.name == "ExecuteTransaction":
+            self.transactional += sum(
+                1
+                for s in params.get("TransactStatements", ())
+                if not s["Statement"].lstrip().upper().startswith("SELECT")
+            )
 
 
 def _make_worker(outbox: Any, handler: Any, design: str, name: str) -> Any:
@@ -112,6 +127,7 @@ def _threads(
     count: Callable[[], int],
     design: str = "batched",
     meter: CapacityMeter | None = None,
+    refusals: RefusalCounter | None = None,
 ) -> dict[str, Any]:
     deliveries: list[tuple[str, float]] = []  # list.append is atomic under the GIL
 
@@ -128,6 +144,8 @@ def _threads(
     before = count()
     if meter is not None:
         meter.reset()
+    if refusals is not None:
+        refusals.reset()
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -153,6 +171,9 @@ def _threads(
     row["design"] = design
     if meter is not None and row["delivered"]:
         row["write_units_per_event"] = round(meter.write_units / row["delivered"], 2)
+    if refusals is not None and row["delivered"]:
+        row["claim_refusals_per_event"] = round(refusals.refused_items / row["delivered"], 3)
+        row["refused_requests"] = dict(refusals.refusals)
     return row
 
 
@@ -181,6 +202,8 @@ def _process_worker(
     )
     counter = RequestCounter()
     counter.attach(client)
+    refusals = RefusalCounter()
+    refusals.attach(client)
     outbox = DynamoDBBackend(client, table_name=table, namespace=namespace).outbox
 
     def handler(event: Any) -> None:
@@ -191,8 +214,9 @@ def _process_worker(
     results.put(("ready", None, 0.0))
     go.wait()
     counter.reset()
+    refusals.reset()
     worker.run(stop)
-    results.put(("done", counter.total, float(worker.lost)))
+    results.put(("done", counter.total, (worker.lost, refusals.refused_items)))
 
 
 def _processes(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) -> dict[str, Any]:
@@ -234,6 +258,7 @@ def _processes(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) ->
     stop.set()
     requests = 0
     lease_lost = 0
+    refused = 0
     done = 0
     end_wait = time.monotonic() + 60
     while done < workers_n and time.monotonic() < end_wait:
@@ -246,7 +271,8 @@ def _processes(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) ->
         elif kind == "done":
             done += 1
             requests += int(value)
-            lease_lost += int(extra)
+            lease_lost += int(extra[0])
+            refused += int(extra[1])
     for proc in procs:
         proc.join(timeout=30)
         if proc.is_alive():
@@ -261,6 +287,8 @@ def _processes(env: BenchEnv, namespace: str, ids: list[str], workers_n: int) ->
         lease_lost=lease_lost,
     )
     row["design"] = "batched"
+    if row["delivered"]:
+        row["claim_refusals_per_event"] = round(refused / row["delivered"], 3)
     return row
 
 
@@ -351,12 +379,14 @@ def run(env: BenchEnv) -> dict[str, Any]:
     warm_ids, _, _ = _publish(warm, min(n, 300), count)
     _threads(warm, warm_ids, 2, count)
     meter = CapacityMeter()
+    refusals = RefusalCounter()
     for workers_n, kind, design in CONFIGS:
         namespace = unique("outbox")
         backend = env.backend(namespace=namespace)
         outbox = backend.outbox
         if kind == "threads":
             meter.attach(backend.client)
+            refusals.attach(backend.client)
         ids, seconds, requests = _publish(outbox, n, count)
         if not publish:
             publish = {
@@ -366,7 +396,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
             }
         try:
             if kind == "threads":
-                rows.append(_threads(outbox, ids, workers_n, count, design, meter))
+                rows.append(_threads(outbox, ids, workers_n, count, design, meter, refusals))
             else:
                 rows.append(_processes(env, namespace, ids, workers_n))
         except Exception as exc:
@@ -379,6 +409,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
             )
         finally:
             meter.detach()
+            refusals.detach()
     return {
         "status": "ok",
         "redis": _redis(env, n),
@@ -396,6 +427,8 @@ def run(env: BenchEnv) -> dict[str, Any]:
             "follow AWS's rule for items up to 1 KB (1 per plain write, 2 per transaction item; "
             "index writes, the same in every design, left out). Lost and duplicates must be 0; "
             "`lease_lost_reports` counts completions refused because a lease had been taken "
-            "over."
+            "over; `claim_refusals_per_event` counts the items refused by a failed condition "
+            "(a refused write, a statement of a batch, an item of a cancelled transaction), "
+            "mostly claims lost to another worker, per delivered event."
         ),
     }

@@ -19,6 +19,7 @@ SECTION_TITLES = {
     "exactness": "7. The cost of exact counting (lost responses)",
     "metrics": "8. What metrics cost",
     "writecost": "9. What a write costs at a sustained rate (WCU/RCU by AWS's rules)",
+    "costs": "10. What each operation costs on DynamoDB, and the ceiling of one key",
 }
 
 
@@ -343,6 +344,7 @@ def _outbox(s: dict[str, Any]) -> list[str]:
                 _fmt(r.get("write_units_per_event")),
                 f"{r['lost']} / {r['duplicates']}",
                 r.get("lease_lost_reports"),
+                _fmt(r.get("claim_refusals_per_event"), 3),
             ]
         )
     lines += _table(
@@ -356,6 +358,7 @@ def _outbox(s: dict[str, Any]) -> list[str]:
             "table write units per event",
             "lost / duplicates (must be 0)",
             "lease lost",
+            "refused items per event",
         ],
         rows,
     )
@@ -836,6 +839,152 @@ def _writecost(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ceiling_text(c: dict[str, Any]) -> str:
+    if c.get("processes"):
+        return f"{c['processes']:,} processes"
+    return "-" if c.get("per_s") is None else f"{c['per_s']:,}/s"
+
+
+def _costs(s: dict[str, Any]) -> list[str]:
+    prices = s["prices"]
+    limits = s["partition_limits"]
+    lines = [
+        "Every request sent, priced by AWS's rules from the items read around it "
+        "(`bench/_units.py`; not DynamoDB Local's `ConsumedCapacity`, which counts a "
+        "transaction as one item): a write costs 1 WCU per started KB of the larger of the item "
+        "before and after, twice in a transaction; the index (projection ALL) is written when "
+        "the item is in it before or after, twice (a delete and a put) when its index key "
+        "changes; reads 1 RCU per started 4 KB, half when eventually consistent. Per operation, "
+        f"averaged over the calls made (outbox: events of {s['outbox'].get('event_payload_bytes')}"
+        " bytes of payload; delivery rows include the worker's polls). Refusals: conditional "
+        "writes refused (by design for an idempotency replay, a lock wait, a lost claim race).",
+        "",
+        f"**$ per million operations at on-demand prices, {prices['as_of']}: "
+        f"${prices['write_per_million_units']} per million write request units, "
+        f"${prices['read_per_million_units']} per million read request units** "
+        "(table and index writes are both write request units; storage, streams and Lambda "
+        "are not included).",
+        "",
+    ]
+    peers: dict[str, list[dict[str, Any]]] = {}
+    for r in s.get("peers", []):
+        peers.setdefault(r["primitive"], []).append(r)
+    rows = []
+    seen: list[str] = []
+    for r in s["rows"]:
+        if r["primitive"] not in seen:
+            seen.append(r["primitive"])
+    for primitive in seen + [p for p in peers if p not in seen]:
+        for r in [x for x in s["rows"] if x["primitive"] == primitive] + peers.get(primitive, []):
+            rows.append(
+                [
+                    r["primitive"],
+                    r["operation"] if r.get("peer") is None else f"{r['operation']} — *peer*",
+                    r.get("peer") or "dynacoord",
+                    _fmt(r["requests"]),
+                    _fmt(r["table_wcu"]),
+                    _fmt(r["index_wcu"]),
+                    _fmt(r["rcu"]),
+                    f"${_fmt(r['usd_per_million'])}",
+                    _fmt(r["refusals"]),
+                    r.get("note") or "",
+                ]
+            )
+    lines += _table(
+        [
+            "primitive",
+            "operation",
+            "by",
+            "requests",
+            "table WCU",
+            "index WCU",
+            "RCU",
+            "$ / million ops",
+            "refusals",
+            "note",
+        ],
+        rows,
+    )
+    delivery = [r for r in s["rows"] if r["operation"].startswith("delivery per event")]
+    if delivery:
+        lines += [
+            "",
+            "Outbox delivery, per event, on the configuration the worker has today "
+            "(`outbox.worker(handler)` defaults; nothing about its design is assumed: what is "
+            "sent is what is counted); refused items are claim races lost between workers:",
+            "",
+        ]
+        lines += _table(
+            [
+                "path",
+                "threads",
+                "requests / event",
+                "table WCU / event",
+                "index WCU / event",
+                "refused items / event",
+            ],
+            [
+                [
+                    r["operation"].removeprefix("delivery per event: "),
+                    r.get("threads", 1),
+                    _fmt(r["requests"]),
+                    _fmt(r["table_wcu"]),
+                    _fmt(r["index_wcu"]),
+                    _fmt(r["refused_items"], 3),
+                ]
+                for r in delivery
+            ],
+        )
+    if s["outbox"].get("per_event_option"):
+        lines += ["", f"Per-event delivery: {s['outbox']['per_event_option']}."]
+    lines += [
+        "",
+        "### Ceilings of one key",
+        "",
+        f"DynamoDB serves at most {limits['wcu_per_s']:,} WCU/s and {limits['rcu_per_s']:,} "
+        "RCU/s per partition, of the table and of the index alike. Each ceiling is that limit "
+        "over the measured units per operation on the busiest partition the operation touches "
+        "(a key's item partition, or an index partition its namespace shares; a sharded index "
+        f"or counter taken as evenly loaded over its shards; {s.get('shards')} shards here). "
+        "*docs* is what the primitive's page states; a computed ceiling more than 15 % away "
+        "from it is marked **disagrees**.",
+        "",
+    ]
+    lines += _table(
+        [
+            "primitive",
+            "operation",
+            "scope",
+            "ceiling",
+            "busiest partition",
+            "load",
+            "docs",
+            "agrees",
+            "what lifts it",
+        ],
+        [
+            [
+                c["primitive"],
+                c["operation"]
+                + ("" if c["measured_on"] == "this operation" else f" ({c['measured_on']})"),
+                c["scope"],
+                f"**{_ceiling_text(c)}**",
+                f"`{c['partition']}`" if c.get("partition") else "-",
+                c.get("load") or "-",
+                c["docs"],
+                {True: "yes", False: "**disagrees**", None: "-"}[c["agrees"]],
+                c["lifted_by"],
+            ]
+            for c in s["ceilings"]
+        ],
+    )
+    if s.get("note"):
+        lines += ["", s["note"]]
+    if s.get("errors"):
+        lines += ["", "Not measured: " + "; ".join(f"`{e}`" for e in s["errors"])]
+    return lines
+
+
 RENDERERS = {
     "requests": _requests,
     "overhead": _overhead,
@@ -846,6 +995,7 @@ RENDERERS = {
     "exactness": _exactness,
     "metrics": _metrics,
     "writecost": _writecost,
+    "costs": _costs,
 }
 
 
@@ -1038,6 +1188,22 @@ def summary(results: dict[str, Any]) -> list[str]:
                 f"{wc['join']['last_arrival_wcu']} WCU",
             ]
         )
+    costs = _ok(sections, "costs")
+    if costs:
+        by = {r["operation"]: r for r in costs["rows"]}
+        default = by.get("delivery per event: default worker")
+        disagree = [
+            f"{c['primitive']} {c['operation']}" for c in costs["ceilings"] if c["agrees"] is False
+        ]
+        text = f"{len(costs['rows'])} operations and {len(costs['peers'])} peer rows priced"
+        if default:
+            text += (
+                f"; outbox delivery (default worker) {_fmt(default['requests'])} requests, "
+                f"{_fmt(default['table_wcu'])} table + {_fmt(default['index_wcu'])} index WCU "
+                f"per event (${_fmt(default['usd_per_million'])} per million)"
+            )
+        text += f"; ceilings disagreeing with the docs: {', '.join(disagree) or 'none'}"
+        rows.append(["cost per operation and ceilings (section 10)", text])
     if not rows:
         return ["No section was measured."]
     return _table(["measure", "result"], rows)
