@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .aws_lambda import process_sqs_batch, process_stream_batch
     from .backends.dynamodb import DynamoDBBackend
     from .backends.dynamodb.transaction import Transaction
-    from .breaker import BreakerStatus, CircuitBreaker
+    from .breaker import BreakerStatus, CircuitBreaker, FailureRate
     from .breaker import State as BreakerState
     from .cache import Cache
     from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
@@ -106,6 +106,7 @@ __all__ = [
     "EventBridgeRelay",
     "EventRecord",
     "EventStatus",
+    "FailureRate",
     "Idempotency",
     "IdempotencyError",
     "IdempotencyInProgressError",
@@ -169,6 +170,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "CheckpointTask": ("dynacoord.checkpoints", "CheckpointTask"),
     "Checkpoints": ("dynacoord.checkpoints", "Checkpoints"),
     "CircuitBreaker": ("dynacoord.breaker", "CircuitBreaker"),
+    "FailureRate": ("dynacoord.breaker", "FailureRate"),
     "Claim": ("dynacoord.idempotency", "Claim"),
     "ClaimResult": ("dynacoord.idempotency", "ClaimResult"),
     "ConsumeStats": ("dynacoord.jobs", "ConsumeStats"),

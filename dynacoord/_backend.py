@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import ParamSpec
 
-    from .breaker import BreakerStore, CircuitBreaker, TransitionCallback
+    from .breaker import BreakerStore, CircuitBreaker, FailureRate, TransitionCallback
     from .cache import Cache, CacheStore
     from .checkpoints import Checkpoints, CheckpointStore
     from .counters import Counters, CounterStore
@@ -160,7 +160,7 @@ class Backend(abc.ABC):
         self,
         name: str,
         *,
-        failure_threshold: int = 5,
+        failure_threshold: int | None = None,
         reset_timeout: float = 30.0,
         success_threshold: int = 1,
         half_open_max_calls: int = 1,
@@ -168,8 +168,11 @@ class Backend(abc.ABC):
         on_transition: TransitionCallback | None = None,
         consistent_reads: bool = False,
         state_cache: float = 0.0,
+        policy: FailureRate | None = None,
     ) -> CircuitBreaker:
-        """A circuit breaker named ``name`` whose state every process shares (see breaker.py)."""
+        """A circuit breaker named ``name`` whose state every process shares (see breaker.py):
+        it trips after ``failure_threshold`` consecutive failures (default 5), or on the
+        failure rate with ``policy=FailureRate(...)``."""
         from .breaker import CircuitBreaker
 
         return CircuitBreaker(
@@ -186,6 +189,7 @@ class Backend(abc.ABC):
             metrics=self._scope("breaker"),
             consistent_reads=consistent_reads,
             state_cache=state_cache,
+            policy=policy,
         )
 
     @property

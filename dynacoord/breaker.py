@@ -38,6 +38,25 @@ round is ignored because every outcome write is conditional on the round it belo
 
 ``reset`` keeps ``trial_round`` (the stored item is closed in place, never deleted), so the same
 holds across an operator's reset: a trial from before it never shares a round with one after it.
+
+The failure-rate policy (``policy=FailureRate(...)``) replaces only the closed state's counting:
+the breaker opens when, over the last ``window`` seconds, at least ``minimum_calls`` calls were
+made and at least ``threshold`` of them failed (a call slower than ``slow_call_seconds`` is a
+failure). Writing every call would cost one write per call, so each process adds its calls up
+in time buckets (``window / buckets`` wide) and writes them in one counting write per
+``flush_interval`` (and at once on a failure that, by the window this process last saw, could
+trip the breaker). The item keeps one count pair per bucket of the window (``c:{gen}:{bucket}``,
+``f:{gen}:{bucket}``), so a write's size does not grow with the call rate or the number of
+processes. ``gen`` (``wgen`` on the item) is the window's generation: every trip and reset starts
+a new one, and a flush is written only into the generation it was counted in, so counts made
+before a trip never land in the window that starts when the breaker closes again::
+
+    P: 40 calls in gen 3 (not written yet) ... Q trips (gen 4), trial, close
+    P: flush gen 3 -> refused (the stored gen is 4): the counts are dropped, not added to gen 4
+
+What it trades: a trip can come up to one ``flush_interval`` late (another process's failures
+not written yet), or early by the successes other processes have not written yet; a process
+that dies loses at most one ``flush_interval`` of counts.
 """
 
 from __future__ import annotations
@@ -54,17 +73,21 @@ from . import keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import member_reader
-from ._validate import check_int, ttl_to_ms
-from .errors import CircuitOpenError
+from ._validate import check_int, non_negative_seconds, ttl_to_ms
+from .errors import CircuitOpenError, InvalidValueError
 from .metrics import NO_SCOPE, MetricsScope
 
 __all__ = [
     "BreakerRecord",
     "BreakerStatus",
     "BreakerStore",
+    "BreakerWindow",
     "CircuitBreaker",
+    "FailureRate",
     "StartTrialResult",
     "State",
+    "window_field",
+    "window_from_fields",
 ]
 
 logger = logging.getLogger(__name__)
@@ -106,6 +129,8 @@ class BreakerRecord:
     trial_calls: int = 0
     trial_round: int = 0
     trial_started_ms: int | None = None
+    #: the failure-rate window's generation (``wgen``): every trip and reset starts a new one
+    window_gen: int = 0
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any] | None) -> BreakerRecord:
@@ -125,7 +150,125 @@ class BreakerRecord:
             int(get("trial_calls", 0)),
             int(get("trial_round", 0)),
             None if trial_started_ms is None else int(trial_started_ms),
+            int(get("wgen", 0)),
         )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FailureRate:
+    """The failure-rate policy: ``CircuitBreaker(..., policy=FailureRate(threshold=0.5))``.
+
+    The breaker opens when, over the last ``window`` seconds, at least ``minimum_calls`` calls
+    were made and ``failures / calls >= threshold``. A call that took longer than
+    ``slow_call_seconds`` (None: no limit) counts as a failure, also when it succeeded (a trial
+    call too). The window moves one bucket (``window / buckets`` seconds) at a time: it holds
+    the current bucket and the ``buckets - 1`` before it. Each process writes its counts every
+    ``flush_interval`` seconds (0: on every call), and at once after a failure that could trip
+    the breaker by the window this process last saw.
+    """
+
+    threshold: float = 0.5
+    minimum_calls: int = 20
+    window: float = 60.0
+    buckets: int = 10
+    slow_call_seconds: float | None = None
+    flush_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        threshold = self.threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
+        if not 0 < threshold <= 1:
+            raise InvalidValueError(f"threshold must be > 0 and <= 1, got {threshold!r}")
+        check_int(self.minimum_calls, "minimum_calls", minimum=1)
+        check_int(self.buckets, "buckets", minimum=1, maximum=60)
+        window_ms = ttl_to_ms(self.window, "window")
+        if window_ms % self.buckets:
+            raise InvalidValueError(
+                f"window ({window_ms} ms) must split into {self.buckets} buckets of whole ms"
+            )
+        if self.slow_call_seconds is not None:
+            ttl_to_ms(self.slow_call_seconds, "slow_call_seconds")
+        interval = non_negative_seconds(self.flush_interval, "flush_interval")
+        if interval >= self.window:
+            raise InvalidValueError(
+                f"flush_interval must be shorter than the window, got {self.flush_interval!r}"
+            )
+
+    @property
+    def bucket_ms(self) -> int:
+        """The width of one bucket in milliseconds."""
+        return ttl_to_ms(self.window, "window") // self.buckets
+
+    def trips(self, calls: int, failures: int) -> bool:
+        """Whether a window holding ``calls`` calls of which ``failures`` failed opens it."""
+        return calls >= self.minimum_calls and failures >= self.threshold * calls
+
+
+def window_field(kind: str, gen: int, bucket: int) -> str:
+    """The stored name of a window count: ``c`` (calls) or ``f`` (failures), e.g. ``c:3:71234``."""
+    return f"{kind}:{gen}:{bucket}"
+
+
+def _parse_field(field: str) -> tuple[str, int, int] | None:
+    """(kind, gen, bucket) of a window count's name; None for any other field."""
+    if len(field) < 5 or field[0] not in "cf" or field[1] != ":":
+        return None
+    gen, sep, bucket = field[2:].partition(":")
+    if not sep or not gen.isdigit() or not bucket.isdigit():
+        return None
+    return field[0], int(gen), int(bucket)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerWindow:
+    """The stored failure-rate window of generation ``gen`` after a write: ``(bucket, calls,
+    failures)`` per bucket, in bucket order (buckets that aged out may still be there); ``names``
+    holds the stored names of every window count seen on the item, of any generation (what a
+    store drops once they are stale)."""
+
+    gen: int
+    buckets: tuple[tuple[int, int, int], ...] = ()
+    names: tuple[str, ...] = ()
+
+    def totals(self, oldest: int) -> tuple[int, int]:
+        """(calls, failures) over the buckets from ``oldest`` on."""
+        calls = failures = 0
+        for bucket, c, f in self.buckets:
+            if bucket >= oldest:
+                calls += c
+                failures += f
+        return calls, failures
+
+
+def window_from_fields(fields: Mapping[str, Any], gen: int) -> BreakerWindow:
+    """The window of generation ``gen`` held by a stored item's fields (values: anything
+    ``int()`` takes), and the names of all window counts on it."""
+    counts: dict[int, list[int]] = {}
+    names = []
+    for field, value in fields.items():
+        parsed = _parse_field(field)
+        if parsed is None:
+            continue
+        names.append(field)
+        kind, field_gen, bucket = parsed
+        if field_gen != gen:
+            continue
+        pair = counts.setdefault(bucket, [0, 0])
+        pair[0 if kind == "c" else 1] = int(value)
+    buckets = tuple((b, c, f) for b, (c, f) in sorted(counts.items()))
+    return BreakerWindow(gen, buckets, tuple(sorted(names)))
+
+
+def stale_window_names(names: tuple[str, ...], gen: int, oldest: int) -> list[str]:
+    """The names among ``names`` no window needs any more: another generation, or a bucket
+    before ``oldest``."""
+    stale = []
+    for name in names:
+        parsed = _parse_field(name)
+        if parsed is not None and (parsed[1] != gen or parsed[2] < oldest):
+            stale.append(name)
+    return stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,17 +354,65 @@ class BreakerStore(Protocol):
 
         ``trial_round`` is kept, never restarted (so the item is updated, not deleted): a trial
         in flight across the reset must not share its round number with a later trial, or its
-        late outcome would be applied to that trial's round.
+        late outcome would be applied to that trial's round. Like ``trip``, it starts a new
+        window generation (``wgen + 1``).
         """
+        ...
+
+    def add_window(
+        self,
+        name: str,
+        now_ms: int,
+        gen: int,
+        counts: Mapping[int, tuple[int, int]],
+        oldest: int,
+    ) -> BreakerWindow | None:
+        """Add ``counts`` (bucket -> (calls, failures)) to the window of generation ``gen``,
+        only while the breaker is closed (or absent) in that generation, and drop the stored
+        counts of other generations and of buckets before ``oldest``; the window after the write
+        (None: refused). A counting write: a retry whose first answer was lost adds once."""
+        ...
+
+    def trip_window(self, name: str, now_ms: int, gen: int) -> BreakerRecord | None:
+        """Open the breaker if it is closed in window generation ``gen`` (a new generation
+        starts); the record as it was, or None if refused (of many callers that saw the same
+        window cross the threshold, exactly one trips it)."""
         ...
 
 
 class _Ticket(NamedTuple):
     """Why a call was let through: as a closed call (and the failures seen) or as a trial.
-    (A NamedTuple: made on every protected call, and cheaper to make than a dataclass.)"""
+    (A NamedTuple: made on every protected call, and cheaper to make than a dataclass.)
+    With a FailureRate policy: the window generation the call was let through in, and its
+    start (monotonic seconds; 0 without ``slow_call_seconds``)."""
 
     trial_round: int | None
     failures_seen: int = 0
+    window_gen: int = 0
+    started: float = 0.0
+
+
+class _LocalWindow:
+    """This process's share of a FailureRate breaker's window: the counts not written yet
+    (bucket -> [calls, failures]) of generation ``gen``, the window as this process's last
+    write left it (``seen``), and when it last wrote (monotonic seconds)."""
+
+    __slots__ = ("flushed_at", "gen", "lock", "pending", "seen")
+
+    def __init__(self, now: float) -> None:
+        self.lock = threading.Lock()
+        self.gen = 0
+        self.pending: dict[int, list[int]] = {}
+        self.seen: BreakerWindow | None = None
+        self.flushed_at = now
+
+    def adopt(self, gen: int) -> None:
+        """Another generation is stored (a trip or reset since): counts of the old one are
+        dropped, they belong to a window that is gone. Call with ``lock`` held."""
+        if gen != self.gen:
+            self.gen = gen
+            self.pending = {}
+            self.seen = None
 
 
 class CircuitBreaker:
@@ -249,7 +440,7 @@ class CircuitBreaker:
         store: BreakerStore,
         name: str,
         *,
-        failure_threshold: int = 5,
+        failure_threshold: int | None = None,
         reset_timeout: float = 30.0,
         success_threshold: int = 1,
         half_open_max_calls: int = 1,
@@ -260,11 +451,23 @@ class CircuitBreaker:
         metrics: MetricsScope | None = None,
         consistent_reads: bool = False,
         state_cache: float = 0.0,
+        policy: FailureRate | None = None,
     ) -> None:
         keys.breaker_key(namespace, name)  # empty, not a str, or too long: InvalidKeyError now
         self.name: str = name
         self.namespace = namespace
-        self.failure_threshold = check_int(failure_threshold, "failure_threshold", minimum=1)
+        if policy is not None and not isinstance(policy, FailureRate):
+            raise TypeError(f"policy must be a FailureRate or None, got {policy!r}")
+        if policy is not None and failure_threshold is not None:
+            raise InvalidValueError(
+                "failure_threshold counts consecutive failures; with policy=FailureRate(...) "
+                "the breaker trips on the failure rate: give one of them"
+            )
+        #: None: the consecutive-failure policy (``failure_threshold``)
+        self.policy = policy
+        self.failure_threshold = check_int(
+            5 if failure_threshold is None else failure_threshold, "failure_threshold", minimum=1
+        )
         self._reset_ms = ttl_to_ms(reset_timeout, "reset_timeout")
         self.success_threshold = check_int(success_threshold, "success_threshold", minimum=1)
         self.half_open_max_calls = check_int(half_open_max_calls, "half_open_max_calls", minimum=1)
@@ -287,6 +490,7 @@ class CircuitBreaker:
         self.state_cache = float(state_cache)
         #: (monotonic deadline, failures) of the last closed state seen, when state_cache > 0
         self._cached_closed: tuple[float, int] | None = None
+        self._window = None if policy is None else _LocalWindow(self.clock.monotonic())
 
     @property
     def reset_timeout(self) -> float:
@@ -294,10 +498,12 @@ class CircuitBreaker:
         return self._reset_ms / 1000
 
     def __repr__(self) -> str:
-        return (
-            f"CircuitBreaker(name={self.name!r}, failure_threshold={self.failure_threshold}, "
-            f"reset_timeout={self.reset_timeout})"
+        trips = (
+            f"failure_threshold={self.failure_threshold}"
+            if self.policy is None
+            else f"policy={self.policy!r}"
         )
+        return f"CircuitBreaker(name={self.name!r}, {trips}, reset_timeout={self.reset_timeout})"
 
     # -- transitions ----------------------------------------------------------------------------
 
@@ -350,15 +556,22 @@ class CircuitBreaker:
         cached = self._cached_closed
         if cached is not None:
             if self.clock.monotonic() < cached[0]:
+                if self._window is not None:
+                    return self._rate_ticket(None)
                 return _Ticket(None, cached[1])
             self._cached_closed = None
         record = self._store.get(self.name, consistent=self.consistent_reads)
+        if self._window is not None:
+            with self._window.lock:
+                self._window.adopt(record.window_gen)
         # At most a few rounds: each failed conditional write returns the state that beat it.
         for _ in range(3):
             now = now_ms(self.clock)
             cutoff = now - self._reset_ms
             if record.state is State.CLOSED:
                 self._seen_closed(record)
+                if self._window is not None:
+                    return self._rate_ticket(None)
                 return _Ticket(None, record.failures)
             self._cached_closed = None
             if record.state is State.OPEN:
@@ -367,7 +580,7 @@ class CircuitBreaker:
                 started = self._store.start_trial(self.name, now, cutoff)
                 if started.won is not None:
                     self._transition(State.OPEN, State.HALF_OPEN)
-                    return _Ticket(started.won.trial_round)
+                    return self._rate_ticket(started.won.trial_round)
                 record = started.current or self._store.get(self.name)
                 continue
             # half_open
@@ -381,7 +594,7 @@ class CircuitBreaker:
                         record.trial_round,
                         started.won.trial_round,
                     )
-                    return _Ticket(started.won.trial_round)
+                    return self._rate_ticket(started.won.trial_round)
                 record = started.current or self._store.get(self.name)
                 continue
             if record.trial_calls >= self.half_open_max_calls:
@@ -390,9 +603,21 @@ class CircuitBreaker:
                 self.name, record.trial_round, now, cutoff, self.half_open_max_calls
             )
             if joined is not None:
-                return _Ticket(joined.trial_round)
+                return self._rate_ticket(joined.trial_round)
             record = self._store.get(self.name)
         raise self._rejected(record, now_ms(self.clock))
+
+    def _rate_ticket(self, trial_round: int | None) -> _Ticket:
+        """The ticket of a call let through (a trial's with the consecutive policy too): with
+        a FailureRate policy, the window generation and, for slow calls, the start time."""
+        window = self._window
+        if window is None:
+            return _Ticket(trial_round)
+        policy = self.policy
+        started = 0.0
+        if policy is not None and policy.slow_call_seconds is not None:
+            started = self.clock.monotonic()
+        return _Ticket(trial_round, 0, window.gen, started)
 
     def _seen_closed(self, record: BreakerRecord) -> None:
         """Keep a closed state for ``state_cache`` seconds (nothing when it is 0)."""
@@ -401,7 +626,9 @@ class CircuitBreaker:
 
     def _on_success(self, ticket: _Ticket) -> None:
         if ticket.trial_round is None:
-            if ticket.failures_seen > 0:
+            if self._window is not None:
+                self._count_call(False, ticket.window_gen)
+            elif ticket.failures_seen > 0:
                 self._store.reset_failures(self.name, now_ms(self.clock))
                 if self._cached_closed is not None:
                     self._cached_closed = (self._cached_closed[0], 0)
@@ -419,7 +646,10 @@ class CircuitBreaker:
     def _on_failure(self, ticket: _Ticket) -> None:
         now = now_ms(self.clock)
         if ticket.trial_round is None:
-            self._count_failure(now)
+            if self._window is not None:
+                self._count_call(True, ticket.window_gen)
+            else:
+                self._count_failure(now)
             return
         if self._store.reopen(self.name, ticket.trial_round, now):
             self._transition(State.HALF_OPEN, State.OPEN)
@@ -441,11 +671,106 @@ class CircuitBreaker:
 
     def _finish(self, ticket: _Ticket, exc: BaseException | None) -> None:
         if exc is None or isinstance(exc, self.ignore):
-            self._on_success(ticket)
+            if self._window is not None and self._slow(ticket):
+                self._on_failure(ticket)
+            else:
+                self._on_success(ticket)
         elif isinstance(exc, Exception):
             self._on_failure(ticket)
         # BaseException (KeyboardInterrupt, SystemExit): not an answer from the dependency; a
         # trial slot taken by this call is freed by its lease.
+
+    def _slow(self, ticket: _Ticket) -> bool:
+        """Whether the call took longer than the policy's ``slow_call_seconds``."""
+        policy = self.policy
+        if policy is None or policy.slow_call_seconds is None:
+            return False
+        return self.clock.monotonic() - ticket.started > policy.slow_call_seconds
+
+    # -- the failure-rate policy ----------------------------------------------------------------
+
+    def _count_call(self, failed: bool, gen: int | None) -> None:
+        """Count one closed call of window generation ``gen`` (None: the current one) in this
+        process, and write the counts when they are due (see FailureRate)."""
+        window = self._window
+        policy = self.policy
+        assert window is not None and policy is not None
+        now = now_ms(self.clock)
+        bucket = now // policy.bucket_ms
+        with window.lock:
+            if gen is not None and gen != window.gen:
+                return  # let through before a trip or reset this process has seen since
+            counts = window.pending.get(bucket)
+            if counts is None:
+                counts = window.pending[bucket] = [0, 0]
+            counts[0] += 1
+            if failed:
+                counts[1] += 1
+            due = (
+                policy.flush_interval == 0
+                or self.clock.monotonic() - window.flushed_at >= policy.flush_interval
+                or (failed and self._could_trip(window, now))
+            )
+        if due:
+            self.flush()
+
+    def _could_trip(self, window: _LocalWindow, now: int) -> bool:
+        """Whether the window this process last saw, with its own counts added, opens the
+        breaker (lock held): then a failure is written at once instead of at the next flush."""
+        policy = self.policy
+        assert policy is not None
+        oldest = now // policy.bucket_ms - policy.buckets + 1
+        calls, failures = (0, 0) if window.seen is None else window.seen.totals(oldest)
+        for bucket, (c, f) in window.pending.items():
+            if bucket >= oldest:
+                calls += c
+                failures += f
+        return policy.trips(calls, failures)
+
+    def flush(self) -> None:
+        """Write the calls this process counted and has not written yet (FailureRate policy;
+        nothing otherwise), and trip the breaker if the stored window then crosses the
+        threshold. Calls are written every ``flush_interval`` as they end; call this where a
+        process may stop for a while (the end of a Lambda invocation, a shutdown)."""
+        window = self._window
+        policy = self.policy
+        if window is None or policy is None:
+            return
+        now = now_ms(self.clock)
+        oldest = now // policy.bucket_ms - policy.buckets + 1
+        with window.lock:
+            batch, window.pending = window.pending, {}
+            gen = window.gen
+            window.flushed_at = self.clock.monotonic()
+        counts = {b: (c, f) for b, (c, f) in batch.items() if b >= oldest}
+        if not counts:
+            return
+        try:
+            stored = self._store.add_window(self.name, now, gen, counts, oldest)
+        except BaseException:
+            with window.lock:  # not written: keep them for the next flush
+                if window.gen == gen:
+                    for bucket, (c, f) in counts.items():
+                        pending = window.pending.setdefault(bucket, [0, 0])
+                        pending[0] += c
+                        pending[1] += f
+            raise
+        if stored is None:
+            # Not closed, or another generation: the counts belong to a window that is gone;
+            # read the state on the next call.
+            self._cached_closed = None
+            with window.lock:
+                if window.gen == gen:
+                    window.seen = None
+            return
+        with window.lock:
+            if window.gen == gen:
+                window.seen = stored
+        if policy.trips(*stored.totals(oldest)):
+            self._cached_closed = None
+            # every process whose write crossed the threshold tries; the generation lets one win
+            if self._store.trip_window(self.name, now, gen) is not None:
+                self._transition(State.CLOSED, State.OPEN)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -457,7 +782,10 @@ class CircuitBreaker:
         except BaseException as exc:
             self._finish(ticket, exc)
             raise
-        self._on_success(ticket)  # what _finish does without an exception
+        if self._window is None:
+            self._on_success(ticket)  # what _finish does without an exception
+        else:
+            self._finish(ticket, None)  # a slow call is a failure
         return result
 
     def __call__(self, fn: Callable[..., T]) -> Callable[..., T]:
@@ -485,11 +813,19 @@ class CircuitBreaker:
         self._finish(ticket, exc)
 
     def record_failure(self) -> None:
-        """Count one failure by hand (closed state only; trips at the threshold)."""
+        """Count one failure by hand (closed state only; trips at the threshold). With a
+        FailureRate policy: one failed call in the window."""
+        if self._window is not None:
+            self._count_call(True, None)
+            return
         self._count_failure(now_ms(self.clock))
 
     def record_success(self) -> None:
-        """Reset the failure count by hand (closed state only)."""
+        """Reset the failure count by hand (closed state only). With a FailureRate policy:
+        one successful call in the window."""
+        if self._window is not None:
+            self._count_call(False, None)
+            return
         self._store.reset_failures(self.name, now_ms(self.clock))
 
     def status(self) -> BreakerStatus:
@@ -527,6 +863,11 @@ class CircuitBreaker:
         the breaker trips again and a new trial starts (its round number is never reused).
         """
         old = self._store.reset(self.name, now_ms(self.clock))
+        if self._window is not None:
+            self._cached_closed = None
+            if old is not None:  # a new generation: what was counted before is gone
+                with self._window.lock:
+                    self._window.adopt(old.window_gen + 1)
         if old is not None:
             self._transition(old.state, State.CLOSED)
 
@@ -534,4 +875,7 @@ class CircuitBreaker:
         """Open the breaker now, whatever its state, with a fresh ``reset_timeout``."""
         self._cached_closed = None
         old = self._store.trip(self.name, now_ms(self.clock), None)
+        if self._window is not None:
+            with self._window.lock:  # a new generation (absent before: generation 0)
+                self._window.adopt((0 if old is None else old.window_gen) + 1)
         self._transition(State.CLOSED if old is None else old.state, State.OPEN)

@@ -4,7 +4,11 @@ Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``fai
 ``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
 ``updated_ms``; ``req`` (the request token of the last transition) and ``req_from`` (the state
 a trip or reset left), and one slot per writer (``w:{writer}``, dynacoord._writers) for failures,
-trial successes and joined trial slots, so that a write retried after its answer was lost recognises itself. No TTL: the state must outlive every process. An absent item means closed with no
+trial successes and joined trial slots, so that a write retried after its answer was lost recognises itself. With the failure-rate policy, ``wgen`` (the window's
+generation: every trip and reset adds one) and one count pair per bucket of the window,
+``c:{gen}:{bucket}`` and ``f:{gen}:{bucket}`` (calls, failures; dynacoord.breaker); a window
+write drops the pairs it saw last time that no window needs any more (another generation, or
+aged out), so the item holds about one window of buckets. No TTL: the state must outlive every process. An absent item means closed with no
 failures. ``reset`` closes the item in place instead of deleting it: ``trial_round`` must never go
 back, or a trial that was in flight across the reset would share its round number with a trial
 taken after it, and its late outcome would be applied to the new round.
@@ -19,7 +23,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ...breaker import BreakerRecord, StartTrialResult, State, _state
+from ...breaker import (
+    BreakerRecord,
+    BreakerWindow,
+    StartTrialResult,
+    State,
+    _state,
+    stale_window_names,
+    window_field,
+    window_from_fields,
+)
 from ...keys import BREAKER_SK, breaker_pk
 from ._table import (
     REQUEST_TOKEN,
@@ -57,6 +70,21 @@ _FROM = ", req_from = if_not_exists(#st, :closed)"
 #: a transition is not written twice by one request: its retry finds its own token and is refused
 _NOT_MINE = "(attribute_not_exists(#req) OR #req <> :req)"
 _REQ_NAMES = {"#req": REQUEST_TOKEN}
+#: trip and reset start a new window generation (the failure-rate policy's counts)
+_NEW_GEN = " ADD wgen :one"
+#: closed (or absent) in the window generation ``:gen`` (absent ``wgen``: generation 0)
+_CLOSED_STATE = "(attribute_not_exists(#st) OR #st = :closed)"
+
+
+def _in_gen(gen: int) -> str:
+    return "attribute_not_exists(wgen)" if gen == 0 else "wgen = :gen"
+
+
+def _window(raw: Mapping[str, Any], gen: int) -> BreakerWindow:
+    """The window of a raw item (its count pairs are plain Ns)."""
+    return window_from_fields(
+        {k: v["N"] for k, v in raw.items() if k[:2] in ("c:", "f:") and "N" in v}, gen
+    )
 
 
 def _as_before(item: Mapping[str, Any]) -> BreakerRecord:
@@ -80,6 +108,7 @@ def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:
         trial_calls = get("trial_calls")
         trial_round = get("trial_round")
         trial_started_ms = get("trial_started_ms")
+        wgen = get("wgen")
         return BreakerRecord(
             State.CLOSED if state is None else _state(state["S"]),
             0 if failures is None else int(failures["N"]),
@@ -88,6 +117,7 @@ def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:
             0 if trial_calls is None else int(trial_calls["N"]),
             0 if trial_round is None else int(trial_round["N"]),
             None if trial_started_ms is None else int(trial_started_ms["N"]),
+            0 if wgen is None else int(wgen["N"]),
         )
     except (KeyError, TypeError, ValueError):
         return BreakerRecord.from_item(unmarshal(raw))
@@ -99,6 +129,8 @@ class DynamoDBBreakerStore:
         self._ns = namespace
         #: the pk of each name (a store serves one breaker, or a few): built and checked once
         self._pks: dict[str, str] = {}
+        #: the window counts each name's item held at the last window write this store saw
+        self._window_names: dict[str, tuple[str, ...]] = {}
 
     def _key(self, name: str) -> dict[str, Any]:
         pk = self._pks.get(name) if type(name) is str else None
@@ -186,7 +218,7 @@ class DynamoDBBreakerStore:
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
         token = request_token()
         condition = _NOT_MINE
-        attr_values = values(open=_OPEN, now=now_ms, zero=0, closed=_CLOSED, req=token)
+        attr_values = values(open=_OPEN, now=now_ms, zero=0, closed=_CLOSED, req=token, one=1)
         if min_failures is not None:
             # Closes the race "many callers saw failures >= threshold": the first write changes
             # the state to open, so every later one fails this condition and does not re-trip.
@@ -196,7 +228,7 @@ class DynamoDBBreakerStore:
             attrs = self._update(
                 name,
                 condition=condition,
-                update=_OPEN_UPDATE.format(extra=_FROM),
+                update=_OPEN_UPDATE.format(extra=_FROM) + _NEW_GEN,
                 return_values="ALL_OLD",
                 old_on_failure=True,
                 names=_REQ_NAMES,
@@ -204,6 +236,89 @@ class DynamoDBBreakerStore:
             )
         except ConditionFailedError as failed:
             # this very trip, applied, its answer lost: answer with the state it left
+            return _as_before(failed.item) if written_by(failed.item, token) else None
+        return None if attrs is None else _record(attrs)
+
+    def add_window(
+        self,
+        name: str,
+        now_ms: int,
+        gen: int,
+        counts: Mapping[int, tuple[int, int]],
+        oldest: int,
+    ) -> BreakerWindow | None:
+        # ADD: concurrent writes of many processes all land. The condition keeps counts out of
+        # a window that is gone: another generation (a trip or reset since they were counted)
+        # or a breaker that is not closed.
+        token = CountingToken(now_ms, self._key(name)["pk"]["S"])
+        names: dict[str, str] = {}
+        attr_values = values(closed=_CLOSED, gen=gen) if gen else values(closed=_CLOSED)
+        added = []
+        written = set()
+        for i, (bucket, (calls, failures)) in enumerate(sorted(counts.items())):
+            names[f"#c{i}"] = window_field("c", gen, bucket)
+            attr_values[f":c{i}"] = {"N": str(calls)}
+            added.append(f"#c{i} :c{i}")
+            written.add(names[f"#c{i}"])
+            if failures:
+                names[f"#f{i}"] = window_field("f", gen, bucket)
+                attr_values[f":f{i}"] = {"N": str(failures)}
+                added.append(f"#f{i} :f{i}")
+                written.add(names[f"#f{i}"])
+        update = "ADD " + ", ".join(added)
+        stale = [
+            n
+            for n in stale_window_names(self._window_names.get(name, ()), gen, oldest)
+            if n not in written
+        ]
+        if stale:
+            for i, stale_name in enumerate(stale):
+                names[f"#x{i}"] = stale_name
+            update += " REMOVE " + ", ".join(f"#x{i}" for i in range(len(stale)))
+        try:
+            attrs = self._update(
+                name,
+                condition=f"{_CLOSED_STATE} AND {_in_gen(gen)}",
+                update=update,
+                return_values="ALL_NEW",
+                old_on_failure=True,
+                names=names,
+                attr_values=attr_values,
+                token=token,
+                now_ms=now_ms,
+            )
+        except ConditionFailedError as failed:
+            window = _window(failed.raw or {}, gen)
+            self._remember(name, window)
+            # this very write, applied, its answer lost: the window as stored
+            return window if token.applied(failed.raw) else None
+        window = _window(attrs or {}, gen)
+        self._remember(name, window)
+        return window
+
+    def _remember(self, name: str, window: BreakerWindow) -> None:
+        """Keep the window counts an item holds, to drop the stale ones on the next write."""
+        if len(self._window_names) < 64 or name in self._window_names:
+            self._window_names[name] = window.names
+
+    def trip_window(self, name: str, now_ms: int, gen: int) -> BreakerRecord | None:
+        token = request_token()
+        attr_values = values(open=_OPEN, now=now_ms, zero=0, closed=_CLOSED, req=token, one=1)
+        if gen:
+            attr_values.update(values(gen=gen))
+        try:
+            attrs = self._update(
+                name,
+                # of the processes that saw this generation's window cross the threshold, the
+                # first one's write starts a new generation: every later one is refused
+                condition=f"{_NOT_MINE} AND {_CLOSED_STATE} AND {_in_gen(gen)}",
+                update=_OPEN_UPDATE.format(extra=_FROM) + _NEW_GEN,
+                return_values="ALL_OLD",
+                old_on_failure=True,
+                names=_REQ_NAMES,
+                attr_values=attr_values,
+            )
+        except ConditionFailedError as failed:
             return _as_before(failed.item) if written_by(failed.item, token) else None
         return None if attrs is None else _record(attrs)
 
@@ -335,11 +450,11 @@ class DynamoDBBreakerStore:
                 name,
                 # an absent breaker is already closed: write nothing
                 condition=f"attribute_exists(pk) AND {_NOT_MINE}",
-                update=_CLOSED_UPDATE.format(extra=_FROM),
+                update=_CLOSED_UPDATE.format(extra=_FROM) + _NEW_GEN,
                 return_values="ALL_OLD",
                 old_on_failure=True,
                 names=_REQ_NAMES,
-                attr_values=values(closed=_CLOSED, zero=0, now=now_ms, req=token),
+                attr_values=values(closed=_CLOSED, zero=0, now=now_ms, req=token, one=1),
             )
         except ConditionFailedError as failed:
             # this very reset, applied, its answer lost: answer with the state it left

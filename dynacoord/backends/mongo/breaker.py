@@ -22,16 +22,30 @@ response would have (``trip``/``reset``: the stored record in state ``req_from``
 ``record_failure``, ``join_trial`` and ``trial_success`` carry a counting token kept in ``rq``
 (one slot per writer in ``w``, see ``_collection.CountingToken``), so a retry counts once
 and answers with the stored record.
+
+The failure-rate policy's window: ``wgen`` (its generation, one more at every trip and reset)
+and ``c:{gen}:{bucket}``/``f:{gen}:{bucket}`` (calls and failures of one bucket), added with
+``$inc`` by ``add_window`` (a counting write too), which also ``$unset``s the pairs the last
+window write showed that no window needs any more (another generation, or aged out).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from ...breaker import BreakerRecord, StartTrialResult, State
+from ...breaker import (
+    BreakerRecord,
+    BreakerWindow,
+    StartTrialResult,
+    State,
+    stale_window_names,
+    window_field,
+    window_from_fields,
+)
 from ...keys import breaker_key
 from ._collection import (
     CountingToken,
@@ -56,6 +70,8 @@ def _stamped(
     stage["req"] = literal(token)
     if note_prior:
         stage["req_from"] = {"$ifNull": ["$state", literal(_CLOSED)]}
+        # a trip or reset starts a new window generation (the failure-rate policy's counts)
+        stage["wgen"] = {"$add": [{"$ifNull": ["$wgen", 0]}, 1]}
     # $project, not the $unset stage: the same in MongoDB, and mongomock only knows $project.
     return [{"$set": stage}, {"$project": dict.fromkeys(removed, 0)}]
 
@@ -90,6 +106,8 @@ class MongoBreakerStore:
         self._coll = coll
         self._c = coll.collection
         self._ns = namespace
+        #: the window counts each name's document held at the last window write seen
+        self._window_names: dict[str, tuple[str, ...]] = {}
 
     def _key(self, name: str) -> dict[str, Any]:
         return breaker_key(self._ns, name).primary
@@ -321,3 +339,57 @@ class MongoBreakerStore:
         token = request_token()
         update = _close(now_ms, token, note_prior=True)
         return self._transition(name, {}, update, token, "breaker reset")
+
+    def add_window(
+        self,
+        name: str,
+        now_ms: int,
+        gen: int,
+        counts: Mapping[int, tuple[int, int]],
+        oldest: int,
+    ) -> BreakerWindow | None:
+        inc: dict[str, int] = {}
+        for bucket, (calls, failures) in counts.items():
+            inc[window_field("c", gen, bucket)] = calls
+            if failures:
+                inc[window_field("f", gen, bucket)] = failures
+        update: dict[str, Any] = {"$set": {}, "$inc": inc}
+        stale = [
+            n
+            for n in stale_window_names(self._window_names.get(name, ()), gen, oldest)
+            if n not in inc
+        ]
+        if stale:
+            update["$unset"] = dict.fromkeys(stale, "")
+        # generation 0 is a document that no trip or reset has touched: no ``wgen`` yet
+        in_gen: dict[str, Any] = {"wgen": gen} if gen else {"wgen": {"$exists": False}}
+        token = CountingToken(now_ms)
+        doc = self._modify(
+            name,
+            {"state": _CLOSED, **in_gen, **token.unapplied},
+            {**update, "$set": {token.field: token.token}},
+            "breaker add_window",
+            upsert=True,
+        )
+        if doc is None:
+            current = self._stored(name, "breaker add_window")
+            window = window_from_fields(current or {}, gen)
+            self._remember(name, window)
+            return window if token.applied(current) else None
+        self._coll.drop_stale_slots(self._key(name), doc, now_ms, "breaker add_window")
+        window = window_from_fields(doc, gen)
+        self._remember(name, window)
+        return window
+
+    def _remember(self, name: str, window: BreakerWindow) -> None:
+        """Keep the window counts a document holds, to drop the stale ones on the next write."""
+        if len(self._window_names) < 64 or name in self._window_names:
+            self._window_names[name] = window.names
+
+    def trip_window(self, name: str, now_ms: int, gen: int) -> BreakerRecord | None:
+        token = request_token()
+        in_gen: dict[str, Any] = {"wgen": gen} if gen else {"wgen": {"$exists": False}}
+        update = _open(now_ms, token, note_prior=True)
+        return self._transition(
+            name, {"state": _CLOSED, **in_gen}, update, token, "breaker trip_window"
+        )

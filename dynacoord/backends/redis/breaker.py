@@ -7,7 +7,11 @@ close, reopen) and ``req_from`` (the state the last trip or reset found, ``close
 was absent); no expiry (the state must outlive every process). Absent means closed with no
 failures; ``reset`` closes the hash in place (never deletes it) so that ``trial_round`` never
 goes back. Beside it, ``{CB#{ns}#{name}}|rq`` (the same hash tag, so the same slot) holds the
-recent request tokens of the counting writes: record_failure, join_trial, trial_success.
+recent request tokens of the counting writes: record_failure, join_trial, trial_success,
+add_window. The failure-rate policy's window lives in the same hash: ``wgen`` (its generation,
+one more at every trip and reset) and ``c:{gen}:{bucket}``/``f:{gen}:{bucket}`` (calls and
+failures of one bucket); a window write drops, in the same script, every pair of another
+generation or of a bucket that aged out.
 
 Lost responses (docs/guarantees.md): the client retries a script whose reply was lost after it
 ran. A transition that finds its own token in ``req``, or a counting write that finds its own in
@@ -23,9 +27,10 @@ it where the protocol asks for the old record).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from ...breaker import BreakerRecord, StartTrialResult
+from ...breaker import BreakerRecord, BreakerWindow, StartTrialResult, window_from_fields
 from ...keys import breaker_key
 from ._conn import (
     LUA_REPLY,
@@ -107,7 +112,53 @@ local old = reply(1)
 redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[1], 'successes', 0,
            'trial_calls', 0, 'updated_ms', ARGV[1], 'req', ARGV[3], 'req_from', st or 'closed')
 redis.call('HDEL', KEYS[1], 'trial_started_ms')
+redis.call('HINCRBY', KEYS[1], 'wgen', 1)
 return old
+"""
+)
+
+# ARGV: now, gen, token  (replies with the record as it was). Opens a breaker closed in window
+# generation ARGV[2]: of the processes that saw that window cross the threshold, the first one
+# starts a new generation and every later one is refused.
+_TRIP_WINDOW = (
+    _HEAD
+    + """
+if ours(3) then return as_found() end
+if (st and st ~= 'closed') or (num('wgen') or 0) ~= tonumber(ARGV[2]) then return {0} end
+local old = reply(1)
+redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[1], 'successes', 0,
+           'trial_calls', 0, 'updated_ms', ARGV[1], 'req', ARGV[3], 'req_from', st or 'closed')
+redis.call('HDEL', KEYS[1], 'trial_started_ms')
+redis.call('HINCRBY', KEYS[1], 'wgen', 1)
+return old
+"""
+)
+
+# ARGV: now, gen, oldest bucket, token, then (bucket, calls, failures) triples
+_ADD_WINDOW = (
+    _HEAD
+    + LUA_TOKENS
+    + """
+-- KEYS[2] = recent request tokens: a retried window write adds once
+if seen(KEYS[2], ARGV[4]) then return reply(1) end
+local gen = tonumber(ARGV[2])
+if (st and st ~= 'closed') or (num('wgen') or 0) ~= gen then return {0} end
+for i = 5, #ARGV, 3 do
+  redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[2] .. ':' .. ARGV[i], ARGV[i + 1])
+  if ARGV[i + 2] ~= '0' then
+    redis.call('HINCRBY', KEYS[1], 'f:' .. ARGV[2] .. ':' .. ARGV[i], ARGV[i + 2])
+  end
+end
+-- what no window needs any more: another generation's counts, buckets that aged out
+local oldest = tonumber(ARGV[3])
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local g, b = string.match(field, '^[cf]:(%d+):(%d+)$')
+  if g and (tonumber(g) ~= gen or tonumber(b) < oldest) then
+    redis.call('HDEL', KEYS[1], field)
+  end
+end
+remember(KEYS[2], ARGV[4], ARGV[1])
+return reply(1)
 """
 )
 
@@ -206,6 +257,7 @@ local old = reply(1)
 redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0, 'trial_calls', 0,
            'updated_ms', ARGV[1], 'req', ARGV[2], 'req_from', st or 'closed')
 redis.call('HDEL', KEYS[1], 'opened_at_ms', 'trial_started_ms')
+redis.call('HINCRBY', KEYS[1], 'wgen', 1)
 return old
 """
 )
@@ -285,4 +337,24 @@ class RedisBreakerStore:
 
     def reset(self, name: str, now_ms: int) -> BreakerRecord | None:
         ok, rest = self._run(_RESET, name, [now_ms, request_token()], "breaker reset")
+        return BreakerRecord.from_item(pairs(rest)) if ok else None
+
+    def add_window(
+        self,
+        name: str,
+        now_ms: int,
+        gen: int,
+        counts: Mapping[int, tuple[int, int]],
+        oldest: int,
+    ) -> BreakerWindow | None:
+        args: list[Any] = [now_ms, gen, oldest, counting_token(now_ms)]
+        for bucket, (calls, failures) in sorted(counts.items()):
+            args += [bucket, calls, failures]
+        ok, rest = self._run(_ADD_WINDOW, name, args, "breaker add_window", tokens=True)
+        return window_from_fields(pairs(rest), gen) if ok else None
+
+    def trip_window(self, name: str, now_ms: int, gen: int) -> BreakerRecord | None:
+        ok, rest = self._run(
+            _TRIP_WINDOW, name, [now_ms, gen, request_token()], "breaker trip_window"
+        )
         return BreakerRecord.from_item(pairs(rest)) if ok else None
