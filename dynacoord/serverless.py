@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import threading
 from typing import Any
 
 from .errors import ConfigurationError
@@ -40,6 +41,10 @@ _SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 
 _relay: StreamHandler | None = None
 _sweep: SweepHandler | None = None
+#: Held while an entry point is built: invocations that arrive together in one process (a
+#: runtime or a test that runs them in threads) would otherwise each build one, and each would
+#: count its deliveries on its own worker (and check the table once more).
+_build_lock = threading.Lock()
 
 
 def load_object(spec: str, what: str = "handlers") -> Any:
@@ -109,17 +114,34 @@ def _backend() -> Any:
 
 def relay(event: Any, context: Any) -> BatchResponse:
     """Lambda entry point of the stream relay (handler ``dynacoord.serverless.relay``)."""
+    handler = _relay
+    if handler is None:
+        handler = _build_relay()
+    return handler(event, context)
+
+
+def _build_relay() -> StreamHandler:
     global _relay
-    if _relay is None:
-        options = outbox_options(os.environ.get("DYNACOORD_OUTBOX_OPTIONS"))
-        _relay = _backend().outbox.stream_handler(_handlers(), **options)
-    return _relay(event, context)
+    with _build_lock:
+        if _relay is None:
+            options = outbox_options(os.environ.get("DYNACOORD_OUTBOX_OPTIONS"))
+            _relay = _backend().outbox.stream_handler(_handlers(), **options)
+        return _relay
 
 
 def sweep(event: Any, context: Any) -> dict[str, Any]:
     """Lambda entry point of the scheduled sweeper (handler ``dynacoord.serverless.sweep``)."""
+    handler = _sweep
+    if handler is None:
+        handler = _build_sweep()
+    return handler(event, context)
+
+
+def _build_sweep() -> SweepHandler:
     global _sweep
-    if _sweep is None:
+    with _build_lock:
+        if _sweep is not None:
+            return _sweep
         options = outbox_options(os.environ.get("DYNACOORD_OUTBOX_OPTIONS"))
         backend = _backend()
         reconcile_spec = os.environ.get("DYNACOORD_RECONCILE_HANDLER", "")
@@ -140,11 +162,12 @@ def sweep(event: Any, context: Any) -> dict[str, Any]:
             on_stalled=on_stalled,
             **options,
         )
-    return _sweep(event, context)
+        return _sweep
 
 
 def _reset() -> None:
     """Forget the built handlers (tests: a new environment)."""
     global _relay, _sweep
-    _relay = None
-    _sweep = None
+    with _build_lock:
+        _relay = None
+        _sweep = None
