@@ -186,7 +186,9 @@ def _row(
         "refusals": round(sum(usage.refusals.values()) / ops, 3),
         "refused_items": round(usage.refused_items / ops, 3),
         "ceiling": limit,
-        "note": note,
+        "note": note
+        if peer is None or not limit.get("per_s")
+        else f"{note}; ceiling {limit['per_s']:,}/s on `{limit['partition']}`".lstrip("; "),
     }
 
 
