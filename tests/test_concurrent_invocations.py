@@ -568,12 +568,12 @@ LONG = 300_000
 
 _delivered_lock = threading.Lock()
 #: event id -> deliveries, by the handlers below
-DELIVERED: Counter[str] = Counter()
+delivered_events: Counter[str] = Counter()
 
 
-def RELAY_HANDLER(event: Any) -> None:  # noqa: N802 (a handlers spec names it)
+def relay_handler(event: Any) -> None:
     with _delivered_lock:
-        DELIVERED[event.id] += 1
+        delivered_events[event.id] += 1
 
 
 @pytest.fixture()
@@ -589,12 +589,12 @@ def stack_env(
         "DYNACOORD_ENDPOINT_URL": dynamodb_local.endpoint_url,
         "DYNACOORD_TABLE": name,
         "DYNACOORD_NAMESPACE": namespace,
-        "DYNACOORD_OUTBOX_HANDLERS": f"{__name__}:RELAY_HANDLER",
+        "DYNACOORD_OUTBOX_HANDLERS": f"{__name__}:relay_handler",
         "DYNACOORD_OUTBOX_OPTIONS": '{"backoff": 0, "max_backoff": 0, "batch_size": 5}',
     }.items():
         monkeypatch.setenv(variable, value)
     serverless._reset()
-    DELIVERED.clear()
+    delivered_events.clear()
     try:
         yield DynamoDBBackend(client, table_name=name, namespace=namespace)
     finally:
@@ -658,10 +658,10 @@ def test_concurrent_relay_invocations_deliver_every_event_once(
         )
 
     assert wave() == [{"batchItemFailures": []}] * N
-    assert DELIVERED == dict.fromkeys(ids, 1)
+    assert delivered_events == dict.fromkeys(ids, 1)
     # Lambda retries every batch (say each invocation's answer was lost), all at once again
     assert wave() == [{"batchItemFailures": []}] * N
-    assert DELIVERED == dict.fromkeys(ids, 1)
+    assert delivered_events == dict.fromkeys(ids, 1)
     relay = serverless._relay
     assert relay is not None  # one relay counted every invocation's records
     assert (relay.worker.delivered, relay.not_claimed, relay.skipped) == (4 * N, 4 * N, 0)
@@ -681,7 +681,7 @@ def test_concurrent_sweeps_deliver_every_event_once(stack_env: DynamoDBBackend) 
 
     ids = publish_for_the_sweeper(stack_env, 40)
     invoke_concurrently(8, lambda i: serverless.sweep({}, Context(f"req-{i}", LONG)))
-    assert DELIVERED == dict.fromkeys(ids, 1)
+    assert delivered_events == dict.fromkeys(ids, 1)
 
 
 @pytest.mark.xfail(
