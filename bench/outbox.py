@@ -418,14 +418,14 @@ def run(env: BenchEnv) -> dict[str, Any]:
         **publish,
         "rows": rows,
         "note": (
-            "Requests per delivered event include every poll. `batched`: a Query of the "
-            "worker's own shard (others only when it has less than a batch), one "
-            "TransactWriteItems claiming the batch, one storing its outcomes, and the zombie "
-            "scan of every shard's in_flight index at most every lease/2. `per-event`: the same "
-            "polls, a claim and a completion (UpdateItem) per event. `previous`: a Query per "
-            "status and shard on every poll, a claim and a completion per event. Write units "
-            "follow AWS's rule for items up to 1 KB (1 per plain write, 2 per transaction item; "
-            "index writes, the same in every design, left out). Lost and duplicates must be 0; "
+            "Requests per delivered event include every poll. `batched`: the worker as it is "
+            "configured by default (`outbox.worker(handler)`: batches claimed and settled "
+            "together; what it sends is what is counted, section 10 prices it request by "
+            "request). `per-event`: `batch_claim=False`, a claim and a completion (UpdateItem) "
+            "per event after the same polls. `previous`: a Query per status and shard on every "
+            "poll, a claim and a completion per event. Write units follow AWS's rule for items "
+            "up to 1 KB (1 per plain write or batch statement, 2 per transaction item; index "
+            "writes left out: section 10 counts them). Lost and duplicates must be 0; "
             "`lease_lost_reports` counts completions refused because a lease had been taken "
             "over; `claim_refusals_per_event` counts the items refused by a failed condition "
             "(a refused write, a statement of a batch, an item of a cancelled transaction), "
