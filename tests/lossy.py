@@ -21,7 +21,9 @@ How each backend loses a response:
 * ``dynamodb`` (DynamoDB Local, the session table): a ``before-send`` hook on a dedicated client
   (standard retry mode, 5 attempts) sends the signed request itself, then raises botocore's
   ``ReadTimeoutError``; botocore retries. Operation names are DynamoDB's (``UpdateItem``,
-  ``PutItem``, ``DeleteItem``, ``TransactWriteItems``, ``BatchWriteItem``); reads are never lost.
+  ``PutItem``, ``DeleteItem``, ``TransactWriteItems``, ``BatchWriteItem``,
+  ``BatchExecuteStatement``: dynacoord sends only conditional writes that way); reads are never
+  lost.
 * ``redis`` (the session redis-server): a ``Connection`` subclass reads the real reply of the
   command, discards it, disconnects and raises ``redis.exceptions.ConnectionError``; the client
   is built with ``Retry(NoBackoff(), 3)`` so redis-py re-sends the command. Names are Redis
@@ -61,7 +63,14 @@ __all__ = ["DYNAMODB_WRITES", "MONGO_WRITES", "REDIS_NOT_WRITES", "Lossy", "loss
 
 #: DynamoDB operations that can lose their response (everything else is a read).
 DYNAMODB_WRITES = frozenset(
-    {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
+    {
+        "PutItem",
+        "UpdateItem",
+        "DeleteItem",
+        "TransactWriteItems",
+        "BatchWriteItem",
+        "BatchExecuteStatement",
+    }
 )
 
 #: Redis commands that never lose their response: read-only, script management, connection.

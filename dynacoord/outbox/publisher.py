@@ -175,6 +175,7 @@ class Outbox:
         on_delivered: Callable[[Event], Any] | None = None,
         on_error: Callable[[Event, Exception], Any] | None = None,
         on_failed: Callable[[Event], Any] | None = None,
+        leave_new_for: float = 0.0,
     ) -> OutboxWorker:
         """A worker that delivers due events to ``handlers`` (see :class:`OutboxWorker`)."""
         return OutboxWorker(
@@ -196,19 +197,31 @@ class Outbox:
             on_delivered=on_delivered,
             on_error=on_error,
             on_failed=on_failed,
+            leave_new_for=leave_new_for,
         )
 
     def stream_handler(
-        self, handlers: Handler | Mapping[str, Handler], **worker_options: Any
+        self,
+        handlers: Handler | Mapping[str, Handler],
+        *,
+        claim: bool = False,
+        **worker_options: Any,
     ) -> StreamHandler:
         """A Lambda handler for the table's DynamoDB stream that delivers each new event of this
-        namespace as it is published, with the worker's claim (so it and polling workers never
-        both deliver an event), and returns ``{"batchItemFailures": [...]}`` listing only
+        namespace as it is published and returns ``{"batchItemFailures": [...]}`` listing only
         records whose outcome could not be stored. ``worker_options`` are :meth:`worker`'s.
-        DynamoDB backend only. See :mod:`dynacoord.outbox.stream`."""
+
+        By default an event costs one write, its outcome: the relay owns a new event for one
+        lease after it became due, and polling workers made by :meth:`sweep_handler` leave it
+        alone meanwhile (their ``leave_new_for``); give both the same ``lease``. Handlers that
+        may run longer than the lease want ``claim=True``: the worker's claim and heartbeat
+        first (two writes per event). Ordered events are always claimed (their group's gate
+        moves with the claim). DynamoDB backend only. See :mod:`dynacoord.outbox.stream`."""
         from .stream import StreamHandler
 
-        return StreamHandler(self.worker(handlers, **worker_options), self._store)
+        return StreamHandler(
+            self.worker(handlers, **worker_options), self._store, claim=check_bool(claim, "claim")
+        )
 
     def sweep_handler(
         self,
@@ -221,9 +234,15 @@ class Outbox:
     ) -> SweepHandler:
         """A Lambda handler for a schedule: polling passes for due retries, expired leases and
         events the stream relay missed, then (with ``runs=backend.runs`` and ``on_stalled``)
-        ``runs.reconcile(stalled_after, on_stalled)``. See :mod:`dynacoord.outbox.stream`."""
+        ``runs.reconcile(stalled_after, on_stalled)``. Its worker leaves a new event to the
+        stream relay for one lease after it became due (``leave_new_for``: by default the lease
+        where the store has a stream, the DynamoDB backend, else 0). See :mod:`dynacoord.outbox.stream`."""
         from .stream import SweepHandler
 
+        if worker_options.get("leave_new_for") is None:
+            # The relay's share: only a store with a stream (DynamoDB) has a relay.
+            has_stream = callable(getattr(self._store, "stream_record", None))
+            worker_options["leave_new_for"] = worker_options.get("lease", 30.0) if has_stream else 0
         return SweepHandler(
             self.worker(handlers, **worker_options),
             runs=runs,

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from .._clock import now_ms
 from ..errors import ConfigurationError, InvalidValueError, NotSupportedError
-from .event import EventRecord, new_event_id
+from .event import EventRecord, EventStatus, new_event_id
 from .store import OutboxStore
 from .worker import OutboxWorker
 
@@ -125,7 +125,7 @@ class StreamHandler:
     time) and ``store_errors`` here.
     """
 
-    def __init__(self, worker: OutboxWorker, store: OutboxStore) -> None:
+    def __init__(self, worker: OutboxWorker, store: OutboxStore, *, claim: bool = False) -> None:
         reader = getattr(store, "stream_record", None)
         if not callable(reader):
             raise NotSupportedError(
@@ -134,6 +134,7 @@ class StreamHandler:
             )
         images: _StreamImages = store  # type: ignore[assignment]
         self.worker = worker
+        self.claim = claim
         self._store = store
         self._images = images
         self.skipped = 0
@@ -189,6 +190,18 @@ class StreamHandler:
         needed = self.worker.lease_ms + OUTCOME_MARGIN_MS
         keep_going = _keep_going(context, needed)
         failures: list[str] = []
+        fresh: dict[str, EventRecord] | None = None
+        if not self.claim and any(seen.seq is None for _, seen in candidates):
+            try:
+                # One consistent read for the batch (read units, no write): a stream batch
+                # Lambda retries holds events delivered already, which must not run again.
+                fresh = self._store.get_many(  # type: ignore[attr-defined]
+                    [seen.id for _, seen in candidates if seen.seq is None], now
+                )
+            except Exception:
+                self.store_errors += len(candidates)
+                logger.exception("%s: events of the stream batch not read", self.worker.name)
+                return {"batchItemFailures": [{"itemIdentifier": s} for s, _ in candidates]}
         for index, (sequence, seen) in enumerate(candidates):
             if self.worker.stopping or not keep_going():
                 left = len(candidates) - index
@@ -204,7 +217,10 @@ class StreamHandler:
                 )
                 break
             try:
-                self._deliver(seen)
+                if fresh is None or seen.seq is not None:
+                    self._deliver(seen)
+                else:
+                    self._deliver_unclaimed(seen, fresh.get(seen.id))
             except Exception:
                 # The store failed (after botocore's retries): the claim or the outcome is not
                 # stored. Lambda retries this record; a retry whose claim is refused is harmless.
@@ -233,8 +249,47 @@ class StreamHandler:
             return
         worker._process(claimed[0], token)
 
+    def _deliver_unclaimed(self, seen: EventRecord, current: EventRecord | None) -> None:
+        """Deliver a new event with one write: its outcome, stored only while the event is
+        still pending and unclaimed as the stream showed it. No claim is needed because a
+        polling worker leaves a new event alone for one lease after it became due (the
+        sweeper's ``leave_new_for``): that lease is the relay's. The relay runs the handler
+        only while it fits in that lease; after it, the event is the sweeper's."""
+        worker = self.worker
+        if (
+            current is None
+            or current.status.value != "pending"
+            or current.lease_token is not None
+            or current.attempts != seen.attempts
+            or current.due_at_ms != seen.due_at_ms
+        ):
+            self.not_claimed += 1  # delivered already (a retried stream batch), or taken
+            return
+        lease_end = current.due_at_ms + worker.lease_ms
+        now = now_ms(worker.clock)
+        if now + OUTCOME_MARGIN_MS >= lease_end:
+            # The stream came late: the event is the sweeper's now (it may be claiming it).
+            self.left += 1
+            logger.info(
+                "%s: event %r left to the sweeper: the stream was late", worker.name, seen.id
+            )
+            return
+        token = new_event_id()
+        record = dataclasses.replace(
+            current,
+            event=current.event.with_attempt(current.attempts + 1),
+            status=EventStatus.IN_FLIGHT,
+            attempts=current.attempts + 1,
+            lease_token=token,
+            due_at_ms=lease_end,
+        )
+        outcome = worker._handle(record)
+        settle = self._store.settle_unclaimed  # type: ignore[attr-defined]
+        (ok,) = settle([(current, outcome)], now_ms(worker.clock), worker.retention_ms)
+        worker._record(outcome, ok)
+
     def __repr__(self) -> str:
-        return f"StreamHandler(worker={self.worker!r})"
+        return f"StreamHandler(worker={self.worker!r}, claim={self.claim})"
 
 
 def _sequence(record: Mapping[str, Any]) -> str:

@@ -187,6 +187,10 @@ class OutboxWorker:
     and completes one event per request (the previous design: fewer write units per event on
     DynamoDB, where a transactional write costs twice a plain one, at more requests).
 
+    ``leave_new_for`` (seconds): unordered pending events with no attempt yet are not claimed
+    until they have been due that long: they belong to the stream relay meanwhile
+    (``sweep_handler`` sets it to the lease).
+
     Hooks, each called with the event, their exceptions logged and never raised:
     ``on_delivered(event)`` after a completion is stored, ``on_error(event, exc)`` when a
     handler raises (every attempt), ``on_failed(event)`` after the event is stored as failed.
@@ -216,6 +220,7 @@ class OutboxWorker:
         on_delivered: Callable[[Event], Any] | None = None,
         on_error: Callable[[Event, Exception], Any] | None = None,
         on_failed: Callable[[Event], Any] | None = None,
+        leave_new_for: float = 0.0,
     ) -> None:
         if isinstance(handlers, Mapping):
             for event_type, handler in handlers.items():
@@ -258,6 +263,7 @@ class OutboxWorker:
         self.retention_ms = None if retention is None else ttl_to_ms(retention, "retention")
         self.heartbeat = check_bool(heartbeat, "heartbeat")
         self.batch_claim = check_bool(batch_claim, "batch_claim")
+        self.leave_new_ms = int(non_negative_seconds(leave_new_for, "leave_new_for") * 1000)
         self.on_delivered = on_delivered
         self.on_error = on_error
         self.on_failed = on_failed
@@ -422,6 +428,19 @@ class OutboxWorker:
             found.extend(self._query(EventStatus.PENDING, shard, now, found))
             if len(found) >= self.batch_size:
                 break
+        if self.leave_new_ms:
+            # New unordered events (no attempt yet) are the stream relay's for one lease after
+            # they became due: it delivers them without a claim (see outbox.stream). Ordered
+            # ones it claims, as everyone does.
+            before = now - self.leave_new_ms
+            found = [
+                r
+                for r in found
+                if r.status is not EventStatus.PENDING
+                or r.attempts
+                or r.seq is not None
+                or r.due_at_ms <= before
+            ]
         return found
 
     def _query(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,7 +215,36 @@ def test_a_lambda_retry_of_the_same_batch_delivers_nothing_twice(env: Env) -> No
     assert relay.not_claimed == 5
 
 
-def test_stream_relays_and_polling_workers_never_both_deliver(env: Env) -> None:
+def test_a_new_event_costs_the_relay_one_write_its_outcome(env: Env) -> None:
+    backend = env.backend()
+    handler = Recorder()
+    ids = backend.outbox.publish([Event("t", {"n": n}) for n in range(3)])
+    batch = env.reader.next_batch()
+    counts: Counter[str] = Counter()
+
+    def count(event_name: str, **_: Any) -> None:
+        counts[event_name.rsplit(".", 1)[-1]] += 1
+
+    env.client.meta.events.register("before-send.dynamodb.*", count)
+    try:
+        assert _failures(backend.outbox.stream_handler(handler)(batch, FakeContext())) == []
+    finally:
+        env.client.meta.events.unregister("before-send.dynamodb.*", count)
+    assert handler.count() == Counter({i: 1 for i in ids})
+    # one consistent read of the batch, then one conditional write per event
+    assert counts == Counter({"BatchGetItem": 1, "UpdateItem": 3}), counts
+    for event_id in ids:
+        record = backend.outbox.get(event_id)
+        assert record is not None and record.status is EventStatus.COMPLETED
+        assert record.attempts == 1
+
+
+@pytest.mark.parametrize("claim", [False, True])
+def test_stream_relays_and_sweepers_never_both_deliver(env: Env, claim: bool) -> None:
+    """Lambda's invocation and sweepers polling at the same time. Without a claim the relay
+    owns a new event for one lease (the sweepers leave it alone); with ``claim=True`` a
+    concurrent retry of the same records and plain polling workers race it too, and the
+    claims decide."""
     backend = env.backend()
     handler = Recorder()
     ids = backend.outbox.publish([Event("t", {"n": n}) for n in range(60)])
@@ -227,15 +257,18 @@ def test_stream_relays_and_polling_workers_never_both_deliver(env: Env) -> None:
 
     def relay_batch(records: list[dict[str, Any]]) -> None:
         try:
-            relay = backend.outbox.stream_handler(handler, heartbeat=False)
+            relay = backend.outbox.stream_handler(handler, heartbeat=False, claim=claim)
             start.wait()
             assert _failures(relay({"Records": records}, FakeContext())) == []
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    def poll() -> None:
+    def poll(sweeper: bool) -> None:
         try:
-            worker = backend.outbox.worker(handler, batch_size=10, heartbeat=False)
+            if sweeper:
+                worker = backend.outbox.sweep_handler(handler, batch_size=10).worker
+            else:
+                worker = backend.outbox.worker(handler, batch_size=10, heartbeat=False)
             start.wait()
             while worker.run_once():
                 pass
@@ -245,9 +278,12 @@ def test_stream_relays_and_polling_workers_never_both_deliver(env: Env) -> None:
     records = batch["Records"]
     threads = [
         threading.Thread(target=relay_batch, args=(records,)),  # Lambda's invocation
-        threading.Thread(target=relay_batch, args=(records[::-1],)),  # a concurrent retry
-        threading.Thread(target=poll),  # a polling worker
-        threading.Thread(target=poll),  # the sweeper
+        # with claims: a concurrent retry of the same records, and a plain polling worker
+        threading.Thread(target=relay_batch, args=(records[::-1],))
+        if claim
+        else threading.Thread(target=poll, args=(True,)),
+        threading.Thread(target=poll, args=(not claim,)),
+        threading.Thread(target=poll, args=(True,)),  # the sweeper
     ]
     for thread in threads:
         thread.start()
@@ -259,10 +295,27 @@ def test_stream_relays_and_polling_workers_never_both_deliver(env: Env) -> None:
     assert (stats.pending, stats.in_flight, stats.failed) == (0, 0, 0)
 
 
+def test_an_event_the_stream_brings_after_its_lease_is_left_to_the_sweeper(env: Env) -> None:
+    clock = ManualClock(time.time())  # an event is due when it occurred (system time)
+    backend = env.backend(clock=clock)
+    handler = Recorder()
+    (event_id,) = backend.outbox.publish([Event("t", 1)])
+    batch = env.reader.next_batch()
+    sweeper = backend.outbox.sweep_handler(handler, lease=30)
+    assert sweeper({}, FakeContext())["handled"] == 0  # the relay's for one lease
+    clock.advance(29.5)  # less than the margin to store an outcome is left
+    relay = backend.outbox.stream_handler(handler, lease=30)
+    assert _failures(relay(batch, FakeContext())) == []
+    assert relay.left == 1 and handler.calls == []
+    clock.advance(1)
+    assert sweeper({}, FakeContext())["delivered"] == 1
+    assert handler.count() == Counter({event_id: 1})
+
+
 def test_a_handler_failure_is_rescheduled_by_the_outbox_and_the_sweeper_delivers_it(
     env: Env,
 ) -> None:
-    clock = ManualClock()
+    clock = ManualClock(time.time())  # events are due when they occur (system time)
     backend = env.backend(clock=clock)
     handler = Recorder(fail_types={"flaky"})
     relay = backend.outbox.stream_handler(handler, backoff=10, max_backoff=10)
@@ -410,7 +463,7 @@ def test_a_claim_that_cannot_be_stored_is_reported_and_the_retry_delivers_it(
         namespace=namespace, client=_failing_client(dynamodb_local, victim, claim=True)
     )
     handler = Recorder()
-    relay = failing.outbox.stream_handler(handler)
+    relay = failing.outbox.stream_handler(handler, claim=True)
     batch = env.reader.next_batch()
 
     failures = _failures(relay(batch, FakeContext()))
@@ -425,7 +478,7 @@ def test_a_claim_that_cannot_be_stored_is_reported_and_the_retry_delivers_it(
     assert handler.count() == Counter({i: 1 for i in ids})
 
 
-def test_an_outcome_that_cannot_be_stored_is_reported_and_never_delivered_twice_by_the_stream(
+def test_an_outcome_that_cannot_be_stored_is_reported_with_a_claim_never_delivered_twice(
     env: Env, dynamodb_local: DynamoDBLocal
 ) -> None:
     namespace = unique_name("ns")
@@ -439,7 +492,7 @@ def test_an_outcome_that_cannot_be_stored_is_reported_and_never_delivered_twice_
         client=_failing_client(dynamodb_local, victim, claim=False),
     )
     handler = Recorder()
-    relay = failing.outbox.stream_handler(handler, lease=30)
+    relay = failing.outbox.stream_handler(handler, lease=30, claim=True)
     batch = env.reader.next_batch()
 
     assert _failures(relay(batch, FakeContext())) == [_sequence_of(batch, victim)]
@@ -454,6 +507,31 @@ def test_an_outcome_that_cannot_be_stored_is_reported_and_never_delivered_twice_
     clock.advance(31)
     assert publisher.outbox.sweep_handler(handler)({}, FakeContext())["delivered"] == 1
     assert handler.count()[victim] == 2
+    assert publisher.outbox.get(victim).status is EventStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_an_outcome_that_cannot_be_stored_is_reported_and_the_retry_delivers_it_again(
+    env: Env, dynamodb_local: DynamoDBLocal
+) -> None:
+    """Without a claim nothing marks the handled event: Lambda's retry delivers it again at
+    once (at least once, as after a lost claim's lease; handlers are idempotent on event.id)."""
+    namespace = unique_name("ns")
+    publisher = env.backend(namespace=namespace)
+    ids = publisher.outbox.publish([Event("t", {"n": n}) for n in range(3)])
+    victim = ids[2]
+    failing = env.backend(
+        namespace=namespace, client=_failing_client(dynamodb_local, victim, claim=False)
+    )
+    handler = Recorder()
+    relay = failing.outbox.stream_handler(handler, lease=30)
+    batch = env.reader.next_batch()
+
+    assert _failures(relay(batch, FakeContext())) == [_sequence_of(batch, victim)]
+    record = publisher.outbox.get(victim)
+    assert record is not None and record.status is EventStatus.PENDING and record.attempts == 0
+
+    assert _failures(relay(batch, FakeContext())) == []
+    assert handler.count() == Counter({ids[0]: 1, ids[1]: 1, victim: 2})
     assert publisher.outbox.get(victim).status is EventStatus.COMPLETED  # type: ignore[union-attr]
 
 
@@ -481,7 +559,8 @@ def test_no_event_is_claimed_once_a_lease_no_longer_fits_the_sweeper_delivers_th
     assert len(handler.calls) == 2
     assert "is the function's timeout shorter than the lease?" in caplog.text
 
-    swept = backend.outbox.sweep_handler(handler, lease=30)({}, FakeContext())
+    # the relay left them: they are the sweeper's now (not waiting for the relay's lease)
+    swept = backend.outbox.sweep_handler(handler, lease=30, leave_new_for=0)({}, FakeContext())
     assert swept["delivered"] == 3
     assert handler.count() == Counter({i: 1 for i in ids})
 
@@ -490,7 +569,7 @@ def test_the_sweeper_drains_a_backlog_in_full_batches_while_time_remains(env: En
     backend = env.backend()
     handler = Recorder()
     ids = backend.outbox.publish([Event("t", {"n": n}) for n in range(23)])
-    sweeper = backend.outbox.sweep_handler(handler, batch_size=5, heartbeat=False)
+    sweeper = backend.outbox.sweep_handler(handler, batch_size=5, heartbeat=False, leave_new_for=0)
     result = sweeper({}, FakeContext())
     assert result["handled"] == 23 and result["delivered"] == 23
     assert result["passes"] == 5  # 5 + 5 + 5 + 5 + 3
@@ -633,6 +712,9 @@ def test_the_sweeper_works_on_every_backend(make_backend: Any) -> None:
     backend = make_backend()
     handler = Recorder()
     ids = backend.outbox.publish([Event("t", {"n": n}) for n in range(3)])
-    result = backend.outbox.sweep_handler(handler, heartbeat=False)({}, FakeContext())
+    # no stream relay here: the sweeper takes new events at once
+    result = backend.outbox.sweep_handler(handler, heartbeat=False, leave_new_for=0)(
+        {}, FakeContext()
+    )
     assert result["delivered"] == 3
     assert handler.count() == Counter({i: 1 for i in ids})

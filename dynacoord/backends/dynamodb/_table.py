@@ -63,6 +63,7 @@ _CAPACITY_OPERATIONS = frozenset(
         "batch_write_item",
         "transact_write_items",
         "transact_get_items",
+        "batch_execute_statement",
     }
 )
 _OPERATION_NAMES = {
@@ -417,7 +418,12 @@ class DynamoTable:
         Raises :class:`ConditionFailedError` (internal) for a false condition, carrying the old item
         when ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` was asked for.
         """
-        if operation not in ("transact_write_items", "batch_get_item", "batch_write_item"):
+        if operation not in (
+            "transact_write_items",
+            "batch_get_item",
+            "batch_write_item",
+            "batch_execute_statement",
+        ):
             kwargs.setdefault("TableName", self.name)
         if self.metrics.enabled:
             return self._measured(operation, kwargs)

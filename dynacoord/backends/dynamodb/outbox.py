@@ -30,7 +30,7 @@ from typing import Any
 from zlib import crc32
 
 from ... import codec
-from ...errors import InvalidKeyError, NotSupportedError, TransactionCancelledError
+from ...errors import DynacoordError, InvalidKeyError, NotSupportedError, TransactionCancelledError
 from ...keys import (
     MAX_PARTITION_KEY_BYTES,
     MAX_SORT_KEY_BYTES,
@@ -55,6 +55,7 @@ from ...outbox import (
 )
 from ...outbox._runs import group_runs
 from ...outbox.event import _new_event, _status, new_record
+from . import _partiql
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
     MAX_TRANSACTION_BYTES,
@@ -756,6 +757,12 @@ class DynamoDBOutboxStore:
                 ExpressionAttributeValues=values(**args),
             )
 
+    def _statements_supported(self) -> bool:
+        """Whether this endpoint runs conditional PartiQL batches (DynamoDB and DynamoDB Local
+        do, moto does not); asked once per client and table."""
+        key = marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#~", "sk": "PARTIQL-PROBE"})
+        return _partiql.supported(self._table.client, self._table.name, key)
+
     def _transact(
         self,
         entries: list[_Entry],
@@ -764,16 +771,31 @@ class DynamoDBOutboxStore:
         closure: Any,
         still_wanted: Any = None,
     ) -> None:
-        """Send ``entries`` in transactions of at most 100 items (the items ``closure`` ties
-        together stay in one), each cancelled one again without the items that refused
-        (``refused(entry, old item)``), up to ``_BATCH_ROUNDS`` rounds, then the rest one
-        group of tied items per request. ``written(entry)`` for every item that was written."""
+        """Send ``entries``: the ones no other ties (``closure`` None) as independent
+        conditional writes, up to 25 a request at plain-write prices (``BatchExecuteStatement``,
+        where the endpoint runs it); the rest in transactions of at most 100 items (the items
+        ``closure`` ties together stay in one), each cancelled one again without the items that
+        refused (``refused(entry, old item)``), up to ``_BATCH_ROUNDS`` rounds, then the rest
+        one group of tied items per request. ``written(entry)`` for every item written."""
         pending = entries
         for _ in range(_BATCH_ROUNDS):
             if not pending:
                 return
             again: list[_Entry] = []
-            for chunk in _chunks(pending, closure):
+            alone = [e for e in pending if closure(e) is None]
+            if len(alone) > 1 and self._statements_supported():
+                statements = _statement_entries(alone)
+                batched = {id(entry) for entry, _ in statements}
+                tied = [e for e in pending if id(e) not in batched]
+                for start in range(0, len(statements), _partiql.MAX_STATEMENTS):
+                    again.extend(
+                        self._send_statements(
+                            statements[start : start + _partiql.MAX_STATEMENTS], refused, written
+                        )
+                    )
+            else:
+                tied = pending
+            for chunk in _chunks(tied, closure):
                 again.extend(self._send(chunk, refused, written))
             pending = again if still_wanted is None else [e for e in again if still_wanted(e)]
         for group in _tied(pending, closure):
@@ -784,6 +806,42 @@ class DynamoDBOutboxStore:
                     leftover = [e for e in leftover if still_wanted(e)]
                 if not leftover:
                     break
+
+    def _send_statements(
+        self, chunk: list[tuple[_Entry, dict[str, Any]]], refused: Any, written: Any
+    ) -> list[_Entry]:
+        """One ``BatchExecuteStatement`` of independent conditional writes; the entries to send
+        again (throttled or in another transaction's way, no fault of theirs)."""
+        if len(chunk) == 1:
+            return self._send([chunk[0][0]], refused, written)
+        answer = self._table.call(
+            "batch_execute_statement", Statements=[statement for _, statement in chunk]
+        )
+        responses = answer.get("Responses", [])
+        if len(responses) != len(chunk):
+            raise DynacoordError(
+                f"BatchExecuteStatement answered {len(responses)} of {len(chunk)} statements"
+            )
+        again: list[_Entry] = []
+        for (entry, _), response in zip(chunk, responses, strict=True):
+            error = response.get("Error")
+            if not error:
+                written(entry)
+                continue
+            code = error.get("Code")
+            if code == "ConditionalCheckFailed":
+                raw = error.get("Item")
+                refused(entry, unmarshal(raw) if raw else None)
+            elif code in _STATEMENT_AGAIN:
+                again.append(entry)
+            else:
+                raise DynacoordError(
+                    f"outbox write refused by DynamoDB: {code}: {error.get('Message', '')}"
+                )
+        if again:
+            # Throttled or conflicting: a short jittered pause before the next round.
+            time.sleep(random.uniform(0.005, 0.05))
+        return again
 
     def _send(self, chunk: list[_Entry], refused: Any, written: Any) -> list[_Entry]:
         """One request for ``chunk``; the entries to send again (cancelled, no fault of theirs)."""
@@ -891,6 +949,103 @@ class DynamoDBOutboxStore:
 
         self._transact(entries, refused, written, _group_closure, still_wanted)
         return [results.get(i, False) for i in range(len(outcomes))]
+
+    # -- the stream relay's unclaimed delivery ------------------------------------------------------
+
+    def get_many(self, event_ids: Sequence[str], now_ms: int) -> dict[str, EventRecord]:
+        """The stored events of ``event_ids``, read consistently, up to 100 a request (read
+        units only); absent ids are left out."""
+        found: dict[str, EventRecord] = {}
+        ids = list(dict.fromkeys(event_ids))
+        for start in range(0, len(ids), 100):
+            keys: list[dict[str, Any]] = [self._key(i) for i in ids[start : start + 100]]
+            rounds = 0
+            while keys:
+                answer = self._table.call(
+                    "batch_get_item",
+                    RequestItems={self._table.name: {"Keys": keys, "ConsistentRead": True}},
+                )
+                for raw in answer.get("Responses", {}).get(self._table.name, []):
+                    record = _event_record(raw, now_ms)
+                    if record is not None:
+                        found[record.id] = record
+                keys = answer.get("UnprocessedKeys", {}).get(self._table.name, {}).get("Keys", [])
+                if keys:
+                    rounds += 1  # throttled: back off before asking for the rest
+                    time.sleep(min(1.0, 0.01 * 2**rounds) * random.uniform(0.5, 1.0))
+        return found
+
+    def settle_unclaimed(
+        self,
+        settled: Sequence[tuple[EventRecord, Outcome]],
+        now_ms: int,
+        retention_ms: int | None,
+    ) -> list[bool]:
+        """Store outcomes of events delivered without a claim (the stream relay's one write per
+        event): each ``(seen, outcome)`` only while the event is still as ``seen`` (pending,
+        unclaimed, the same attempts and due time), counting the attempt with the outcome. One
+        bool each: False where a worker had claimed or finished it meanwhile. Unordered events
+        only: an ordered one moves its group's gate, which takes a claim."""
+        results: dict[int, bool] = {}
+        entries: list[_Entry] = []
+        for index, (seen, outcome) in enumerate(settled):
+            if seen.seq is not None or not outcome.count_attempt:
+                raise ValueError(
+                    f"event {seen.id!r}: only an unordered event's counted outcome is stored "
+                    "without a claim"
+                )
+            entries.append(
+                _Entry(
+                    self._unclaimed_op(seen, outcome, now_ms, retention_ms),
+                    record=outcome.record,
+                    token=outcome.token,
+                    index=index,
+                )
+            )
+
+        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+            assert entry.index is not None
+            if item is None:
+                results[entry.index] = retention_ms is None  # deleted by this very write
+            else:
+                results[entry.index] = item.get("finished_by") == entry.token
+
+        def written(entry: _Entry) -> None:
+            assert entry.index is not None
+            results[entry.index] = True
+
+        self._transact(entries, refused, written, _no_closure)
+        return [results.get(i, False) for i in range(len(settled))]
+
+    def _unclaimed_op(
+        self, seen: EventRecord, outcome: Outcome, now_ms: int, retention_ms: int | None
+    ) -> dict[str, Any]:
+        """:meth:`_outcome_op`'s write, conditional on the event being still as ``seen`` instead
+        of on a claim, and counting the attempt."""
+        ((action, op),) = self._outcome_op(outcome, now_ms, retention_ms).items()
+        op = dict(op)
+        vals = dict(op["ExpressionAttributeValues"])
+        vals.pop(":in_flight", None)
+        vals.update(
+            values(
+                seen_status=EventStatus.PENDING.value,
+                seen_attempts=seen.attempts,
+                seen_due=seen.due_at_ms,
+            )
+        )
+        op["ConditionExpression"] = (
+            "#status = :seen_status AND attribute_not_exists(lease_token) "
+            "AND attempts = :seen_attempts AND due_ms = :seen_due"
+        )
+        if action == "Update":
+            vals.update(values(attempts_next=seen.attempts + 1))
+            update = op["UpdateExpression"]
+            assert update.startswith("SET ")
+            op["UpdateExpression"] = "SET attempts = :attempts_next, " + update[4:]
+        else:
+            vals.pop(":token", None)  # a deletion leaves no trace to recognise
+        op["ExpressionAttributeValues"] = vals
+        return {action: op}
 
     def _outcome_op(
         self, outcome: Outcome, now_ms: int, retention_ms: int | None
@@ -1252,6 +1407,30 @@ _PENDING_CHARS = (
 _EXPRESSION_VALUE_BOUND = 64
 #: A transaction item's action and the plain request that writes it alone.
 _SINGLE_OPERATIONS = {"Update": "update_item", "Delete": "delete_item"}
+
+
+#: statement errors of a BatchExecuteStatement that are no fault of the write: send it again
+_STATEMENT_AGAIN = frozenset(
+    {
+        "TransactionConflict",
+        "ThrottlingError",
+        "ProvisionedThroughputExceeded",
+        "RequestLimitExceeded",
+        "InternalServerError",
+    }
+)
+
+
+def _statement_entries(entries: list[_Entry]) -> list[tuple[_Entry, dict[str, Any]]]:
+    """The entries that translate to PartiQL statements, each with its statement."""
+    out: list[tuple[_Entry, dict[str, Any]]] = []
+    for entry in entries:
+        ((action, op),) = entry.item.items()
+        try:
+            out.append((entry, _partiql.statement(action, op)))
+        except _partiql.NotTranslatableError:
+            continue  # sent the transactional way
+    return out
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
