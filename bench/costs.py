@@ -138,13 +138,18 @@ class _Metered:
                 prepare(i)
             start = self.meter.usage()
             call(i)
-            spent = self.meter.usage() - start
-            spent.touches = Counter(set(spent.partition_wcu) | set(spent.partition_rcu))
-            total = total + spent
+            total = total + _spent(self.meter, start)
         return total
 
     def close(self) -> None:
         self.meter.close()
+
+
+def _spent(meter: UnitMeter, start: Usage) -> Usage:
+    """The usage of one operation since ``start``, with the partitions it touched."""
+    spent = meter.usage() - start
+    spent.touches = Counter(set(spent.partition_wcu) | set(spent.partition_rcu))
+    return spent
 
 
 def _row(
@@ -703,7 +708,7 @@ def _peer_lock(env: BenchEnv, reps: int) -> dict[str, Any]:
             start = meter.usage()
             lock = lock_client.acquire_lock(f"k{i}")
             lock.release(best_effort=False)
-            total = total + (meter.usage() - start)
+            total = total + _spent(meter, start)
     finally:
         lock_client.close()
         meter.close()
@@ -750,7 +755,7 @@ def _peer_powertools(env: BenchEnv, reps: int) -> list[dict[str, Any]]:
                 for i in range(reps):
                     start = meter.usage()
                     handler(order={"order_id": f"o{i}"})
-                    total = total + (meter.usage() - start)
+                    total = total + _spent(meter, start)
                 rows.append(
                     _row(
                         "idempotency",

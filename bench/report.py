@@ -911,7 +911,8 @@ def _costs(s: dict[str, Any]) -> list[str]:
             "",
             "Outbox delivery, per event, on the configuration the worker has today "
             "(`outbox.worker(handler)` defaults; nothing about its design is assumed: what is "
-            "sent is what is counted); refused items are claim races lost between workers:",
+            "sent is what is counted); refused items are claim races lost between workers "
+            "(section 3 counts them for worker processes too):",
             "",
         ]
         lines += _table(
