@@ -698,3 +698,108 @@ def test_each_concurrent_sweep_reports_only_its_own_deliveries(
     publish_for_the_sweeper(stack_env, 40)
     results = invoke_concurrently(8, lambda i: serverless.sweep({}, Context(f"req-{i}", LONG)))
     assert sum(r["delivered"] for r in results) == 40
+
+
+# -- the breaker's state cache -----------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="CircuitBreaker._admit caches the closed state its read returned even when this "
+    "process tripped the breaker while the read was in flight (dynacoord/breaker.py, not this "
+    "suite's to change; the fix is reported)",
+)
+def test_a_read_in_flight_does_not_reopen_the_state_cache_after_this_process_tripped(
+    table: tuple[Any, str],
+) -> None:
+    from dynacoord import CircuitOpenError
+
+    backend = make_backend(table)
+    breaker = backend.breaker("payments", state_cache=30, reset_timeout=60)
+    held = HeldCall(breaker._store, "get")
+    breaker._store = held  # type: ignore[assignment]
+    caller = slow_in_thread(lambda: breaker.call(lambda: "ok"), held)  # read: closed
+    breaker.trip()  # another invocation of this process trips it meanwhile
+    held.release.set()
+    caller.join(10)
+    with pytest.raises(CircuitOpenError):
+        breaker.call(lambda: "charged")  # not for 30 s through the cached "closed"
+
+
+def test_invocations_sharing_a_breaker_with_a_state_cache_count_every_failure(
+    table: tuple[Any, str],
+) -> None:
+    from dynacoord import CircuitOpenError
+
+    backend = make_backend(table)
+    breaker = backend.breaker("payments", state_cache=30, failure_threshold=N + 1)
+
+    def invocation(i: int) -> str:
+        with contextlib.suppress(ValueError):
+            breaker.call(lambda: (_ for _ in ()).throw(ValueError("down")))
+        return breaker.call(lambda: f"ok-{i}")
+
+    # every invocation's failure counted, then each success resets the count: still closed
+    assert invoke_concurrently(N, invocation) == [f"ok-{i}" for i in range(N)]
+    assert breaker.status().state.value == "closed"
+    breaker.trip()
+    with pytest.raises(CircuitOpenError):
+        breaker.call(lambda: "after the trip of this process")
+
+
+# -- locks held by concurrent invocations ------------------------------------------------------
+
+
+def test_invocations_holding_one_lock_take_turns_and_their_heartbeats_keep_their_own(
+    table: tuple[Any, str],
+) -> None:
+    backend = make_backend(table)
+    lock = threading.Lock()
+    holders: list[int] = []
+    fences: list[int] = []
+    most = 0
+
+    def invocation(i: int) -> bool:
+        nonlocal most
+        # a lock of its own, held past its TTL: only its heartbeat keeps it
+        with backend.locks.hold(f"job:{i}", ttl=0.3, timeout=5) as own:
+            with backend.locks.hold("shared", ttl=5, timeout=30) as shared:
+                with lock:
+                    holders.append(i)
+                    fences.append(shared.fence)
+                    most = max(most, len(holders))
+                time.sleep(0.02)
+                with lock:
+                    holders.remove(i)
+            time.sleep(0.4)
+            return not own.lost and own.is_held()
+
+    assert invoke_concurrently(N, invocation) == [True] * N
+    assert most == 1  # never two holders of "shared" at once
+    assert fences == sorted(fences) and len(set(fences)) == N  # later holders, higher fences
+
+
+# -- the table check on first use --------------------------------------------------------------
+
+
+def test_the_first_invocations_of_a_new_backend_pass_the_table_check_together(
+    table: tuple[Any, str], dynamodb_local: DynamoDBLocal
+) -> None:
+    from dynacoord._table_schema import is_verified
+
+    _, name = table
+    client = dynamodb_local.client()  # a new client: the table is not known to be right yet
+    described: list[str] = []
+    client.meta.events.register(
+        "before-call.dynamodb.DescribeTable", lambda **_: described.append("DescribeTable")
+    )
+    backend = DynamoDBBackend(client, table_name=name, namespace=unique_name("ns"))
+    results = invoke_concurrently(N, lambda i: backend.counters.increment("hits"))
+    assert sorted(results) == list(range(1, N + 1))
+    assert is_verified(client, name)
+    assert "call" not in backend.table.__dict__  # later requests skip the check
+    # one DescribeTable per invocation that arrived before the first check passed (16 of 16
+    # measured): correct, but each pays it; _verify.py could let one check for all
+    assert 1 <= len(described) <= N
+    backend.counters.increment("hits")
+    assert len(described) <= N  # never again after it passed
