@@ -44,6 +44,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._table_schema import TableLayout
     from .aws_lambda import process_sqs_batch, process_stream_batch
     from .backends.dynamodb import DynamoDBBackend
     from .backends.dynamodb.transaction import Transaction
@@ -148,6 +149,7 @@ __all__ = [
     "SQSRelay",
     "StackDeploymentError",
     "SystemClock",
+    "TableLayout",
     "TableNotReadyError",
     "Transaction",
     "TransactionCancelledError",
@@ -199,6 +201,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SQSJobQueue": ("dynacoord.jobs", "SQSJobQueue"),
     "SQSRelay": ("dynacoord.relays", "SQSRelay"),
     "Transaction": ("dynacoord.backends.dynamodb.transaction", "Transaction"),
+    "TableLayout": ("dynacoord._table_schema", "TableLayout"),
     "EMFMetrics": ("dynacoord.metrics", "EMFMetrics"),
     "LoggingMetrics": ("dynacoord.metrics", "LoggingMetrics"),
     "Metrics": ("dynacoord.metrics", "Metrics"),

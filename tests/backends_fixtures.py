@@ -7,6 +7,10 @@
 * ``mongo_backend_factory``: the same on ``mongomock`` (kind ``mongo``).
 * ``mongodb_backend_factory``: the same on a real MongoDB at ``MONGODB_URI`` (kind ``mongodb``,
   only in the contract parametrization when the variable is set).
+* ``moto_layout_backend_factory`` / ``dynamodb_layout_backend_factory``: DynamoDB backends with
+  a :class:`~dynacoord.TableLayout` (``PK``/``SK``, ``GSI1`` on ``GSI1PK``/``GSI1SK``, prefix
+  ``DC#``) on a table that also holds an application's items (:data:`FOREIGN_ITEMS`), checked
+  unchanged after every test (the contract suite runs on them: tests/contract/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from dynacoord import TableLayout
 from dynacoord._backend import Backend
 from dynacoord._clock import Clock
 from dynacoord.testing import free_port
@@ -34,13 +39,18 @@ from tests.redis_cluster_fixtures import (  # re-exported (issue 20)
 
 __all__ = [
     "EXTRA_CONTRACT_BACKENDS",
+    "FOREIGN_ITEMS",
+    "LAYOUT",
     "RedisServer",
     "SerializedCollection",
     "SerializedDatabase",
+    "dynamodb_layout_backend_factory",
+    "dynamodb_layout_table",
     "mongo_backend_factory",
     "mongo_database",
     "mongodb_backend_factory",
     "mongodb_database",
+    "moto_layout_backend_factory",
     "redis_backend_factory",
     "redis_client",
     "redis_cluster",
@@ -353,3 +363,139 @@ def mongodb_backend_factory(mongodb_database: Any) -> BackendFactory:
     factory = _mongo_factory(mongodb_database)
     factory.mongomock = False  # type: ignore[attr-defined]
     return factory
+
+
+# -- DynamoDB in an application's own single table ------------------------------------------------
+
+#: the layout of a typical single-table design, and a prefix that keeps dynacoord's items apart
+LAYOUT = TableLayout(
+    pk="PK", sk="SK", index="GSI1", index_pk="GSI1PK", index_sk="GSI1SK", prefix="DC#"
+)
+
+#: An application's items beside dynacoord's: other shapes, items in the application's own GSI1
+#: partitions, and items whose keys are what dynacoord's keys would be without the prefix (in
+#: the namespace ``default`` and in GSI1 partitions of its listings): none may be read, changed
+#: or deleted by dynacoord.
+FOREIGN_ITEMS: list[dict[str, Any]] = [
+    {"PK": {"S": "USER#1"}, "SK": {"S": "PROFILE"}, "name": {"S": "Ada"}},
+    {
+        "PK": {"S": "USER#1"},
+        "SK": {"S": "ORDER#2"},
+        "GSI1PK": {"S": "ORDER#open"},
+        "GSI1SK": {"S": "2024-01-01"},
+        "total": {"N": "12"},
+        "ttl": {"N": "1"},  # long expired: DynamoDB's TTL is the application's business
+    },
+    {"PK": {"S": "LOCK#default#job"}, "SK": {"S": "LOCK"}, "owner": {"S": "the app"}},
+    {
+        "PK": {"S": "OUTBOX#default#e1"},
+        "SK": {"S": "EVENT"},
+        "GSI1PK": {"S": "OUTBOX#default#pending#0"},
+        "GSI1SK": {"S": "000000000000000#e1"},
+        "status": {"S": "pending"},
+        "event_id": {"S": "e1"},
+    },
+    {
+        "PK": {"S": "CACHE#default#a"},
+        "SK": {"S": "CACHE"},
+        "GSI1PK": {"S": "CACHE#default#0"},
+        "GSI1SK": {"S": "a"},
+    },
+]
+
+
+def _foreign_items(namespace: str) -> list[dict[str, Any]]:
+    """:data:`FOREIGN_ITEMS` keyed like what dynacoord's keys in ``namespace`` would be without
+    the prefix."""
+    items = []
+    for item in FOREIGN_ITEMS:
+        if "#default#" in item["PK"]["S"]:
+            copy = {
+                name: {"S": av["S"].replace("#default#", f"#{namespace}#")}
+                if name in ("PK", "GSI1PK")
+                else av
+                for name, av in item.items()
+            }
+            items.append(copy)
+    return items
+
+
+def _put_items(client: Any, table: str, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        client.put_item(TableName=table, Item=item)
+
+
+def _check_foreign_items(client: Any, table: str, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        key = {"PK": item["PK"], "SK": item["SK"]}
+        found = client.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+        assert found == item, f"an application item was changed by dynacoord: {key} -> {found}"
+
+
+def _layout_factory(client: Any, table: str, items: list[dict[str, Any]]) -> BackendFactory:
+    """Backends with :data:`LAYOUT`; each new namespace first gets the application's items
+    keyed like its unprefixed keys (added to ``items``, the items checked at the end)."""
+    from dynacoord.backends.dynamodb import DynamoDBBackend
+
+    namespaces: set[str] = set()
+
+    def make(*, clock: Clock | None = None, namespace: str | None = None, **kwargs: Any) -> Backend:
+        namespace = namespace or _namespace()
+        if namespace not in namespaces:
+            namespaces.add(namespace)
+            copies = _foreign_items(namespace)
+            _put_items(client, table, copies)
+            items.extend(copies)
+        kwargs.setdefault("layout", LAYOUT)
+        return DynamoDBBackend(client, table_name=table, namespace=namespace, clock=clock, **kwargs)
+
+    return make
+
+
+@pytest.fixture()
+def moto_layout_backend_factory() -> Iterator[BackendFactory]:
+    """Backends with :data:`LAYOUT` on a moto table that holds :data:`FOREIGN_ITEMS` too."""
+    import boto3
+    from moto import mock_aws
+
+    from dynacoord.provision import create_table
+    from dynacoord.testing import DUMMY_CREDENTIALS
+
+    with mock_aws():
+        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+        create_table(client, "app-table", layout=LAYOUT)
+        items = list(FOREIGN_ITEMS)
+        _put_items(client, "app-table", items)
+        factory = _layout_factory(client, "app-table", items)
+        factory.layout_client = client  # type: ignore[attr-defined]
+        factory.layout_table = "app-table"  # type: ignore[attr-defined]
+        yield factory
+        _check_foreign_items(client, "app-table", items)
+
+
+@pytest.fixture(scope="session")
+def dynamodb_layout_table(dynamodb_local: Any) -> tuple[Any, str]:
+    """(client, table name) of one table with :data:`LAYOUT` on DynamoDB Local (session)."""
+    from dynacoord.provision import create_table
+    from dynacoord.testing import unique_name
+
+    client = dynamodb_local.client()
+    name = unique_name("layout")
+    create_table(client, name, layout=LAYOUT)
+    return client, name
+
+
+@pytest.fixture()
+def dynamodb_layout_backend_factory(
+    dynamodb_layout_table: tuple[Any, str],
+) -> Iterator[BackendFactory]:
+    """Backends with :data:`LAYOUT` on DynamoDB Local; the application's items (also under the
+    test's namespaces' unprefixed keys) are put before and checked after each test."""
+    client, table = dynamodb_layout_table
+    items = list(FOREIGN_ITEMS)
+    _put_items(client, table, items)
+    factory = _layout_factory(client, table, items)
+    factory.layout_client = client  # type: ignore[attr-defined]
+    factory.layout_table = table  # type: ignore[attr-defined]
+    yield factory
+    _check_foreign_items(client, table, items)

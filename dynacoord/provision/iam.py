@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from .._table_schema import GSI_NAME
+from .._table_schema import DEFAULT_LAYOUT, TableLayout
 from ..keys import Kind, validate_namespace
 
 __all__ = ["INDEX_ACTIONS", "ITEM_ACTIONS", "METADATA_ACTIONS", "iam_policy", "namespace_list"]
@@ -57,6 +57,7 @@ def iam_policy(
     namespaces: Iterable[str] | None = None,
     *,
     include_index: bool = True,
+    layout: TableLayout | None = None,
 ) -> dict[str, Any]:
     """A least-privilege IAM policy document (a JSON-ready dict) for code that uses the table.
 
@@ -79,7 +80,16 @@ def iam_policy(
     gsi1 projects ALL attributes of cache entries, outbox events and runs. When that matters,
     use ``include_index=False`` (cache ``keys()``, outbox workers and the run reconciler then
     fail with AccessDenied) or one table per tenant.
+
+    With a ``layout`` (:class:`~dynacoord.TableLayout`), the index statement names its index
+    and every ``LeadingKeys`` pattern starts with its key prefix (``DC#LOCK#ns#*``): the
+    policy still allows only dynacoord's items of those namespaces, none of yours.
     """
+    if layout is None:
+        layout = DEFAULT_LAYOUT
+    elif not isinstance(layout, TableLayout):
+        raise ValueError(f"layout must be a dynacoord.TableLayout, got {type(layout).__name__}")
+    prefix = layout.prefix
     if not isinstance(table_arn, str) or not _TABLE_ARN.match(table_arn):
         raise ValueError(
             "table_arn must look like arn:aws:dynamodb:REGION:ACCOUNT:table/NAME, "
@@ -96,18 +106,20 @@ def iam_policy(
         "Sid": "DynacoordIndexQuery",
         "Effect": "Allow",
         "Action": list(INDEX_ACTIONS),
-        "Resource": f"{table_arn}/index/{GSI_NAME}",
+        "Resource": f"{table_arn}/index/{layout.index}",
     }
     if names is not None:
         items["Condition"] = {
             "ForAllValues:StringLike": {
-                "dynamodb:LeadingKeys": [f"{kind.value}#{ns}#*" for ns in names for kind in Kind]
+                "dynamodb:LeadingKeys": [
+                    f"{prefix}{kind.value}#{ns}#*" for ns in names for kind in Kind
+                ]
             }
         }
         index["Condition"] = {
             "ForAllValues:StringLike": {
                 "dynamodb:LeadingKeys": [
-                    f"{kind.value}#{ns}#*" for ns in names for kind in _INDEXED_KINDS
+                    f"{prefix}{kind.value}#{ns}#*" for ns in names for kind in _INDEXED_KINDS
                 ]
             }
         }

@@ -14,8 +14,10 @@ from typing import Any
 
 from .._clock import Clock
 from .._table_schema import (
+    DEFAULT_LAYOUT,
     GSI_NAME,
     TTL_ATTRIBUTE,
+    TableLayout,
     forget_verified,
     key_schema_problems,
     mark_verified,
@@ -45,17 +47,20 @@ def table_definition(
     read_capacity: int = 5,
     write_capacity: int = 5,
     deletion_protection: bool = False,
+    layout: TableLayout | None = None,
 ) -> dict[str, Any]:
-    """The ``CreateTable`` request for the dynacoord table (same schema as the bundled template)."""
+    """The ``CreateTable`` request for the dynacoord table (same schema as the bundled template),
+    in ``layout``'s names (default: dynacoord's own)."""
+    layout = _layout(layout)
     if billing_mode not in ("PAY_PER_REQUEST", "PROVISIONED"):
         raise ValueError(
             f"billing_mode must be PAY_PER_REQUEST or PROVISIONED, got {billing_mode!r}"
         )
     gsi: dict[str, Any] = {
-        "IndexName": GSI_NAME,
+        "IndexName": layout.index,
         "KeySchema": [
-            {"AttributeName": "gsi1pk", "KeyType": "HASH"},
-            {"AttributeName": "gsi1sk", "KeyType": "RANGE"},
+            {"AttributeName": layout.index_pk, "KeyType": "HASH"},
+            {"AttributeName": layout.index_sk, "KeyType": "RANGE"},
         ],
         "Projection": {"ProjectionType": "ALL"},
     }
@@ -63,11 +68,11 @@ def table_definition(
         "TableName": table_name,
         "AttributeDefinitions": [
             {"AttributeName": name, "AttributeType": "S"}
-            for name in ("pk", "sk", "gsi1pk", "gsi1sk")
+            for name in (layout.pk, layout.sk, layout.index_pk, layout.index_sk)
         ],
         "KeySchema": [
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
+            {"AttributeName": layout.pk, "KeyType": "HASH"},
+            {"AttributeName": layout.sk, "KeyType": "RANGE"},
         ],
         "GlobalSecondaryIndexes": [gsi],
         "BillingMode": billing_mode,
@@ -80,6 +85,14 @@ def table_definition(
     return definition
 
 
+def _layout(layout: TableLayout | None) -> TableLayout:
+    if layout is None:
+        return DEFAULT_LAYOUT
+    if not isinstance(layout, TableLayout):
+        raise ValueError(f"layout must be a dynacoord.TableLayout, got {type(layout).__name__}")
+    return layout
+
+
 def create_table(
     client: Any,
     table_name: str,
@@ -87,20 +100,24 @@ def create_table(
     wait: bool = True,
     progress: Progress = noop,
     clock: Clock | None = None,
+    layout: TableLayout | None = None,
     **options: Any,
 ) -> None:
-    """Create the table and enable TTL on ``ttl``. Fails if the table exists (see ensure_table)."""
+    """Create the table and enable TTL on ``ttl`` (the layout's names, with ``layout``). Fails
+    if the table exists (see ensure_table)."""
+    layout = _layout(layout)
     request(
         client,
         "create_table",
         f"create table {table_name!r}",
-        **table_definition(table_name, **options),
+        **table_definition(table_name, layout=layout, **options),
     )
     progress(f"creating table {table_name} ...")
-    mark_verified(client, table_name)  # made here as dynacoord needs it: no check on first use
+    # made here as dynacoord needs it: no check on first use
+    mark_verified(client, table_name, layout)
     if wait:
         _wait_active(client, table_name, progress, clock=clock)
-    _enable_ttl(client, table_name, progress)
+    _enable_ttl(client, table_name, progress, layout.ttl)
 
 
 def ensure_table(
@@ -110,13 +127,16 @@ def ensure_table(
     progress: Progress = noop,
     timeout: float = 300.0,
     clock: Clock | None = None,
+    layout: TableLayout | None = None,
     **options: Any,
 ) -> bool:
-    """Make sure the table exists, has the index ``gsi1``, is ACTIVE and has TTL on ``ttl``.
+    """Make sure the table exists, has the index ``gsi1``, is ACTIVE and has TTL on ``ttl``
+    (the layout's names, with ``layout``).
 
     Idempotent; creates only what is missing and never alters what exists with another shape
     (:func:`verify_table` reports that). True if the table was created.
     """
+    layout = _layout(layout)
     created = False
     found = call(
         client,
@@ -132,11 +152,11 @@ def ensure_table(
             f"create table {table_name!r}",
             # Another process may have created it between our describe and create.
             expect=lambda r: r.code == "ResourceInUseException",
-            **table_definition(table_name, **options),
+            **table_definition(table_name, layout=layout, **options),
         )
         if not isinstance(made, Refusal):
             created = True
-            mark_verified(client, table_name)
+            mark_verified(client, table_name, layout)
             progress(f"creating table {table_name} ...")
     table = _wait_active(client, table_name, progress, timeout=timeout, clock=clock)
     if not created:
@@ -146,20 +166,27 @@ def ensure_table(
             str(d.get("AttributeName")): str(d.get("AttributeType"))
             for d in table.get("AttributeDefinitions", [])
         }
-        problems = key_schema_problems("table", table.get("KeySchema", []), "pk", "sk", types)
+        problems = key_schema_problems(
+            "table", table.get("KeySchema", []), layout.pk, layout.sk, types
+        )
         if problems:
             raise ConfigurationError(
                 f"table {table_name!r} is not a dynacoord table ({'; '.join(problems)}); "
                 "nothing was changed: check the table name"
+                + ("" if layout.is_default else " and the table layout")
             )
-    if not created and _add_missing_index(client, table, progress, options):
+    if not created and _add_missing_index(client, table, progress, options, layout):
         _wait_active(client, table_name, progress, timeout=timeout, clock=clock)
-    _enable_ttl(client, table_name, progress)
+    _enable_ttl(client, table_name, progress, layout.ttl)
     return created
 
 
 def _add_missing_index(
-    client: Any, table: Mapping[str, Any], progress: Progress, options: Mapping[str, Any]
+    client: Any,
+    table: Mapping[str, Any],
+    progress: Progress,
+    options: Mapping[str, Any],
+    layout: TableLayout,
 ) -> bool:
     """Add ``gsi1`` to an existing ACTIVE ``table`` (its description) that lacks it (one
     UpdateTable). True if it was added.
@@ -168,9 +195,10 @@ def _add_missing_index(
     rely on, so :func:`verify_table` reports it instead.
     """
     table_name = str(table["TableName"])
-    if any(g.get("IndexName") == GSI_NAME for g in table.get("GlobalSecondaryIndexes", [])):
+    index_name = layout.index
+    if any(g.get("IndexName") == index_name for g in table.get("GlobalSecondaryIndexes", [])):
         return False
-    definition = table_definition(table_name, **options)
+    definition = table_definition(table_name, layout=layout, **options)
     gsi = dict(definition["GlobalSecondaryIndexes"][0])
     # The index follows the table's billing mode, whatever ensure_table was asked to create.
     billing = table.get("BillingModeSummary", {}).get("BillingMode", "PROVISIONED")
@@ -182,18 +210,18 @@ def _add_missing_index(
         }
     else:
         gsi.pop("ProvisionedThroughput", None)
-    index_attributes = {"gsi1pk", "gsi1sk"}
+    index_attributes = {layout.index_pk, layout.index_sk}
     request(
         client,
         "update_table",
-        f"add index {GSI_NAME} to table {table_name!r}",
+        f"add index {index_name} to table {table_name!r}",
         TableName=table_name,
         AttributeDefinitions=[
             a for a in definition["AttributeDefinitions"] if a["AttributeName"] in index_attributes
         ],
         GlobalSecondaryIndexUpdates=[{"Create": gsi}],
     )
-    progress(f"adding index {GSI_NAME} to {table_name} ...")
+    progress(f"adding index {index_name} to {table_name} ...")
     return True
 
 
@@ -244,7 +272,9 @@ def _wait_active(
     )
 
 
-def _enable_ttl(client: Any, table_name: str, progress: Progress) -> None:
+def _enable_ttl(
+    client: Any, table_name: str, progress: Progress, attribute: str = TTL_ATTRIBUTE
+) -> None:
     status = request(
         client,
         "describe_time_to_live",
@@ -253,23 +283,23 @@ def _enable_ttl(client: Any, table_name: str, progress: Progress) -> None:
     )["TimeToLiveDescription"]
     if (
         status.get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
-        and status.get("AttributeName") == TTL_ATTRIBUTE
+        and status.get("AttributeName") == attribute
     ):
         return
     if status.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
         # DynamoDB allows one TTL attribute per table; switching it is the owner's decision.
         raise TableNotReadyError(
             f"table {table_name!r} has TTL on attribute {status.get('AttributeName')!r}; "
-            f"dynacoord needs it on {TTL_ATTRIBUTE!r} (disable the other TTL first)",
+            f"dynacoord needs it on {attribute!r} (disable the other TTL first)",
             table_name=table_name,
         )
-    progress(f"enabling TTL on {table_name}.{TTL_ATTRIBUTE} ...")
+    progress(f"enabling TTL on {table_name}.{attribute} ...")
     request(
         client,
         "update_time_to_live",
-        f"enable TTL on {table_name}.{TTL_ATTRIBUTE}",
+        f"enable TTL on {table_name}.{attribute}",
         TableName=table_name,
-        TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": attribute},
     )
 
 
@@ -288,20 +318,23 @@ def is_warning(problem: str) -> bool:
     return problem.startswith(("TTL is DISABLED", "TTL is DISABLING"))
 
 
-def verify_table(client: Any, table_name: str) -> list[str]:
+def verify_table(client: Any, table_name: str, *, layout: TableLayout | None = None) -> list[str]:
     """Check that ``table_name`` is a usable dynacoord table; return the problems found.
 
     An empty list means the table is ACTIVE, keyed ``pk``/``sk`` (strings), has the index
     ``gsi1`` on ``gsi1pk``/``gsi1sk`` (strings, projection ALL, ACTIVE) and TTL enabled on the
-    attribute ``ttl``. Each problem is one sentence naming what is wrong. Only a failing request
-    (other than "table not found") raises :class:`~dynacoord.errors.BackendError`.
+    attribute ``ttl`` (with ``layout``: its names). Each problem is one sentence naming what is
+    wrong. Only a failing request (other than "table not found") raises
+    :class:`~dynacoord.errors.BackendError`.
     """
+    layout = _layout(layout)
+    ttl_attribute = layout.ttl
     table = _describe(client, table_name)
     if isinstance(table, Refusal):
         return [f"table {table_name!r} does not exist"]
-    problems = schema_problems(table)
+    problems = schema_problems(table, layout=layout)
     if not problems:
-        mark_verified(client, table_name)
+        mark_verified(client, table_name, layout)
     ttl = request(
         client,
         "describe_time_to_live",
@@ -310,14 +343,14 @@ def verify_table(client: Any, table_name: str) -> list[str]:
     )["TimeToLiveDescription"]
     ttl_status = ttl.get("TimeToLiveStatus", "DISABLED")
     if ttl_status in ("ENABLED", "ENABLING"):
-        if ttl.get("AttributeName") != TTL_ATTRIBUTE:
+        if ttl.get("AttributeName") != ttl_attribute:
             problems.append(
                 f"TTL is enabled on attribute {ttl.get('AttributeName')!r}, "
-                f"expected {TTL_ATTRIBUTE!r}"
+                f"expected {ttl_attribute!r}"
             )
     else:
         problems.append(
-            f"TTL is {ttl_status}, expected enabled on attribute {TTL_ATTRIBUTE!r} "
+            f"TTL is {ttl_status}, expected enabled on attribute {ttl_attribute!r} "
             "(expired items are never garbage-collected; ensure_table enables it)"
         )
     return problems

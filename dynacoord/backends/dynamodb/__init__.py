@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..._backend import Backend
 from ..._clock import Clock
+from ..._table_schema import DEFAULT_LAYOUT, TableLayout
 from ...errors import ConfigurationError
 from ...metrics import Metrics
 from ._verify import VerifiedTable, check_client
 
 if TYPE_CHECKING:
     from ...locks import LockStore
+    from ._layout import Translator
     from .transaction import Transaction
 
-__all__ = ["DEFAULT_TABLE_NAME", "DynamoDBBackend"]
+__all__ = ["DEFAULT_TABLE_NAME", "DynamoDBBackend", "TableLayout"]
 
 DEFAULT_TABLE_NAME = "dynacoord"
 
@@ -44,6 +46,10 @@ class DynamoDBBackend(Backend):
     :class:`~dynacoord.errors.ConfigurationError` naming the table, the problem and the command
     that fixes it, before anything is written. ``verify=False`` skips the check (for an IAM
     policy without ``dynamodb:DescribeTable``).
+
+    ``layout`` puts dynacoord in a single table of yours (:class:`TableLayout`: your key and
+    index names, a key prefix that keeps its items apart from yours); the default is
+    dynacoord's own schema, at no cost.
     """
 
     kind = "dynamodb"
@@ -59,6 +65,7 @@ class DynamoDBBackend(Backend):
         lock_fence_grace: int = 3600,
         metrics: Metrics | None = None,
         verify: bool = True,
+        layout: TableLayout | None = None,
     ) -> None:
         super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if client is None:
@@ -80,11 +87,35 @@ class DynamoDBBackend(Backend):
             raise ConfigurationError(
                 f"lock_fence_grace must be an int >= 0 (seconds), got {lock_fence_grace!r}"
             )
+        if layout is None:
+            layout = DEFAULT_LAYOUT
+        elif not isinstance(layout, TableLayout):
+            raise ConfigurationError(
+                f"layout must be a dynacoord.TableLayout, got {type(layout).__name__}"
+            )
         self.client = client
         self.table_name = table_name
         self.shards = shards
         self.lock_fence_grace = lock_fence_grace
-        self.table = VerifiedTable(client, table_name, metrics=self.metrics, verify=verify)
+        self.layout = layout
+        #: the layout's translation (None for the default layout: no translation at all)
+        self._translator: Translator | None = None
+        self._raw_table: VerifiedTable | None = None
+        self._verify = verify
+        if layout.is_default:
+            self.table = VerifiedTable(client, table_name, metrics=self.metrics, verify=verify)
+        else:
+            from ._layout import LayoutClient, Translator
+
+            self._translator = Translator(layout, table_name)
+            self.table = VerifiedTable(
+                LayoutClient(client, self._translator),
+                table_name,
+                metrics=self.metrics,
+                verify=verify,
+                layout=layout,
+                raw_client=client,
+            )
 
     @classmethod
     def from_env(
@@ -98,8 +129,11 @@ class DynamoDBBackend(Backend):
         """Build a backend from the environment.
 
         Reads ``DYNACOORD_TABLE`` (default ``dynacoord``), ``DYNACOORD_NAMESPACE`` (default
-        ``default``) and ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), plus the usual AWS
-        variables (region, credentials) through boto3. A given ``client`` wins over ``session``,
+        ``default``), ``DYNACOORD_TABLE_LAYOUT`` (a :class:`TableLayout` as a JSON object, e.g.
+        ``{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk":
+        "GSI1SK", "prefix": "DC#"}``; unset: dynacoord's own schema) and
+        ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), plus the usual AWS variables (region,
+        credentials) through boto3. A given ``client`` wins over ``session``,
         which wins over boto3's default session.
         """
         if client is None:
@@ -112,10 +146,20 @@ class DynamoDBBackend(Backend):
             client = factory("dynamodb", endpoint_url=endpoint, config=config)
         kwargs.setdefault("table_name", os.environ.get("DYNACOORD_TABLE") or DEFAULT_TABLE_NAME)
         kwargs.setdefault("namespace", os.environ.get("DYNACOORD_NAMESPACE") or "default")
+        if "layout" not in kwargs:
+            text = os.environ.get("DYNACOORD_TABLE_LAYOUT")
+            if text:
+                try:
+                    kwargs["layout"] = TableLayout.from_json(text)
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"DYNACOORD_TABLE_LAYOUT: {exc}") from exc
         return cls(client, clock=clock, **kwargs)
 
     def __repr__(self) -> str:
-        return f"DynamoDBBackend(table_name={self.table_name!r}, namespace={self.namespace!r})"
+        layout = "" if self._translator is None else f", layout={self.layout!r}"
+        return (
+            f"DynamoDBBackend(table_name={self.table_name!r}, namespace={self.namespace!r}{layout})"
+        )
 
     # -- store factories ------------------------------------------------------------------------
 
@@ -156,6 +200,10 @@ class DynamoDBBackend(Backend):
         from .outbox import DynamoDBOutboxStore
 
     def _outbox_store(self, namespace: str) -> DynamoDBOutboxStore:
+        if self._translator is not None:
+            from ._layout import LayoutOutboxStore
+
+            return LayoutOutboxStore(self.table, namespace, self._translator, shards=self.shards)
         from .outbox import DynamoDBOutboxStore
 
         return DynamoDBOutboxStore(self.table, namespace, shards=self.shards)
@@ -175,8 +223,33 @@ class DynamoDBBackend(Backend):
                 f"client_request_token must be a str of 1 to 36 characters, got "
                 f"{client_request_token!r}"
             )
+        if self._translator is not None:
+            return self._layout_transaction(client_request_token)
         return transaction_class(
             self.table, outbox=self.outbox, client_request_token=client_request_token
+        )
+
+    def _layout_transaction(self, client_request_token: str | None) -> Transaction:
+        """A transaction on a table with a layout: your items as you give them, dynacoord's
+        translated (see ``_layout.LayoutTransaction``), sent through the client itself."""
+        from ._layout import LayoutTransaction
+
+        assert self._translator is not None
+        raw_table = self._raw_table
+        if raw_table is None:
+            raw_table = self._raw_table = VerifiedTable(
+                self.client,
+                self.table_name,
+                metrics=self.metrics,
+                verify=self._verify,
+                layout=self.layout,
+            )
+        return LayoutTransaction(
+            raw_table,
+            self._translator,
+            layout=self.layout,
+            outbox=self.outbox,
+            client_request_token=client_request_token,
         )
 
     def _counter_store(self, namespace: str) -> DynamoDBCounterStore:

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._table_schema import is_verified, mark_verified, schema_problems
+from ..._table_schema import (
+    DEFAULT_LAYOUT,
+    TableLayout,
+    is_verified,
+    mark_verified,
+    schema_problems,
+)
 from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
 from ._table import DynamoTable
@@ -86,15 +92,22 @@ def _where(client: Any) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def check_table(client: Any, table_name: str) -> None:
+def _layout_option(layout: TableLayout) -> str:
+    """The CLI option that names ``layout`` (nothing for the default)."""
+    return "" if layout.is_default else f" --table-layout '{layout.to_json()}'"
+
+
+def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYOUT) -> None:
     """One DescribeTable of ``table_name``: raise :class:`TableConfigurationError` if it does
-    not exist or cannot hold dynacoord's items; remember a table that passed for this client.
+    not exist or cannot hold dynacoord's items (in ``layout``'s names); remember a table that
+    passed for this client.
 
     A table or index still being created passes (its key schema is final); TTL is not checked
     (off only means expired items are never swept: ``dynacoord table verify`` warns about it).
     """
-    if is_verified(client, table_name):
+    if is_verified(client, table_name, layout):
         return
+    option = _layout_option(layout)
     from botocore.exceptions import ClientError
 
     try:
@@ -106,7 +119,7 @@ def check_table(client: Any, table_name: str) -> None:
             problem = f"table {table_name!r} does not exist"
             raise TableConfigurationError(
                 f"DynamoDB table {table_name!r} does not exist{_where(client)}: create it with "
-                f"`dynacoord --table {table_name} table create` (or deploy the stack: "
+                f"`dynacoord --table {table_name}{option} table create` (or deploy the stack: "
                 "`dynacoord stack deploy`), or fix the table name or region; nothing was written",
                 table_name=table_name,
                 problems=[problem],
@@ -117,37 +130,52 @@ def check_table(client: Any, table_name: str) -> None:
             "when the IAM policy does not allow dynamodb:DescribeTable)",
             code=code,
         ) from exc
-    problems = schema_problems(table, statuses=False)
+    problems = schema_problems(table, statuses=False, layout=layout)
     if problems:
         keys_wrong = any(not p.startswith(("global secondary index", "index ")) for p in problems)
         fix = (
-            "a table's key schema cannot be changed: point the backend at a dynacoord table or "
-            "create one under another name (`dynacoord --table NAME table create`)"
+            "a table's key schema cannot be changed: point the backend at a dynacoord table "
+            "(or give it the layout of yours: TableLayout) or create one under another name "
+            f"(`dynacoord --table NAME{option} table create`)"
             if keys_wrong
-            else f"`dynacoord --table {table_name} table create` adds a missing gsi1"
+            else f"`dynacoord --table {table_name}{option} table create` adds a missing "
+            f"{layout.index}"
         )
         raise TableConfigurationError(
             f"DynamoDB table {table_name!r}{_where(client)} cannot hold dynacoord's items: "
-            f"{'; '.join(problems)}. Check it with `dynacoord --table {table_name} table verify`; "
+            f"{'; '.join(problems)}. Check it with `dynacoord --table {table_name}{option} table "
+            "verify`; "
             f"{fix}. Nothing was written",
             table_name=table_name,
             problems=problems,
         )
-    mark_verified(client, table_name)
+    mark_verified(client, table_name, layout)
 
 
 class VerifiedTable(DynamoTable):
-    """A :class:`DynamoTable` that runs :func:`check_table` before its first request."""
+    """A :class:`DynamoTable` that runs :func:`check_table` before its first request.
+
+    With a ``layout``, ``client`` may be the layout's wrapper: ``raw_client`` is then the
+    client the check describes the table with (and remembers it for)."""
 
     def __init__(
-        self, client: Any, table_name: str, *, metrics: Metrics, verify: bool = True
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        metrics: Metrics,
+        verify: bool = True,
+        layout: TableLayout = DEFAULT_LAYOUT,
+        raw_client: Any = None,
     ) -> None:
         super().__init__(client, table_name, metrics=metrics)
-        if verify and not is_verified(client, table_name):
+        self.layout = layout
+        self._raw_client = client if raw_client is None else raw_client
+        if verify and not is_verified(self._raw_client, table_name, layout):
             # An instance attribute shadows DynamoTable.call until the check passed.
             self.__dict__["call"] = self._first_call
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        check_table(self.client, self.name)
+        check_table(self._raw_client, self.name, self.layout)
         self.__dict__.pop("call", None)
         return DynamoTable.call(self, operation, **kwargs)

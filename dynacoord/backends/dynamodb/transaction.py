@@ -427,7 +427,7 @@ class Transaction:
             self._after_commit = []
         self._after_commit.append(callback)
 
-    def _add_entries(
+    def _collect_entries(
         self, entries: list[tuple[Label, str | None, dict[str, Any], int | None]]
     ) -> None:
         """Add (label, event id or None, TransactItem, bound) entries, all or none (DynamoDB's
@@ -464,13 +464,14 @@ class Transaction:
             items.append(entry)
             self._labels.append(label)
 
-    def _add_entry(
+    def _collect_entry(
         self, label: Label, event_id: str | None, entry: dict[str, Any], bound: int
     ) -> None:
-        """:meth:`_add_entries` of one entry, the usual add. A Put with string keys into the
+        """:meth:`_collect_entries` of one entry, the usual add. A Put with string keys into the
         dynacoord table, or any table keyed pk/sk, well within the limits, is added here in a few
         steps (between requests this code runs with cold CPU caches, so every step shows in a
-        call's latency); anything else, and every refusal, goes through :meth:`_add_entries`."""
+        call's latency); anything else, and every refusal, goes through
+        :meth:`_collect_entries`."""
         op = entry.get("Put")
         if op is not None and self._state not in _CLOSED:
             table = op["TableName"]
@@ -502,7 +503,14 @@ class Transaction:
                     items.append(entry)
                     self._labels.append(label)
                     return
-        self._add_entries([(label, event_id, entry, bound)])
+        self._collect_entries([(label, event_id, entry, bound)])
+
+    #: What the outbox calls to add its entries (dynacoord's own items, the
+    #: :class:`~dynacoord.outbox.store.OutboxStore` protocol); your put/update/delete/
+    #: condition_check collect theirs directly. The same methods here; a table layout's
+    #: transaction (``_layout.LayoutTransaction``) translates dynacoord's entries first.
+    _add_entry = _collect_entry
+    _add_entries = _collect_entries
 
     def _distinct_after(
         self, entries: list[tuple[Label, str | None, dict[str, Any], int | None]]
@@ -592,7 +600,7 @@ class Transaction:
             parts = self._expression_parts(condition, names, values)
             op.update(parts)
             bound += _map_size(parts.get("ExpressionAttributeValues"))
-        self._add_entry(label, None, {action: op}, bound)
+        self._collect_entry(label, None, {action: op}, bound)
 
     def put(
         self,
@@ -609,7 +617,7 @@ class Transaction:
         marshalled, bound = marshal_with_bound(item, "item")
         op = {"TableName": table, "Item": marshalled}
         if condition is None and not names and not values:  # a plain put: nothing more to add
-            self._add_entry(("put into", table), None, {"Put": op}, bound)
+            self._collect_entry(("put into", table), None, {"Put": op}, bound)
         else:
             self._add_operation("Put", ("put into", table), op, condition, names, values, bound)
 
