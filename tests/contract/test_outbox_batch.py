@@ -19,6 +19,10 @@ from dynacoord.errors import InvalidValueError, NotSupportedError
 from dynacoord.keys import outbox_index_pk, shard_of
 from dynacoord.outbox import Event, EventStatus, OutboxStats
 
+from ..backends_fixtures import (  # noqa: F401  (fixtures are registered by import)
+    dynamodb_layout_backend_factory,
+    dynamodb_layout_table,
+)
 from ..conftest import _dynamodb_factory, needs_atomic_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -93,6 +97,22 @@ def test_conditional_batches_cost_plain_writes_where_the_endpoint_runs_them(make
     (the rest of this file runs the batch design on both)."""
     assert make_ddb().outbox._store._statements_supported() is True
     assert _dynamodb_factory(*moto_table)().outbox._store._statements_supported() is False
+
+
+def test_conditional_batches_run_in_an_applications_own_table(dynamodb_layout_backend_factory):
+    """With a TableLayout the statements name the table's own keys (PK/SK, prefixed values)."""
+    backend = dynamodb_layout_backend_factory()
+    outbox = backend.outbox
+    assert outbox._store._statements_supported() is True
+    outbox.publish([Event("t", i, id=f"p{i:02d}") for i in range(30)])
+    got: list[str] = []
+    counts = _count_dynamodb_requests(backend)
+    worker = outbox.worker(lambda e: got.append(e.id), batch_size=30, heartbeat=False)
+    assert worker.run_once() == 30
+    assert sorted(got) == [f"p{i:02d}" for i in range(30)]
+    assert counts is not None and counts["BatchExecuteStatement"] == 4, counts  # 25 + 5, twice
+    assert counts["TransactWriteItems"] == 0, counts
+    assert outbox.stats() == OutboxStats(pending=0, due=0, in_flight=0, failed=0)
 
 
 def test_per_event_design_is_kept_with_batch_claim_false(make_backend):

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..._table_schema import TableLayout
 from ...errors import TransactionCancelledError
+from ._table import unmarshal
 from .outbox import DynamoDBOutboxStore
 from .transaction import Label, Transaction
 
@@ -380,3 +381,10 @@ class LayoutOutboxStore(DynamoDBOutboxStore):
         if not translator.owns(image):
             return None  # an item of the application's, not dynacoord's
         return super().stream_record(translator.item_in(image), now_ms)
+
+    def _statement_op(self, op: dict[str, Any]) -> dict[str, Any]:
+        # The conditional batches of PartiQL statements are built from the layout's request.
+        return self._translator.request(op)
+
+    def _statement_refusal(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        return unmarshal(self._translator.item_in(raw)) if raw else None

@@ -22,7 +22,7 @@ import contextlib
 import re
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["MAX_STATEMENTS", "NotTranslatableError", "statement", "supported"]
@@ -209,7 +209,12 @@ _supported: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDic
 _supported_guard = threading.Lock()
 
 
-def supported(client: Any, table: str, probe_key: Mapping[str, Any]) -> bool:
+def supported(
+    client: Any,
+    table: str,
+    probe_key: Mapping[str, Any],
+    rename: Callable[[dict[str, Any]], dict[str, Any]] = lambda op: op,
+) -> bool:
     """Whether ``client``'s endpoint runs conditional PartiQL batches as DynamoDB does: one
     probe (a conditional update of ``probe_key``, which must not exist, using every form the
     translation produces) must come back refused with ``ConditionalCheckFailed``. Remembered per
@@ -229,7 +234,7 @@ def supported(client: Any, table: str, probe_key: Mapping[str, Any]) -> bool:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        answer = client.batch_execute_statement(Statements=[statement("Update", op)])
+        answer = client.batch_execute_statement(Statements=[statement("Update", rename(op))])
         (response,) = answer["Responses"]
         ok = bool(response.get("Error", {}).get("Code") == "ConditionalCheckFailed")
     except (BotoCoreError, ClientError) as error:

@@ -761,7 +761,7 @@ class DynamoDBOutboxStore:
         """Whether this endpoint runs conditional PartiQL batches (DynamoDB and DynamoDB Local
         do, moto does not); asked once per client and table."""
         key = marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#~", "sk": "PARTIQL-PROBE"})
-        return _partiql.supported(self._table.client, self._table.name, key)
+        return _partiql.supported(self._table.client, self._table.name, key, self._statement_op)
 
     def _transact(
         self,
@@ -784,7 +784,7 @@ class DynamoDBOutboxStore:
             again: list[_Entry] = []
             alone = [e for e in pending if closure(e) is None]
             if len(alone) > 1 and self._statements_supported():
-                statements = _statement_entries(alone)
+                statements = self._statement_entries(alone)
                 batched = {id(entry) for entry, _ in statements}
                 tied = [e for e in pending if id(e) not in batched]
                 for start in range(0, len(statements), _partiql.MAX_STATEMENTS):
@@ -806,6 +806,25 @@ class DynamoDBOutboxStore:
                     leftover = [e for e in leftover if still_wanted(e)]
                 if not leftover:
                     break
+
+    def _statement_entries(self, entries: list[_Entry]) -> list[tuple[_Entry, dict[str, Any]]]:
+        """The entries that translate to PartiQL statements, each with its statement."""
+        out: list[tuple[_Entry, dict[str, Any]]] = []
+        for entry in entries:
+            ((action, op),) = entry.item.items()
+            try:
+                out.append((entry, _partiql.statement(action, self._statement_op(op))))
+            except _partiql.NotTranslatableError:
+                continue  # sent the transactional way
+        return out
+
+    def _statement_op(self, op: dict[str, Any]) -> dict[str, Any]:
+        """The operation as the table names it (a table layout renames; here: as it is)."""
+        return op
+
+    def _statement_refusal(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A statement's refused item (``ALL_OLD``) in this store's names."""
+        return unmarshal(raw) if raw else None
 
     def _send_statements(
         self, chunk: list[tuple[_Entry, dict[str, Any]]], refused: Any, written: Any
@@ -830,8 +849,7 @@ class DynamoDBOutboxStore:
                 continue
             code = error.get("Code")
             if code == "ConditionalCheckFailed":
-                raw = error.get("Item")
-                refused(entry, unmarshal(raw) if raw else None)
+                refused(entry, self._statement_refusal(error.get("Item")))
             elif code in _STATEMENT_AGAIN:
                 again.append(entry)
             else:
@@ -1419,18 +1437,6 @@ _STATEMENT_AGAIN = frozenset(
         "InternalServerError",
     }
 )
-
-
-def _statement_entries(entries: list[_Entry]) -> list[tuple[_Entry, dict[str, Any]]]:
-    """The entries that translate to PartiQL statements, each with its statement."""
-    out: list[tuple[_Entry, dict[str, Any]]] = []
-    for entry in entries:
-        ((action, op),) = entry.item.items()
-        try:
-            out.append((entry, _partiql.statement(action, op)))
-        except _partiql.NotTranslatableError:
-            continue  # sent the transactional way
-    return out
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
