@@ -803,3 +803,33 @@ def test_the_first_invocations_of_a_new_backend_pass_the_table_check_together(
     assert 1 <= len(described) <= N
     backend.counters.increment("hits")
     assert len(described) <= N  # never again after it passed
+
+
+def test_a_thread_started_inside_an_invocation_sees_its_context_only_when_given_it(
+    table: tuple[Any, str],
+) -> None:
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dynacoord.idempotency import DEFAULT_IN_PROGRESS_TTL
+
+    backend = make_backend(table)
+
+    @backend.idempotent(key=lambda order_id: f"charge:{order_id}")
+    def charge(order_id: str) -> int:
+        record = backend.idempotency.get(f"charge:{order_id}")
+        assert record is not None
+        return record.expires_at_ms
+
+    @backend.idempotent(key="order_id")
+    def handler(event: dict[str, Any], context: Any) -> tuple[int, int]:
+        with ThreadPoolExecutor(2) as pool:
+            given = pool.submit(contextvars.copy_context().run, charge, f"{event['order_id']}-a")
+            bare = pool.submit(charge, f"{event['order_id']}-b")
+            return given.result(), bare.result()
+
+    context = Context("req-1", 20_000)
+    started = time.time() * 1000
+    given, bare = handler({"order_id": "o-1"}, context)
+    assert abs(given - context.deadline_ms) < 400  # the invocation's deadline
+    assert abs(bare - (started + DEFAULT_IN_PROGRESS_TTL * 1000)) < 1000  # the default lease
