@@ -762,7 +762,7 @@ def test_invocations_holding_one_lock_take_turns_and_their_heartbeats_keep_their
     def invocation(i: int) -> bool:
         nonlocal most
         # a lock of its own, held past its TTL: only its heartbeat keeps it
-        with backend.locks.hold(f"job:{i}", ttl=0.3, timeout=5) as own:
+        with backend.locks.hold(f"job:{i}", ttl=1.0, timeout=5) as own:
             with backend.locks.hold("shared", ttl=5, timeout=30) as shared:
                 with lock:
                     holders.append(i)
@@ -771,7 +771,7 @@ def test_invocations_holding_one_lock_take_turns_and_their_heartbeats_keep_their
                 time.sleep(0.02)
                 with lock:
                     holders.remove(i)
-            time.sleep(0.4)
+            time.sleep(1.2)
             return not own.lost and own.is_held()
 
     assert invoke_concurrently(N, invocation) == [True] * N
@@ -832,4 +832,4 @@ def test_a_thread_started_inside_an_invocation_sees_its_context_only_when_given_
     started = time.time() * 1000
     given, bare = handler({"order_id": "o-1"}, context)
     assert abs(given - context.deadline_ms) < 400  # the invocation's deadline
-    assert abs(bare - (started + DEFAULT_IN_PROGRESS_TTL * 1000)) < 1000  # the default lease
+    assert 0 <= bare - (started + DEFAULT_IN_PROGRESS_TTL * 1000) < 5000  # the default lease
