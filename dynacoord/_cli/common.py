@@ -62,11 +62,22 @@ class Context:
     def table_name(self) -> str:
         return str(self.args.table)
 
+    def layout(self) -> Any:
+        """The table's :class:`~dynacoord.TableLayout`: ``--table-layout`` (the table and
+        iam-policy commands) or ``DYNACOORD_TABLE_LAYOUT`` (JSON; unset: dynacoord's own)."""
+        from .._table_schema import TableLayout
+
+        text = getattr(self.args, "table_layout", None) or os.environ.get("DYNACOORD_TABLE_LAYOUT")
+        return TableLayout.from_json(text)
+
     def backend(self) -> Any:
         from ..backends.dynamodb import DynamoDBBackend
 
         return DynamoDBBackend(
-            self.client(), table_name=self.args.table, namespace=self.args.namespace
+            self.client(),
+            table_name=self.args.table,
+            namespace=self.args.namespace,
+            layout=self.layout(),
         )
 
 

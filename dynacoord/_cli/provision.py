@@ -37,6 +37,19 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not grant Query on gsi1 (see the README on LeadingKeys and indexes)",
     )
+    _layout_option(policy)
+
+
+def _layout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--table-layout",
+        metavar="JSON",
+        default=None,
+        help="the table's key and index names and key prefix as a JSON object, e.g. "
+        '\'{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk": '
+        '"GSI1SK", "prefix": "DC#"}\' (env DYNACOORD_TABLE_LAYOUT; default: dynacoord\'s own '
+        "pk/sk/gsi1)",
+    )
 
 
 def _register_table(subparsers: Any) -> None:
@@ -62,8 +75,12 @@ def _register_table(subparsers: Any) -> None:
     )
     create.add_argument("--deletion-protection", action="store_true")
     create.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ACTIVE")
+    _layout_option(create)
 
-    add_command(sub, "verify", _table_verify, "check the table's schema, index, TTL and status")
+    verify = add_command(
+        sub, "verify", _table_verify, "check the table's schema, index, TTL and status"
+    )
+    _layout_option(verify)
 
     delete = add_command(sub, "delete", _table_delete, "delete the table and all its items")
     delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
@@ -175,6 +192,16 @@ def _positive_int(text: str) -> int:
 # --- table -------------------------------------------------------------------------------------
 
 
+def _layout(ctx: Context) -> Any:
+    """The layout of ``--table-layout`` or ``DYNACOORD_TABLE_LAYOUT``; a bad one is a usage
+    error naming where it came from."""
+    try:
+        return ctx.layout()
+    except ConfigurationError as exc:
+        where = "--table-layout" if ctx.args.table_layout else "DYNACOORD_TABLE_LAYOUT"
+        raise UsageError(f"{where}: {exc}") from exc
+
+
 def _fail_with_problems(ctx: Context, table: str, problems: list[str]) -> None:
     """Print the report on stdout and fail with one summary line (exit 1)."""
     emit(ctx, {"table": table, "ok": False, "problems": problems} if ctx.json else problems)
@@ -194,6 +221,7 @@ def _table_create(ctx: Context) -> Any:
             "--read-capacity/--write-capacity apply to --billing-mode PROVISIONED only "
             f"(this table would be {ctx.args.billing_mode})"
         )
+    layout = _layout(ctx)
     client = ctx.client()
     try:
         created = ensure_table(
@@ -205,12 +233,13 @@ def _table_create(ctx: Context) -> Any:
             read_capacity=ctx.args.read_capacity or 5,
             write_capacity=ctx.args.write_capacity or 5,
             deletion_protection=ctx.args.deletion_protection,
+            layout=layout,
         )
     except ConfigurationError:
         # an existing table with another key schema, left as it is: a table with problems
         # (exit 1, as `table verify`), not a usage error
         created = False
-    problems = verify_table(client, ctx.table_name)
+    problems = verify_table(client, ctx.table_name, layout=layout)
     if problems:  # an existing table with another schema: ensure_table does not alter it
         _fail_with_problems(ctx, ctx.table_name, problems)
     ctx.progress(f"table {ctx.table_name} is ready" + ("" if created else " (it already existed)"))
@@ -220,7 +249,7 @@ def _table_create(ctx: Context) -> Any:
 def _table_verify(ctx: Context) -> Any:
     from ..provision import is_warning, verify_table
 
-    found = verify_table(ctx.client(), ctx.table_name)
+    found = verify_table(ctx.client(), ctx.table_name, layout=_layout(ctx))
     problems = [p for p in found if not is_warning(p)]
     warnings = [p for p in found if is_warning(p)]
     if problems:
@@ -443,7 +472,12 @@ def _iam_policy(ctx: Context) -> Any:
         # `dynacoord --namespace billing iam-policy` (or DYNACOORD_NAMESPACE=billing) means
         # billing's policy: printing one for every namespace would widen access silently.
         namespaces = [ctx.args.namespace]
-    policy = iam_policy(ctx.args.table_arn, namespaces, include_index=not ctx.args.no_index)
+    policy = iam_policy(
+        ctx.args.table_arn,
+        namespaces,
+        include_index=not ctx.args.no_index,
+        layout=_layout(ctx),
+    )
     if namespaces is None:
         ctx.progress("iam-policy: every namespace (give --namespace NS to narrow it)")
     # A policy is a JSON document either way; --json just keeps the common output format.

@@ -119,7 +119,7 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
             problem = f"table {table_name!r} does not exist"
             raise TableConfigurationError(
                 f"DynamoDB table {table_name!r} does not exist{_where(client)}: create it with "
-                f"`dynacoord --table {table_name}{option} table create` (or deploy the stack: "
+                f"`dynacoord --table {table_name} table create{option}` (or deploy the stack: "
                 "`dynacoord stack deploy`), or fix the table name or region; nothing was written",
                 table_name=table_name,
                 problems=[problem],
@@ -136,15 +136,15 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
         fix = (
             "a table's key schema cannot be changed: point the backend at a dynacoord table "
             "(or give it the layout of yours: TableLayout) or create one under another name "
-            f"(`dynacoord --table NAME{option} table create`)"
+            f"(`dynacoord --table NAME table create{option}`)"
             if keys_wrong
-            else f"`dynacoord --table {table_name}{option} table create` adds a missing "
+            else f"`dynacoord --table {table_name} table create{option}` adds a missing "
             f"{layout.index}"
         )
         raise TableConfigurationError(
             f"DynamoDB table {table_name!r}{_where(client)} cannot hold dynacoord's items: "
-            f"{'; '.join(problems)}. Check it with `dynacoord --table {table_name}{option} table "
-            "verify`; "
+            f"{'; '.join(problems)}. Check it with `dynacoord --table {table_name} table verify"
+            f"{option}`; "
             f"{fix}. Nothing was written",
             table_name=table_name,
             problems=problems,
