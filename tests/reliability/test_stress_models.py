@@ -10,7 +10,17 @@ import pytest
 
 from tests.reliability.conftest import STRESS_SCALE, run_model
 
-MACHINES = ["breaker", "cache", "checkpoints", "counters", "idempotency", "locks", "outbox", "runs"]
+MACHINES = [
+    "breaker",
+    "breaker_rate",
+    "cache",
+    "checkpoints",
+    "counters",
+    "idempotency",
+    "locks",
+    "outbox",
+    "runs",
+]
 
 
 @pytest.mark.stress
