@@ -301,3 +301,44 @@ def test_policy_and_failure_threshold_together_are_refused(make_backend):
         backend.breaker("b", failure_threshold=3, policy=FailureRate())
     with pytest.raises(TypeError, match="policy"):
         backend.breaker("b", policy=0.5)  # type: ignore[arg-type]
+
+
+def _lose_in(lossy, store, method):
+    """The next write of ``store.method`` loses its response (the client's own retry runs)."""
+    real = getattr(store, method)
+
+    def losing(*args, **kwargs):
+        lossy.lose_next()
+        return real(*args, **kwargs)
+
+    setattr(store, method, losing)
+
+
+def test_a_window_write_whose_answer_was_lost_counts_once(lossy):
+    breaker = lossy.backend(clock=ManualClock()).breaker(
+        "svc", policy=FailureRate(minimum_calls=4, window=10, flush_interval=0)
+    )
+    breaker.record_failure()  # 1 of 1 failed
+    _lose_in(lossy, breaker._store, "add_window")
+    breaker.record_success()  # written, its answer lost, sent again: 1 of 2
+    assert lossy.lost == 1
+    assert breaker._window.seen.totals(0) == (2, 1)
+    breaker.record_failure()  # 2 of 3 (counted twice, the success would make it 2 of 4: open)
+    assert breaker.state is CLOSED
+    breaker.record_success()  # 2 of 4
+    assert breaker.state is OPEN
+
+
+def test_a_rate_trip_whose_answer_was_lost_reports_its_transition(lossy):
+    transitions = []
+    breaker = lossy.backend(clock=ManualClock()).breaker(
+        "svc",
+        policy=FailureRate(minimum_calls=2, window=10, flush_interval=0),
+        on_transition=lambda name, old, new: transitions.append((old, new)),
+    )
+    breaker.record_failure()
+    _lose_in(lossy, breaker._store, "trip_window")
+    breaker.record_failure()
+    assert lossy.lost == 1
+    assert breaker.state is OPEN
+    assert transitions == [(CLOSED, OPEN)]
