@@ -13,7 +13,11 @@ sizes read around every write (bench/_units.py; DynamoDB Local does not bill):
 * ``cache.incr``: table and index units apart (the index projects every attribute);
 * the breaker after ``calls`` failures at 10 and 100/s: its item size and the read units of a
   closed call (eventually consistent by default, strongly consistent, and with a state cache);
-* the join: WCU of the last arrival of a ``members``-member join.
+* the join: WCU of the last arrival of a ``members``-member join;
+* the cost per protected call of each breaker policy (consecutive failures, the default, and
+  ``FailureRate``) at 10, 100 and 1,000 calls/s from one process and 100 calls/s from four,
+  all calls succeeding or one in ten failing (never enough to trip): requests, RCU and WCU per
+  call over the second half of the calls, and the item's size.
 
 Calls per rate are capped (``calls``): one writer's item holds one slot whatever the number of
 calls, so the cap changes nothing for dynacoord; the simulated seconds are reported.
@@ -21,11 +25,12 @@ calls, so the cap changes nothing for dynacoord; the simulated seconds are repor
 
 from __future__ import annotations
 
+import contextlib
 import os
 from binascii import b2a_base64
 from typing import Any
 
-from dynacoord import ManualClock
+from dynacoord import FailureRate, ManualClock
 
 from ._harness import BenchEnv, unique
 from ._units import UnitMeter, item_size
@@ -208,6 +213,101 @@ def _breaker_rows(env: BenchEnv, calls: int) -> list[dict[str, Any]]:
     return rows
 
 
+class _BoomError(Exception):
+    pass
+
+
+def _policy_row(
+    env: BenchEnv, policy: str, rate: int, processes: int, fail_every: int, calls: int
+) -> dict[str, Any]:
+    """Per-call units of one breaker policy: ``calls`` calls at ``rate``/s spread round-robin
+    over ``processes`` breakers (one store each, one name), every ``fail_every``-th failing."""
+    client = env.new_client(counted=False)
+    peek = env.new_client(counted=False)
+    clock = ManualClock()
+    namespace = unique("wr")
+    breakers = []
+    for _ in range(processes):
+        backend = env.backend(namespace=namespace, client=client, clock=clock)
+        if policy == "consecutive":
+            breakers.append(backend.breaker("svc", failure_threshold=10**9, reset_timeout=60))
+        else:
+            rate_policy = FailureRate(threshold=0.5, minimum_calls=20, window=60.0)
+            breakers.append(backend.breaker("svc", policy=rate_policy, reset_timeout=60))
+
+    def fail() -> None:
+        raise _BoomError
+
+    meter = UnitMeter(client, peek, env.table)
+    try:
+        half = calls // 2
+        for i in range(calls):
+            if i == half:
+                start = (
+                    meter.rcu,
+                    meter.wcu,
+                    sum(meter.requests.values()),
+                    meter.requests["UpdateItem"],
+                )
+            breaker = breakers[i % processes]
+            if fail_every and i % fail_every == fail_every - 1:
+                with contextlib.suppress(_BoomError):
+                    breaker.call(fail)
+            else:
+                breaker.call(lambda: None)
+            clock.advance(1 / rate)
+        measured = calls - half
+        rcu = (meter.rcu - start[0]) / measured
+        wcu = (meter.wcu - start[1]) / measured
+        requests = (sum(meter.requests.values()) - start[2]) / measured
+        writes = (meter.requests["UpdateItem"] - start[3]) / measured
+    finally:
+        meter.close()
+    item = peek.get_item(
+        TableName=env.table,
+        Key={"pk": {"S": f"CB#{namespace}#svc"}, "sk": {"S": "CB"}},
+        ConsistentRead=True,
+    ).get("Item")
+    return {
+        "policy": policy,
+        "rate": rate,
+        "processes": processes,
+        "failing": round(1 / fail_every, 3) if fail_every else 0.0,
+        "calls": calls,
+        "simulated_s": round(calls / rate, 1),
+        "requests_per_call": round(requests, 4),
+        "writes_per_call": round(writes, 4),
+        "rcu_per_call": round(rcu, 4),
+        "wcu_per_call": round(wcu, 4),
+        "item_bytes": item_size(item),
+        "state": str(breakers[0].state),
+    }
+
+
+def _policy_rows(env: BenchEnv, tiny: bool) -> list[dict[str, Any]]:
+    """The breaker's cost per call under each policy. FailureRate with its defaults (window 60 s
+    in 10 buckets, minimum_calls 20, flush_interval 1 s): a process writes its counts once a
+    second, so its writes per call fall with its call rate."""
+    # (rate, processes, simulated seconds)
+    shapes = (
+        [(100, 4, 1.2)]
+        if tiny
+        else [
+            (10, 1, 70.0),  # past one full 60 s window: the item's largest size
+            (100, 1, 10.0),
+            (1000, 1, 4.0),
+            (100, 4, 10.0),
+        ]
+    )
+    rows = []
+    for rate, processes, seconds in shapes:
+        for fail_every in (0, 10):
+            for policy in ("consecutive", "failure_rate"):
+                calls = int(rate * seconds)
+                rows.append(_policy_row(env, policy, rate, processes, fail_every, calls))
+    return rows
+
+
 def _join_row(env: BenchEnv, members: int) -> dict[str, Any]:
     client = env.new_client(counted=False)
     peek = env.new_client(counted=False)
@@ -340,6 +440,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "status": "ok",
         "counters": _rate_rows(env, calls),
         "breaker": _breaker_rows(env, 40 if tiny else 0),
+        "breaker_policies": _policy_rows(env, tiny),
         "join": _join_row(env, 20 if tiny else 2000),
         "powertools": _powertools_row(env),
     }
