@@ -13,6 +13,7 @@ from .._validate import (
     check_bool,
     check_int,
     check_iterable,
+    check_utf8,
 )
 from ..errors import (
     DuplicateEventError,
@@ -298,16 +299,36 @@ class Outbox:
         that the listing costs anyway."""
         return max(1, self._store.refresh_shards())
 
-    def retry(self, ids: str | Iterable[str]) -> int:
+    def retry(self, ids: str | Iterable[str] | None = None, *, group: str | None = None) -> int:
         """Put failed events back to pending (due now, attempts reset); return how many moved.
 
-        Only existing, failed events move; unknown ids and events in another state are logged
-        and left alone (never created). :meth:`retry_report` says which id went where.
-        """
-        return len(self.retry_report(ids).retried)
+        ``retry(ids)``: only existing, failed events move; unknown ids and events in another
+        state are logged and left alone (never created). A retried ordered event the group has
+        already moved past is claimable at once, out of the group's order.
 
-    def retry_report(self, ids: str | Iterable[str]) -> RetryReport:
-        """Like :meth:`retry`, reporting each id as retried, not_found or not_failed."""
+        ``retry(group=g)``: every failed ordered event of group ``g`` goes back to the end of the
+        group in its original order: each takes a new place at the group's tail, as an ordered
+        publish would, so the group delivers them one after another, after its events pending
+        now. It reads every page of the failed index (every shard) to find them.
+
+        :meth:`retry_report` says which id went where.
+        """
+        return len(self.retry_report(ids, group=group).retried)
+
+    def retry_report(
+        self, ids: str | Iterable[str] | None = None, *, group: str | None = None
+    ) -> RetryReport:
+        """Like :meth:`retry`, reporting each id as retried, not_found or not_failed (with
+        ``group``: the ids moved, in their new order; not_failed lists events found failed that
+        someone else moved before this call could)."""
+        if (ids is None) == (group is None):
+            raise TypeError(
+                "retry takes ids or group=, exactly one of them: retry(['id-1']) moves those "
+                "failed events, retry(group='g') every failed ordered event of group 'g'"
+            )
+        if group is not None:
+            return self._retry_group(group)
+        assert ids is not None
         id_list = [ids] if isinstance(ids, str) else check_iterable(ids, "ids", "event ids")
         for event_id in id_list:
             keys.validate_key(event_id, "event id")
@@ -324,6 +345,41 @@ class Outbox:
             logger.warning("retry: no such events %r (nothing created)", report.not_found)
         if report.not_failed:
             logger.warning("retry: events %r are not failed; left as they are", report.not_failed)
+        return report
+
+    def _retry_group(self, group: str) -> RetryReport:
+        if not isinstance(group, str) or not group:
+            raise InvalidValueError(f"event group must be a non-empty str, got {group!r}")
+        check_utf8(group, "event group")
+        # No index holds a group's failed events: read the whole failed index (every shard and
+        # page) and keep the group's ordered ones, in their old order.
+        found: dict[str, EventRecord] = {}
+        for shard in range(self._shards()):
+            cursor: Any = None
+            while True:
+                page, cursor = self._store.query_page(
+                    EventStatus.FAILED, shard, due_before_ms=None, limit=1000, cursor=cursor
+                )
+                for record in page:
+                    if record.seq is not None and record.event.group == group:
+                        found.setdefault(record.id, record)
+                if cursor is None:
+                    break
+        records = sorted(found.values(), key=lambda r: r.seq or 0)
+        if not records:
+            return RetryReport([], [], [])
+        # One token for the call: a move sent again after its answer was lost finds it on the
+        # events it moved, and neither moves them twice nor reports them missing.
+        moved = self._store.retry_group(group, records, now_ms(self.clock), new_event_id())
+        taken = set(moved)
+        report = RetryReport(list(moved), [], [r.id for r in records if r.id not in taken])
+        if report.not_failed:
+            logger.warning(
+                "retry: events %r of group %r were moved by someone else meanwhile; left as "
+                "they are",
+                report.not_failed,
+                group,
+            )
         return report
 
     def stats(self) -> OutboxStats:

@@ -238,3 +238,17 @@ class OutboxStore(Protocol):
         ``token`` (random, one per retry) is stored with the move, so that a write of this very
         retry whose answer was lost is recognised: "retried", not "not_failed"."""
         ...
+
+    def retry_group(
+        self, group: str, records: Sequence[EventRecord], now_ms: int, token: str
+    ) -> list[str]:
+        """Move ``records`` (failed ordered events of ``group``, in their old place order) back
+        to pending at the group's tail: each takes the group's next place from its publish
+        counter, as an ordered publish would, in the order given; attempts reset, due now.
+        Each moves only while it is still failed in ``group`` at the place it had; the others
+        are left out. All or nothing where the store allows (DynamoDB: one transaction of up
+        to 99 events and the gate, then the next 99 after them). Returns the ids moved, in
+        their new order. ``token`` (random, one per call) is stored on every moved event, so
+        that a move sent again after its answer was lost is recognised (reported moved, never
+        moved twice, also when the event failed again in between)."""
+        ...

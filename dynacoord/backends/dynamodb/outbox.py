@@ -85,6 +85,9 @@ _BATCH_ROUNDS = 3
 #: At most this many events of one ordered group are claimed in one batch (the group's gate and
 #: its events' outcomes must fit one transaction).
 _MAX_RUN = 50
+#: At most this many events of a group move in one ``retry(group=...)`` transaction (with the
+#: group's gate: 100 items, the TransactWriteItems limit).
+_REDRIVE_CHUNK = MAX_TRANSACTION_ITEMS - 1
 # Fresh items only; an expired (retention over, not yet swept) completed event counts as absent.
 _HOLDS_LEASE = "#status = :in_flight AND lease_token = :token"
 
@@ -1374,6 +1377,114 @@ class DynamoDBOutboxStore:
                 return record.event
             return "not_failed"
         return "retried"
+
+    # -- redriving an ordered group's failed events ------------------------------------------------
+
+    def retry_group(
+        self, group: str, records: Sequence[EventRecord], now_ms: int, token: str
+    ) -> list[str]:
+        """Each chunk of up to 99 events is one transaction with the group's gate (100 items),
+        retried when a racing publisher moved the gate, as an ordered publish is; a later chunk
+        takes its places after the earlier one's."""
+        validate_key(group, "event group")
+        self._record_shards()
+        mine = [r for r in records if r.seq is not None and r.event.group == group]
+        moved: list[str] = []
+        for number, start in enumerate(range(0, len(mine), _REDRIVE_CHUNK)):
+            chunk = mine[start : start + _REDRIVE_CHUNK]
+            # a token per chunk: the gate carries it, and a later chunk's refusal must not take
+            # the earlier chunk's token on the gate for its own
+            moved.extend(self._redrive(group, chunk, now_ms, f"{token}.{number}"))
+        return moved
+
+    def _redrive(self, group: str, chunk: list[EventRecord], now_ms: int, token: str) -> list[str]:
+        left = list(chunk)
+        delay = _PUBLISH_BACKOFF_FIRST
+        for round_ in range(_PUBLISH_ROUNDS):
+            if not left:
+                return []
+            if round_:
+                _sleep(random.uniform(0, delay))  # as an ordered publish that lost a gate race
+                delay = min(_PUBLISH_BACKOFF_MAX, delay * 2)
+            seen = int(self._gate(group).get("published", 0))
+            items: list[dict[str, Any]] = [
+                {"Update": self._redrive_op(record, seen + n, now_ms, token)}
+                for n, record in enumerate(left, start=1)
+            ]
+            gate = self._gate_publish(group, seen, seen + len(left), now_ms)
+            gate["UpdateExpression"] += ", retried_by = :token"
+            gate["ExpressionAttributeValues"] = {
+                **gate["ExpressionAttributeValues"],
+                **values(token=token),
+            }
+            gate["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+            items.append({"Update": gate})
+            try:
+                self._table.call("transact_write_items", TransactItems=items)
+            except TransactionCancelledError as cancelled:
+                reasons = cancelled.reasons
+                if len(reasons) != len(items):
+                    raise
+                olds = [
+                    unmarshal(reason["Item"]) if reason.get("Item") else None for reason in reasons
+                ]
+                if any(old is not None and old.get("retried_by") == token for old in olds):
+                    # This very transaction, applied, its answer lost (the client sent it
+                    # again): all of it was written, each event once.
+                    return [r.id for r in left]
+                refused = {
+                    record.id
+                    for record, reason in zip(left, reasons, strict=False)
+                    if reason.get("Code") == "ConditionalCheckFailed"
+                }
+                raced = any(r.get("Code") in _RETRY_CODES for r in reasons[len(left) :]) or any(
+                    r.get("Code") == "TransactionConflict" for r in reasons
+                )
+                if not refused and not raced:
+                    raise
+                # Moved by someone else meanwhile (no longer failed at the place read): left
+                # out; the rest again, with the gate read again.
+                left = [r for r in left if r.id not in refused]
+                continue
+            return [r.id for r in left]
+        raise TransactionCancelledError(
+            f"retry of group {group!r}: the group kept changing under racing publishers; "
+            f"{len(left)} events were not moved, retry again",
+            reasons=[],
+        )
+
+    def _redrive_op(self, record: EventRecord, seq: int, now_ms: int, token: str) -> dict[str, Any]:
+        """Back to pending at place ``seq``, while still failed in its group at its old place
+        and not moved by this very retry already."""
+        gpk, gsk = self._record_index(record.event, EventStatus.PENDING, now_ms)
+        return {
+            "TableName": self._table.name,
+            "Key": self._key(record.id),
+            "ConditionExpression": (
+                "#status = :failed AND event_group = :group AND seq = :old AND "
+                "(attribute_not_exists(retried_by) OR retried_by <> :token)"
+            ),
+            "UpdateExpression": (
+                "SET #status = :pending, attempts = :zero, due_ms = :now, seq = :seq, "
+                "gsi1pk = :gpk, gsi1sk = :gsk, updated_ms = :now, retried_by = :token, "
+                "manual_retries = if_not_exists(manual_retries, :zero) + :one"
+            ),
+            "ExpressionAttributeNames": _NAMES,
+            "ExpressionAttributeValues": values(
+                failed=EventStatus.FAILED.value,
+                pending=EventStatus.PENDING.value,
+                group=record.event.group or "",
+                old=record.seq or 0,
+                seq=seq,
+                zero=0,
+                one=1,
+                now=now_ms,
+                gpk=gpk,
+                gsk=gsk,
+                token=token,
+            ),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
 
     # -- stream images (issue 15: the stream relay) -----------------------------------------------
 

@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +66,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from ... import codec
-from ...errors import NotSupportedError
+from ...errors import NotSupportedError, OutboxError
 from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ...outbox import (
     ORDERED_RECHECK_MS,
@@ -87,6 +89,11 @@ _GATE_SK = "GROUP"
 _CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
 #: The widest place in a group the size check of a publish allows for (15 digits).
 _WIDEST_SEQ = 10**15 - 1
+#: Rounds of the compare-and-set of a group's publish counter by ``retry(group=...)`` when
+#: racing publishers move it, and the backoff between them (seconds; full jitter, doubling).
+_RETRY_ROUNDS = 40
+_RETRY_BACKOFF_FIRST = 0.008
+_RETRY_BACKOFF_MAX = 0.25
 #: A group's next place that has no event (or a finished one) is skipped once the run behind it
 #: was published this long ago: its publisher took the place earlier and has not written it.
 HOLE_WAIT_MS = 60_000
@@ -753,3 +760,99 @@ class MongoOutboxStore:
         if stored is not None and stored.get("retried_by") == token:
             return "retried"  # this very retry, applied, its answer lost
         return "not_failed" if EventRecord.from_item(stored, now_ms) is not None else "not_found"
+
+    # -- redriving an ordered group's failed events ------------------------------------------------
+
+    def retry_group(
+        self, group: str, records: Sequence[EventRecord], now_ms: int, token: str
+    ) -> list[str]:
+        """As an ordered publish: the places first (one compare-and-set of the gate's publish
+        counter), then the events (one ``bulk_write``). An event moved by someone else between
+        the two leaves its new place empty, which the next claim skips after 60 s."""
+        mine = [r for r in records if r.seq is not None and r.event.group == group]
+        if not mine:
+            return []
+        first = self._take_retry_places(group, len(mine), now_ms, token)
+        gpk = self._gpk(EventStatus.PENDING)
+        ops = [
+            pymongo.UpdateMany(  # unique (pk, sk): at most one document (mongomock: no UpdateOne)
+                {
+                    **self._key(record.id),
+                    "status": EventStatus.FAILED.value,
+                    "event_group": group,
+                    "seq": record.seq,
+                    # once per call: sent again after a lost answer, it finds its own token
+                    "retried_by": {"$ne": token},
+                },
+                {
+                    "$set": {
+                        "status": EventStatus.PENDING.value,
+                        "seq": first + n,
+                        "attempts": 0,
+                        "due_ms": now_ms,
+                        "gsi1pk": gpk,
+                        "gsi1sk": outbox_index_sk(now_ms, record.id),
+                        "updated_ms": now_ms,
+                        "retried_by": token,
+                        # the place was taken now: an empty place before it is skipped only
+                        # 60 s after this (HOLE_WAIT_MS)
+                        "published_ms": now_ms,
+                    },
+                    "$inc": {"manual_retries": 1},
+                },
+            )
+            for n, record in enumerate(mine)
+        ]
+        with translate_errors("outbox retry"):
+            result = self._c.bulk_write(ops, ordered=True)
+            if result.matched_count == len(ops):
+                return [r.id for r in mine]
+            found = self._c.find(
+                {
+                    "pk": {"$in": [self._key(r.id)["pk"] for r in mine]},
+                    "sk": "EVENT",
+                    "retried_by": token,
+                },
+                {"event_id": 1},
+            )
+            moved = {str(d["event_id"]) for d in found}
+        return [r.id for r in mine if r.id in moved]
+
+    def _take_retry_places(self, group: str, count: int, now_ms: int, token: str) -> int:
+        """The first of ``count`` places taken at the group's tail: the gate's publish counter
+        moved from the value read, carrying ``token`` and the first place, so that a move sent
+        again after its answer was lost finds its own places instead of taking more."""
+        key = self._gate_key(group)
+        delay = _RETRY_BACKOFF_FIRST
+        for round_ in range(_RETRY_ROUNDS):
+            if round_:
+                time.sleep(random.uniform(0, delay))  # a racing publisher moved the counter
+                delay = min(_RETRY_BACKOFF_MAX, delay * 2)
+            with translate_errors("outbox retry"):
+                gate = self._c.find_one(key)
+                if gate is not None and gate.get("retried_by") == token:
+                    return int(gate["retry_first"])  # taken by this call, its answer lost
+                seen = int(gate.get("published", 0)) if gate is not None else 0
+                update = {
+                    "$set": {
+                        "published": seen + count,
+                        "published_ms": now_ms,
+                        "retried_by": token,
+                        "retry_first": seen + 1,
+                    },
+                    "$setOnInsert": {"next_seq": 1},
+                }
+                # still the count read (none: a gate made now, never one a racer made)
+                expected = seen if seen else {"$exists": False}
+                try:
+                    taken = self._c.find_one_and_update(
+                        {**key, "published": expected}, update, upsert=gate is None
+                    )
+                except DuplicateKeyError:  # a racing publisher created the gate first
+                    continue
+            if taken is not None or gate is None:
+                return seen + 1
+        raise OutboxError(
+            f"retry of group {group!r}: racing publishers kept moving the group's counter; "
+            "nothing was moved, retry again"
+        )

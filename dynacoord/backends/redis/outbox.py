@@ -290,6 +290,41 @@ return 'retried'
 """
 )
 
+# KEYS = items in their old place order, then the group's gate; ARGV[4] = the call's token,
+# ARGV[5] = the group, ARGV[6] = JSON list of [old place, pending gsk] in KEYS order. Each item
+# still failed in the group at its old place takes the group's next place (HINCRBY, as a publish
+# does). Replies the key numbers moved, in their new order.
+_RETRY_GROUP = (
+    _HEAD
+    + """
+local spec = cjson.decode(ARGV[6])
+local n = #spec
+local gate = KEYS[n + 1]
+local out = {}
+-- this very retry, run again after its answer was lost: what it moved carries its token (also
+-- an event that failed again in between), and nothing moves twice
+for i = 1, n do
+  if redis.call('HGET', KEYS[i], 'retried_by') == ARGV[4] then table.insert(out, i) end
+end
+if #out > 0 then return out end
+for i = 1, n do
+  local key = KEYS[i]
+  if live(key, now) and redis.call('HGET', key, 'status') == 'failed'
+     and redis.call('HGET', key, 'event_group') == ARGV[5]
+     and redis.call('HGET', key, 'seq') == spec[i][1] then
+    local seq = redis.call('HINCRBY', gate, 'published', 1)
+    move_at(key, 'pending', spec[i][2])
+    redis.call('HSET', key, 'seq', string.format('%d', seq), 'attempts', 0, 'due_ms', ARGV[1],
+      'updated_ms', ARGV[1], 'retried_by', ARGV[4])
+    redis.call('HINCRBY', key, 'manual_retries', 1)
+    redis.call('HSET', gate, 'published_ms', ARGV[1])
+    table.insert(out, i)
+  end
+end
+return out
+"""
+)
+
 # KEYS[1]=index; ARGV: min, max, count, item prefix "OUTBOX#{ns}#"
 _QUERY = """
 local members = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
@@ -632,3 +667,19 @@ class RedisOutboxStore:
         if outcome == "retried":
             return "retried"
         return "not_failed" if outcome == "not_failed" else "not_found"
+
+    def retry_group(
+        self, group: str, records: Sequence[EventRecord], now_ms: int, token: str
+    ) -> list[str]:
+        """One script for the whole group (all or nothing, however many events)."""
+        mine = [r for r in records if r.seq is not None and r.event.group == group]
+        if not mine:
+            return []
+        spec = [[str(r.seq), outbox_index_sk(now_ms, r.id)] for r in mine]
+        reply = self._conn.run(
+            _RETRY_GROUP,
+            [self._item(r.id) for r in mine] + [self._gate(group)],
+            [*self._head(now_ms), token, group, json.dumps(spec, ensure_ascii=False)],
+            "outbox retry",
+        )
+        return [mine[as_int(number) - 1].id for number in reply]
