@@ -308,8 +308,10 @@ class EMFMetrics(Metrics):
         #: held from taking data points out of the buffer until they are written (taken before
         #: _lock): a flush that finds the buffer emptied by another thread's flush still in the
         #: middle of its write waits for that write, so when flush() returns every point
-        #: emitted before it is written (each invocation's, when invocations share the listener)
-        self._flush_lock = threading.Lock()
+        #: emitted before it is written (each invocation's, when invocations share the listener).
+        #: Reentrant: a stream that reports through this listener while it writes cannot
+        #: deadlock its own thread.
+        self._flush_lock = threading.RLock()
         # (dimension items) -> metric name -> (unit, values)
         self._buffer: dict[tuple[tuple[str, str], ...], dict[str, tuple[str, list[float]]]] = {}
         if flush_at_exit:

@@ -847,3 +847,23 @@ def test_a_thread_started_inside_an_invocation_sees_its_context_only_when_given_
     given, bare = handler({"order_id": "o-1"}, context)
     assert abs(given - context.deadline_ms) < 400  # the invocation's deadline
     assert 0 <= bare - (started + DEFAULT_IN_PROGRESS_TTL * 1000) < 5000  # the default lease
+
+
+def test_a_stream_that_reports_through_the_listener_while_it_writes_does_not_deadlock() -> None:
+    # The flush lock is held during the write; a stream whose write reaches the same listener
+    # again (a log handler that reports metrics, say) must not wait for its own thread.
+    class Reporting(io.StringIO):
+        def write(self, text: str) -> int:
+            if "Reentered" not in text:
+                metrics.emit("Reentered", 1, "Count", {})
+                metrics.flush()
+            return super().write(text)
+
+    stream = Reporting()
+    metrics = EMFMetrics(namespace="Orders", stream=stream, flush_at_exit=False)
+    metrics.emit("Work", 1, "Count", {})
+    flusher = threading.Thread(target=metrics.flush, daemon=True)
+    flusher.start()
+    flusher.join(5)
+    assert not flusher.is_alive()
+    assert emf_totals(stream) == {("Work", ""): 1, ("Reentered", ""): 1}
