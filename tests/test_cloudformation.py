@@ -52,6 +52,7 @@ from dynacoord.provision import (
     template_path,
     verify_table,
 )
+from dynacoord.provision.stack import LAYOUT_PARAMETERS
 from dynacoord.testing import DUMMY_CREDENTIALS
 
 #: moto has no CloudFormation model of CloudWatch alarms: it skips them with this warning.
@@ -135,8 +136,20 @@ def test_stack_parameters_match_the_template() -> None:
     assert tuple(_template()["Parameters"]) == STACK_PARAMETERS
 
 
+def _defaults(node: Any) -> Any:
+    """``node`` with each ``Ref`` to a table layout parameter replaced by its default (the
+    table's names are parameters: tests/test_stack_layout.py deploys other ones)."""
+    if isinstance(node, dict):
+        if set(node) == {"Ref"} and node["Ref"] in LAYOUT_PARAMETERS.values():
+            return _template()["Parameters"][node["Ref"]]["Default"]
+        return {k: _defaults(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_defaults(v) for v in node]
+    return node
+
+
 def test_template_table_matches_the_design() -> None:
-    props = _template()["Resources"]["Table"]["Properties"]
+    props = _defaults(_template()["Resources"]["Table"]["Properties"])
     assert props["KeySchema"] == [
         {"AttributeName": "pk", "KeyType": "HASH"},
         {"AttributeName": "sk", "KeyType": "RANGE"},
@@ -192,7 +205,9 @@ def test_template_policy_is_the_iam_policy_function() -> None:
     assert by_sid["DynacoordItems"]["Action"] == list(ITEM_ACTIONS)
     assert by_sid["DynacoordItems"]["Resource"] == {"Fn::GetAtt": ["Table", "Arn"]}
     assert by_sid["DynacoordIndexQuery"]["Action"] == list(INDEX_ACTIONS)
-    assert by_sid["DynacoordIndexQuery"]["Resource"] == {"Fn::Sub": "${Table.Arn}/index/gsi1"}
+    assert by_sid["DynacoordIndexQuery"]["Resource"] == {
+        "Fn::Sub": "${Table.Arn}/index/${IndexName}"
+    }
     assert by_sid["DynacoordDescribe"]["Action"] == list(METADATA_ACTIONS)
     generated = iam_policy("arn:aws:dynamodb:us-east-1:123456789012:table/t")["Statement"]
     assert [(s["Sid"], s["Action"]) for s in generated] == [
@@ -587,6 +602,7 @@ def _relay_filter(namespace: str) -> dict[str, Any]:
     mapping = _template()["Resources"]["RelayEventSourceMapping"]["Properties"]
     (only,) = mapping["FilterCriteria"]["Filters"]
     text = only["Pattern"]["Fn::Sub"].replace("${RelayNamespace}", namespace)
+    text = text.replace("${PartitionKey}", "pk").replace("${KeyPrefix}", "")
     assert "${" not in text
     return dict(json.loads(text))
 
@@ -685,6 +701,8 @@ def test_alarms_cover_relay_errors_dead_letters_and_throttles() -> None:
         "RelayThrottleAlarm": ("AWS/Lambda", "Throttles"),
         "RelayLagAlarm": ("AWS/Lambda", "IteratorAge"),
         "DeadLetterAlarm": ("AWS/SQS", "ApproximateNumberOfMessagesVisible"),
+        "OutboxLagAlarm": ("dynacoord", "OutboxOldestDueAge"),
+        "OutboxExpiredLeaseAlarm": ("dynacoord", "OutboxExpiredLeaseAge"),
     }
     for name, props in alarms.items():
         assert props["AlarmActions"]["Fn::If"][0] == "NotifiesAlarms", name
@@ -777,6 +795,9 @@ def test_every_optional_part_on_deploys_updates_and_deletes(
     assert sweeper["Handler"] == "dynacoord.serverless.sweep"
     assert relay["Environment"]["Variables"] == {
         "DYNACOORD_TABLE": "dc-on-table",
+        # dynacoord's own schema: the backend sees the default layout (no translation)
+        "DYNACOORD_TABLE_LAYOUT": '{"pk":"pk","sk":"sk","index":"gsi1", "index_pk":"gsi1pk",'
+        '"index_sk":"gsi1sk", "ttl":"ttl","expires_at":"expires_at_ms","prefix":""}',
         "DYNACOORD_NAMESPACE": "orders",
         "DYNACOORD_OUTBOX_HANDLERS": "app_handlers:HANDLERS",
         "DYNACOORD_OUTBOX_OPTIONS": '{"max_attempts": 8}',

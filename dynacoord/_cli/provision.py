@@ -119,6 +119,7 @@ def _register_stack(subparsers: Any) -> None:
         "the --namespace",
     )
     _bundle_options(deploy)
+    _layout_option(deploy)
     deploy.add_argument("--no-wait", action="store_true", help="return once the change started")
     deploy.add_argument(
         "--poll-interval", type=float, default=5.0, help="seconds between status checks"
@@ -406,6 +407,8 @@ def _stack_deploy(ctx: Context) -> Any:
         parameters.update(Relay="true", RelayHandlers=relay, CodeS3Bucket=bucket, CodeS3Key=key)
         parameters["ReconcileHandler"] = ctx.args.reconcile or ""
         parameters.setdefault("RelayNamespace", ctx.args.namespace)
+    # a layout given (option or environment) sets the table parameters; none keeps the stack's
+    given_layout = ctx.args.table_layout or os.environ.get("DYNACOORD_TABLE_LAYOUT")
     result = deploy_stack(
         _aws_client(ctx, "cloudformation"),
         ctx.args.stack_name,
@@ -413,6 +416,7 @@ def _stack_deploy(ctx: Context) -> Any:
         wait=not ctx.args.no_wait,
         progress=ctx.progress,
         poll_interval=ctx.args.poll_interval,
+        layout=_layout(ctx) if given_layout else None,
     )
     return {
         "stack": result.stack_name,

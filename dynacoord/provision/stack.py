@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from .._clock import Clock
+from .._table_schema import TableLayout
 from ..errors import DynacoordError, StackDeploymentError
 from ._aws import Progress, Refusal, call, noop, request, wait_for
 from .bundle import HANDLER_SPEC
 from .iam import namespace_list
 
 __all__ = [
+    "LAYOUT_PARAMETERS",
     "STACK_PARAMETERS",
     "StackDeployment",
     "StackParameterValue",
@@ -32,6 +34,7 @@ __all__ = [
     "check_stack_rules",
     "delete_stack",
     "deploy_stack",
+    "layout_parameters",
     "stack_outputs",
     "stack_parameters",
     "template_body",
@@ -43,6 +46,14 @@ logger = logging.getLogger("dynacoord.provision")
 #: Parameters of the bundled template (tests check that this matches the YAML).
 STACK_PARAMETERS = (
     "TableName",
+    "PartitionKey",
+    "SortKey",
+    "IndexName",
+    "IndexPartitionKey",
+    "IndexSortKey",
+    "TtlAttribute",
+    "ExpiresAtAttribute",
+    "KeyPrefix",
     "BillingMode",
     "ReadCapacity",
     "WriteCapacity",
@@ -69,7 +80,19 @@ STACK_PARAMETERS = (
     "LogRetentionDays",
     "Alarms",
     "AlarmTopic",
+    "OutboxLagAlarmSeconds",
 )
+#: the stack parameter of each TableLayout field
+LAYOUT_PARAMETERS = {
+    "pk": "PartitionKey",
+    "sk": "SortKey",
+    "index": "IndexName",
+    "index_pk": "IndexPartitionKey",
+    "index_sk": "IndexSortKey",
+    "ttl": "TtlAttribute",
+    "expires_at": "ExpiresAtAttribute",
+    "prefix": "KeyPrefix",
+}
 #: The template creates an IAM managed policy and (with the relay) a role, without fixed names.
 _CAPABILITIES = ["CAPABILITY_IAM"]
 _STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
@@ -583,8 +606,15 @@ def deploy_stack(
     poll_interval: float = 5.0,
     timeout: float = 3600.0,
     clock: Clock | None = None,
+    layout: TableLayout | None = None,
 ) -> StackDeployment:
     """Create the stack, or update it when it exists, from the bundled template.
+
+    ``layout`` (a :class:`~dynacoord.TableLayout`) gives the table parameters ``PartitionKey``
+    ... ``KeyPrefix`` its names (an explicit parameter of the same name must agree with it):
+    the table, the managed policy, the relay's stream filter and the functions' backend then
+    use them. A table's key schema cannot change: an update with other key names replaces the
+    table (the old one is kept, DeletionPolicy Retain).
 
     ``parameters`` maps template parameters to values (bools become ``"true"``/``"false"``,
     ``Namespaces`` and ``RelayPolicyArns`` also take a list, ``OutboxOptions`` and
@@ -603,7 +633,10 @@ def deploy_stack(
     ``clock`` (default: the system's).
     """
     _check_stack_name(stack_name)
+    if layout is not None:
+        parameters = {**layout_parameters(layout, parameters or {}), **(parameters or {})}
     values = _stack_parameters(parameters, check_names=template is None)
+    _check_layout(values)
     body = template if template is not None else template_body()
     given = [{"ParameterKey": k, "ParameterValue": v} for k, v in values.items()]
 
@@ -692,6 +725,31 @@ def deploy_stack(
         raise _failure(stack_name, status, stack.get("StackStatusReason"), events)
     progress(f"stack {stack_name} is {status}")
     return StackDeployment(stack_name, stack_id, status, changed=True, outputs=_outputs(stack))
+
+
+def layout_parameters(
+    layout: TableLayout, given: Mapping[str, StackParameterValue] | None = None
+) -> dict[str, str]:
+    """The stack parameters of ``layout`` (all of them, defaults included, so an update moves
+    a stack to exactly this layout); a parameter in ``given`` that says otherwise is a
+    ``ValueError``."""
+    if not isinstance(layout, TableLayout):
+        raise ValueError(f"layout must be a dynacoord.TableLayout, got {type(layout).__name__}")
+    out = {name: str(getattr(layout, field)) for field, name in LAYOUT_PARAMETERS.items()}
+    for name, value in (given or {}).items():
+        if name in out and str(value) != out[name]:
+            raise ValueError(
+                f"stack parameter {name}={value!r} contradicts the layout's {out[name]!r}"
+            )
+    return out
+
+
+def _check_layout(values: Mapping[str, str]) -> None:
+    """The layout parameters given make a valid :class:`~dynacoord.TableLayout` (the others at
+    their defaults): names distinct, not dynacoord's own attributes, a prefix IAM can scope."""
+    given = {field: values[name] for field, name in LAYOUT_PARAMETERS.items() if name in values}
+    if given:
+        TableLayout(**given)
 
 
 def delete_stack(

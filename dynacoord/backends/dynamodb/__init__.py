@@ -133,7 +133,9 @@ class DynamoDBBackend(Backend):
         ``{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk":
         "GSI1SK", "prefix": "DC#"}``; unset: dynacoord's own schema) and
         ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), plus the usual AWS variables (region,
-        credentials) through boto3. A given ``client`` wins over ``session``,
+        credentials) through boto3. ``DYNACOORD_OUTBOX_LAG_METRICS`` (a CloudWatch namespace,
+        set by the bundled stack on its sweeper) makes the outbox's sweep handler report the
+        outbox lag as EMF metrics after each sweep (``_stack.py``). A given ``client`` wins over ``session``,
         which wins over boto3's default session.
         """
         if client is None:
@@ -153,7 +155,14 @@ class DynamoDBBackend(Backend):
                     kwargs["layout"] = TableLayout.from_json(text)
                 except ConfigurationError as exc:
                     raise ConfigurationError(f"DYNACOORD_TABLE_LAYOUT: {exc}") from exc
-        return cls(client, clock=clock, **kwargs)
+        backend = cls(client, clock=clock, **kwargs)
+        lag_namespace = os.environ.get("DYNACOORD_OUTBOX_LAG_METRICS")
+        if lag_namespace:
+            # the bundled stack's sweeper: its outbox reports the lag for the stack's alarms
+            from ._stack import lag_outbox
+
+            backend._facades["_outbox"] = lag_outbox(backend, lag_namespace)
+        return backend
 
     def __repr__(self) -> str:
         layout = "" if self._translator is None else f", layout={self.layout!r}"
