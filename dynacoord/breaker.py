@@ -26,6 +26,10 @@ Request costs of one protected call:
 Counting is atomic (``ADD`` with the new value returned), never read-modify-write, so concurrent
 failures are never lost.
 
+With ``policy=FailureRate(...)`` the read is the same; a closed call's outcome is counted in
+memory, and each process sends one counting write per ``flush_interval`` (plus one at once after
+a failure that could trip, and the trip's conditional write), whatever its call rate.
+
 Trial slots have a lease. A caller that wins a half-open slot and then never reports (its process
 crashed, its Lambda froze) would otherwise hold the slot forever and wedge the breaker in
 half_open. So a slot is only held for ``reset_timeout`` after it was taken: after that, the next
@@ -318,7 +322,8 @@ class BreakerStore(Protocol):
 
         With ``min_failures``: only if it is closed with at least that many failures (so that of
         many callers that all saw the threshold, exactly one trips it); None if not. Without:
-        unconditionally (an operator's ``trip``).
+        unconditionally (an operator's ``trip``). Starts a new window generation (``wgen + 1``);
+        the record returned holds the generation before it.
         """
         ...
 

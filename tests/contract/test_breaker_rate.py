@@ -342,3 +342,17 @@ def test_a_rate_trip_whose_answer_was_lost_reports_its_transition(lossy):
     assert lossy.lost == 1
     assert breaker.state is OPEN
     assert transitions == [(CLOSED, OPEN)]
+
+
+@pytest.mark.parametrize("operation", ["trip", "reset"])
+def test_a_trip_or_reset_whose_answer_was_lost_knows_the_new_generation(lossy, operation):
+    breaker = lossy.backend(clock=ManualClock()).breaker(
+        "svc", policy=FailureRate(minimum_calls=4, window=10, flush_interval=0)
+    )
+    breaker.record_success()  # the item exists, generation 0
+    _lose_in(lossy, breaker._store, operation)
+    getattr(breaker, operation)()
+    assert lossy.lost == 1
+    stored = breaker._store.get("svc")
+    assert stored.window_gen == 1
+    assert breaker._window.gen == 1  # not 2: the answer is the one the first attempt would give

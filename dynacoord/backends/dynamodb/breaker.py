@@ -88,9 +88,14 @@ def _window(raw: Mapping[str, Any], gen: int) -> BreakerWindow:
 
 
 def _as_before(item: Mapping[str, Any]) -> BreakerRecord:
-    """The record a transition's first answer held: the stored one, in the state it left."""
+    """The record a trip's or reset's first answer held: the stored one, in the state it left
+    and the window generation before the one it started."""
     record = BreakerRecord.from_item(item)
-    return dataclasses.replace(record, state=_state(str(item.get("req_from", _CLOSED))))
+    return dataclasses.replace(
+        record,
+        state=_state(str(item.get("req_from", _CLOSED))),
+        window_gen=max(0, record.window_gen - 1),
+    )
 
 
 def _record(raw: Mapping[str, Any] | None) -> BreakerRecord:

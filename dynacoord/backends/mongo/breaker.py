@@ -217,7 +217,9 @@ class MongoBreakerStore:
         own = self._own(name, token, what)
         if own is None:
             return None
-        return BreakerRecord.from_item({**own, "state": own.get("req_from", _CLOSED)})
+        # as it was: the state it left, the window generation before the one it started
+        before = {"state": own.get("req_from", _CLOSED), "wgen": max(0, own.get("wgen", 1) - 1)}
+        return BreakerRecord.from_item({**own, **before})
 
     def _outcome(
         self, name: str, trial_round: int, update: list[dict[str, Any]], token: str, what: str

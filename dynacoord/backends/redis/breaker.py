@@ -61,12 +61,14 @@ local st = redis.call('HGET', KEYS[1], 'state')
 local function ours(i)
   return redis.call('HGET', KEYS[1], 'req') == ARGV[i]
 end
--- the reply the first run of a trip or reset gave: the record, in the state it found
+-- the reply the first run of a trip or reset gave: the record, in the state it found and the
+-- window generation before the one it started
 local function as_found()
   local out = reply(1)
   local from = redis.call('HGET', KEYS[1], 'req_from')
   for i = 2, #out - 1, 2 do
     if out[i] == 'state' then out[i + 1] = from end
+    if out[i] == 'wgen' then out[i + 1] = tostring(tonumber(out[i + 1]) - 1) end
   end
   return out
 end
