@@ -438,6 +438,12 @@ class CircuitBreaker:
     process then reaches this one up to that much later. Failure counts, trial slots and trial
     successes are exact across the fleet either way (each is an atomic write that recognises
     its own retry).
+
+    It opens after ``failure_threshold`` (default 5) consecutive failures, or, with
+    ``policy=FailureRate(...)``, on the failure rate over a sliding window (see
+    :class:`FailureRate`; ``failure_threshold`` is then not given). With FailureRate, call
+    :meth:`flush` where a process may stop for a while; ``status().failures`` stays 0 (the
+    window's counts are spread over the item's buckets and the processes' memory).
     """
 
     def __init__(
