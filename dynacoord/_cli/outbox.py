@@ -1,4 +1,4 @@
-"""``dynacoord outbox stats|failed|pending|show|retry|work``."""
+"""``dynacoord outbox stats|failed|pending|show|retry [--group G]|work``."""
 
 from __future__ import annotations
 
@@ -28,9 +28,18 @@ def register(subparsers: Any) -> None:
     show.add_argument("event_id")
 
     retry = add_command(
-        sub, "retry", _retry, "put failed events back to pending (unknown ids are reported)"
+        sub,
+        "retry",
+        _retry,
+        "put failed events back to pending (unknown ids are reported), or with --group an "
+        "ordered group's failed events at the group's end, in their order",
     )
-    retry.add_argument("event_ids", nargs="+", metavar="EVENT_ID")
+    retry.add_argument("event_ids", nargs="*", metavar="EVENT_ID")
+    retry.add_argument(
+        "--group",
+        help="every failed ordered event of this group, delivered again in its original order "
+        "after the group's pending events (reads the whole failed index)",
+    )
 
     work = add_command(
         sub,
@@ -85,7 +94,18 @@ def _show(ctx: Context) -> Any:
 
 
 def _retry(ctx: Context) -> Any:
-    report = ctx.backend().outbox.retry_report(ctx.args.event_ids)
+    ids, group = ctx.args.event_ids, ctx.args.group
+    if bool(ids) == (group is not None):
+        raise UsageError("outbox retry takes EVENT_ID... or --group GROUP, not both")
+    if group is not None:
+        moved = ctx.backend().outbox.retry_report(group=group)
+        if moved.not_failed:
+            raise CommandFailed(
+                f"retried {len(moved.retried)}; moved by someone else meanwhile: "
+                f"{', '.join(moved.not_failed)}"
+            )
+        return {"retried": moved.retried}
+    report = ctx.backend().outbox.retry_report(ids)
     if report.not_found or report.not_failed:
         parts = [f"retried {len(report.retried)}"]
         if report.not_found:
