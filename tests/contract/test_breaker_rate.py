@@ -236,7 +236,7 @@ def test_counts_from_before_a_reset_are_refused(make_backend):
 
 def test_the_item_holds_about_one_window_of_buckets(make_backend):
     (a, b), clock = _processes(make_backend, 2, flush_interval=0, threshold=1.0, window=2.0)
-    for _ in range(60):  # 12 s at 5 calls/s: 60 buckets of 0.2 s, the window holds 10
+    for _ in range(25):  # 5 s at 5 calls/s: 25 buckets of 0.2 s, the window holds 10
         _run(a, "ok")
         _run(b, "ok")
         clock.advance(0.2)
