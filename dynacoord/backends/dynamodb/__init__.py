@@ -135,8 +135,8 @@ class DynamoDBBackend(Backend):
         ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), plus the usual AWS variables (region,
         credentials) through boto3. ``DYNACOORD_OUTBOX_LAG_METRICS`` (a CloudWatch namespace,
         set by the bundled stack on its sweeper) makes the outbox's sweep handler report the
-        outbox lag as EMF metrics after each sweep (``_stack.py``). A given ``client`` wins over ``session``,
-        which wins over boto3's default session.
+        outbox lag as EMF metrics after each sweep (``_stack.py``). A given ``client`` wins over
+        ``session``, which wins over boto3's default session.
         """
         if client is None:
             import boto3

@@ -322,7 +322,7 @@ class LayoutTransaction(Transaction):
     put/update/delete/condition_check is yours, in your names, and sent as it is. ``table``
     sends through the client itself (no :class:`LayoutClient`)."""
 
-    __slots__ = ("_translator",)
+    __slots__ = ("_extra", "_translator")
 
     def __init__(
         self,
@@ -335,21 +335,29 @@ class LayoutTransaction(Transaction):
     ) -> None:
         super().__init__(table, outbox=outbox, client_request_token=client_request_token)
         self._translator = translator
+        # what translation may add to an entry's bytes (the prefix on pk and gsi1pk, longer
+        # names), so the outbox's bounds still bound the entries sent (the 4 MB check)
+        self._extra = 2 * len(layout.prefix.encode("utf-8")) + sum(
+            max(0, len(theirs.encode("utf-8")) - len(ours))
+            for ours, theirs in layout.attribute_names().items()
+        )
         # the key of the table in the layout's names, so that Puts into it can be compared
         self._key_names = {table.name: frozenset({layout.pk, layout.sk})}
 
     def _add_entry(
         self, label: Label, event_id: str | None, entry: dict[str, Any], bound: int
     ) -> None:
-        self._collect_entry(label, event_id, self._translator.transact_item(entry), bound)
+        entry = self._translator.transact_item(entry)
+        self._collect_entry(label, event_id, entry, bound + self._extra)
 
     def _add_entries(
         self, entries: list[tuple[Label, str | None, dict[str, Any], int | None]]
     ) -> None:
         transact_item = self._translator.transact_item
+        extra = self._extra
         self._collect_entries(
             [
-                (label, event_id, transact_item(entry), bound)
+                (label, event_id, transact_item(entry), None if bound is None else bound + extra)
                 for label, event_id, entry, bound in entries
             ]
         )
