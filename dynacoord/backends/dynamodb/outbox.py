@@ -4,7 +4,8 @@ Item: ``pk=OUTBOX#{ns}#{event_id}``, ``sk=EVENT``, ``event_id``, ``event_type``,
 ``metadata`` (codec JSON text), ``event_group``, ``occurred_at_ms``, ``status``, ``attempts``,
 ``due_ms``, ``lease_token`` (only while claimed), ``last_error``, ``updated_ms``, ``seq`` for an
 ordered event, ``finished_by`` (the lease token whose outcome was written last) and
-``retried_by`` (the token of the last ``outbox.retry``): a write sent again after its answer was
+``retried_by`` (the token of the last ``outbox.retry``; an ordered group's gate carries the
+token of the last ``retry(group=...)`` transaction too): a write sent again after its answer was
 lost finds its own token and recognises itself.
 
 Index: ``gsi1pk=OUTBOX#{ns}#{status}#{shard}``, ``gsi1sk={due_ms:015d}#{event_id}`` for pending,

@@ -23,8 +23,9 @@ one ``bulk_write`` of gate updates when the batch has ordered events. (The bulk 
 ``UpdateOne`` in a bulk with current pymongo.)
 
 Ordered groups: gate document ``pk=OUTBOX#{ns}#{group}``, ``sk=GROUP`` with ``published`` (the
-last place handed out), ``published_ms``, ``next_seq`` (the smallest place not finished) and
-``retry_due_ms`` (when the group's head waits for a retry). MongoDB cannot write the gate and the
+last place handed out), ``published_ms``, ``next_seq`` (the smallest place not finished),
+``retry_due_ms`` (when the group's head waits for a retry) and, after ``retry(group=...)``,
+``retried_by``/``retry_first`` (that call's token and the first place it took). MongoDB cannot write the gate and the
 events atomically, so an ordered publish takes its places first (one ``find_one_and_update`` with
 ``$inc`` per group, after the clash check: a republished identical event takes none) and then
 inserts the events, each with its ``seq`` and ``published_ms``. A claim claims a group's run first
