@@ -300,3 +300,34 @@ def test_a_sharded_outbox_redrives_the_group_into_its_shard(ddb_table):
     assert item["gsi1pk"]["S"] == outbox_index_pk(backend.namespace, "pending", shard_of("g", 8))
     other = make(shards=8, clock=clock, namespace=backend.namespace).outbox
     assert _drain(other, clock, 1) == ["g1", "g3", "g4"]
+
+
+def test_the_cost_on_dynamodb_is_the_failed_index_read_and_one_transaction(ddb_table):
+    """The shard count read, one Query of the failed index per shard (4 by default: a worker
+    with another shard count may have failed the group's events on another shard), the gate's
+    read and one transaction of the gate and the group's events (2 write units per item)."""
+    from collections import Counter
+
+    from ..conftest import _dynamodb_factory
+
+    client, table = ddb_table
+    clock = ManualClock()
+    backend = _dynamodb_factory(client, table)(clock=clock)
+    outbox = backend.outbox
+    _fail_some(outbox, clock)
+    sent: Counter[str] = Counter()
+    items: list[int] = []
+
+    def count(event_name: str, params: dict[str, Any], **_: Any) -> None:
+        sent[event_name.rsplit(".", 1)[-1]] += 1
+        if "TransactItems" in params:
+            items.append(len(params["TransactItems"]))
+
+    client.meta.events.register("provide-client-params.dynamodb.*", count)
+    try:
+        assert outbox.retry(group="g") == 3
+    finally:
+        client.meta.events.unregister("provide-client-params.dynamodb.*", count)
+    assert backend.shards == 4
+    assert sent == {"GetItem": 2, "Query": 4, "TransactWriteItems": 1}
+    assert items == [4]  # the gate and the three events
