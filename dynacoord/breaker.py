@@ -501,6 +501,10 @@ class CircuitBreaker:
         self.state_cache = float(state_cache)
         #: (monotonic deadline, failures) of the last closed state seen, when state_cache > 0
         self._cached_closed: tuple[float, int] | None = None
+        self._cache_lock = threading.Lock()
+        #: bumped by every drop of the cached closed state: a read or write sent before a drop
+        #: must not cache what it saw (its answer may predate the trip that caused the drop)
+        self._cache_gen = 0
         self._window = None if policy is None else _LocalWindow(self.clock.monotonic())
 
     @property
@@ -570,7 +574,8 @@ class CircuitBreaker:
                 if self._window is not None:
                     return self._rate_ticket(None)
                 return _Ticket(None, cached[1])
-            self._cached_closed = None
+            self._drop_cached()
+        gen = self._cache_gen
         record = self._store.get(self.name, consistent=self.consistent_reads)
         if self._window is not None:
             with self._window.lock:
@@ -580,11 +585,11 @@ class CircuitBreaker:
             now = now_ms(self.clock)
             cutoff = now - self._reset_ms
             if record.state is State.CLOSED:
-                self._seen_closed(record)
+                self._seen_closed(record, gen)
                 if self._window is not None:
                     return self._rate_ticket(None)
                 return _Ticket(None, record.failures)
-            self._cached_closed = None
+            self._drop_cached()
             if record.state is State.OPEN:
                 if record.opened_at_ms is not None and record.opened_at_ms > cutoff:
                     raise self._rejected(record, now)
@@ -630,10 +635,20 @@ class CircuitBreaker:
             started = self.clock.monotonic()
         return _Ticket(trial_round, 0, window.gen, started)
 
-    def _seen_closed(self, record: BreakerRecord) -> None:
-        """Keep a closed state for ``state_cache`` seconds (nothing when it is 0)."""
+    def _seen_closed(self, record: BreakerRecord, gen: int) -> None:
+        """Keep a closed state for ``state_cache`` seconds (nothing when it is 0), unless the
+        cache was dropped since the request that saw it was sent (``gen``): another thread of
+        this process may have tripped the breaker meanwhile."""
         if self.state_cache > 0:
-            self._cached_closed = (self.clock.monotonic() + self.state_cache, record.failures)
+            with self._cache_lock:
+                if gen == self._cache_gen:
+                    deadline = self.clock.monotonic() + self.state_cache
+                    self._cached_closed = (deadline, record.failures)
+
+    def _drop_cached(self) -> None:
+        with self._cache_lock:
+            self._cache_gen += 1
+            self._cached_closed = None
 
     def _on_success(self, ticket: _Ticket) -> None:
         if ticket.trial_round is None:
@@ -641,8 +656,10 @@ class CircuitBreaker:
                 self._count_call(False, ticket.window_gen)
             elif ticket.failures_seen > 0:
                 self._store.reset_failures(self.name, now_ms(self.clock))
-                if self._cached_closed is not None:
-                    self._cached_closed = (self._cached_closed[0], 0)
+                with self._cache_lock:  # one read: another thread may drop it meanwhile
+                    cached = self._cached_closed
+                    if cached is not None:
+                        self._cached_closed = (cached[0], 0)
             return
         now = now_ms(self.clock)
         if self.success_threshold > 1:
@@ -668,14 +685,15 @@ class CircuitBreaker:
             logger.debug("breaker %r: failure of stale trial round ignored", self.name)
 
     def _count_failure(self, now: int) -> None:
+        gen = self._cache_gen
         record = self._store.record_failure(self.name, now)
         if record is None:  # not closed any more: read the state on the next call
-            self._cached_closed = None
+            self._drop_cached()
             return
         if record.failures < self.failure_threshold:
-            self._seen_closed(record)
+            self._seen_closed(record, gen)
             return
-        self._cached_closed = None
+        self._drop_cached()
         # Many callers may see the threshold at once; the conditional trip lets one of them win.
         if self._store.trip(self.name, now, self.failure_threshold) is not None:
             self._transition(State.CLOSED, State.OPEN)
@@ -769,7 +787,7 @@ class CircuitBreaker:
         if stored is None:
             # Not closed, or another generation: the counts belong to a window that is gone;
             # read the state on the next call.
-            self._cached_closed = None
+            self._drop_cached()
             with window.lock:
                 if window.gen == gen:
                     window.seen = None
@@ -778,7 +796,7 @@ class CircuitBreaker:
             if window.gen == gen:
                 window.seen = stored
         if policy.trips(*stored.totals(oldest)):
-            self._cached_closed = None
+            self._drop_cached()
             # every process whose write crossed the threshold tries; the generation lets one win
             if self._store.trip_window(self.name, now, gen) is not None:
                 self._transition(State.CLOSED, State.OPEN)
@@ -875,7 +893,7 @@ class CircuitBreaker:
         """
         old = self._store.reset(self.name, now_ms(self.clock))
         if self._window is not None:
-            self._cached_closed = None
+            self._drop_cached()
             if old is not None:  # a new generation: what was counted before is gone
                 with self._window.lock:
                     self._window.adopt(old.window_gen + 1)
@@ -884,7 +902,7 @@ class CircuitBreaker:
 
     def trip(self) -> None:
         """Open the breaker now, whatever its state, with a fresh ``reset_timeout``."""
-        self._cached_closed = None
+        self._drop_cached()
         old = self._store.trip(self.name, now_ms(self.clock), None)
         if self._window is not None:
             with self._window.lock:  # a new generation (absent before: generation 0)

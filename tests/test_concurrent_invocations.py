@@ -684,12 +684,6 @@ def test_concurrent_sweeps_deliver_every_event_once(stack_env: DynamoDBBackend) 
     assert delivered_events == dict.fromkeys(ids, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SweepHandler's result is the change of its worker's counters, which every "
-    "invocation sharing it moves (dynacoord/outbox/stream.py, not this suite's to change): "
-    "8 sweeps of 40 events report 320 deliveries",
-)
 def test_each_concurrent_sweep_reports_only_its_own_deliveries(
     stack_env: DynamoDBBackend,
 ) -> None:
@@ -703,12 +697,6 @@ def test_each_concurrent_sweep_reports_only_its_own_deliveries(
 # -- the breaker's state cache -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CircuitBreaker._admit caches the closed state its read returned even when this "
-    "process tripped the breaker while the read was in flight (dynacoord/breaker.py, not this "
-    "suite's to change; the fix is reported)",
-)
 def test_a_read_in_flight_does_not_reopen_the_state_cache_after_this_process_tripped(
     table: tuple[Any, str],
 ) -> None:

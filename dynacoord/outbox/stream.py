@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -325,8 +326,23 @@ class SweepHandler:
         self._runs = runs
         self._stalled_after = stalled_after
         self._on_stalled = on_stalled
+        # One sweep at a time per handler: its worker is not shared between threads, and what
+        # a sweep reports is the change of that worker's counters.
+        self._sweeping = threading.Lock()
 
     def __call__(self, event: Any = None, context: Any = None) -> dict[str, Any]:
+        if not self._sweeping.acquire(blocking=False):
+            # Invocations run as threads of one process (a thread pool of yours, a threaded
+            # server): the sweep already running drains; this one has nothing to add.
+            logger.info("%s: a sweep is already running in this process", self.worker.name)
+            idle = dict.fromkeys(("passes", "handled", "delivered", "retried", "failed"), 0)
+            return {**idle, "lost_leases": 0, "busy": True}
+        try:
+            return self._sweep(context)
+        finally:
+            self._sweeping.release()
+
+    def _sweep(self, context: Any) -> dict[str, Any]:
         worker = self.worker
         before = (worker.delivered, worker.retried, worker.failed, worker.lost)
         needed = worker.lease_ms + OUTCOME_MARGIN_MS
