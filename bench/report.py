@@ -795,6 +795,40 @@ def _writecost(s: dict[str, Any]) -> list[str]:
             for r in s["breaker"]
         ],
     )
+    policies = s.get("breaker_policies") or []
+    if policies:
+        lines += [
+            "",
+            "Breaker policies: cost per call (consecutive failures, the default; FailureRate "
+            "with its defaults: counts kept per process and written once a flush_interval of "
+            "1 s, or at once on a failure that could trip)",
+            "",
+        ]
+        lines += _table(
+            [
+                "policy",
+                "rate",
+                "processes",
+                "failing",
+                "requests / call",
+                "RCU / call",
+                "WCU / call",
+                "item B",
+            ],
+            [
+                [
+                    r["policy"],
+                    f"{r['rate']}/s",
+                    r["processes"],
+                    r["failing"],
+                    _fmt(r["requests_per_call"]),
+                    _fmt(r["rcu_per_call"]),
+                    f"**{_fmt(r['wcu_per_call'])}**",
+                    r["item_bytes"],
+                ]
+                for r in policies
+            ],
+        )
     pt = s.get("powertools") or {}
     if pt.get("status") == "ok":
         lines += [
