@@ -21,12 +21,13 @@ within the deadline) and duplicate (delivered more than once) counts, which must
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._harness import BenchEnv, RedisCommandCounter, RequestCounter, unique
@@ -116,8 +117,27 @@ def _make_worker(outbox: Any, handler: Any, design: str, name: str) -> Any:
             outbox._store, handler, clock=outbox.clock, poll_interval=POLL_INTERVAL, name=name
         )
     return outbox.worker(
-        handler, poll_interval=POLL_INTERVAL, name=name, batch_claim=design == "batched"
+        handler, poll_interval=POLL_INTERVAL, name=name, batch_claim=design != "per-event"
     )
+
+
+@contextlib.contextmanager
+def _transactions_only(backend: Any, design: str) -> Iterator[None]:
+    """For the "batched-tx" design: the batch's conditional writes as transactions (the design
+    before conditional PartiQL batches, and what an endpoint without them gets), for a
+    comparison in the same run."""
+    if design != "batched-tx":
+        yield
+        return
+    from dynacoord.backends.dynamodb import _partiql
+
+    store = backend.outbox._store
+    key = (store._table.client, store._table.name)
+    _partiql._supported.setdefault(key[0], {})[key[1]] = False
+    try:
+        yield
+    finally:
+        _partiql._supported.get(key[0], {}).pop(key[1], None)
 
 
 def _threads(
@@ -323,6 +343,7 @@ CONFIGS = [
     (1, "threads", "previous"),
     (2, "threads", "batched"),
     (4, "threads", "batched"),
+    (4, "threads", "batched-tx"),
     (4, "threads", "per-event"),
     (4, "threads", "previous"),
     (2, "processes", "batched"),
@@ -396,7 +417,8 @@ def run(env: BenchEnv) -> dict[str, Any]:
             }
         try:
             if kind == "threads":
-                rows.append(_threads(outbox, ids, workers_n, count, design, meter, refusals))
+                with _transactions_only(backend, design):
+                    rows.append(_threads(outbox, ids, workers_n, count, design, meter, refusals))
             else:
                 rows.append(_processes(env, namespace, ids, workers_n))
         except Exception as exc:

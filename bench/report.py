@@ -1051,6 +1051,14 @@ def _outbox_ratios(rows: list[dict[str, Any]], unit: str) -> list[str]:
             f"the events/s, {four_b['requests_per_event']} vs {four_p['requests_per_event']} "
             f"{unit} per event."
         )
+    four_tx = by.get(("4 threads", "batched-tx"))
+    if four_b and four_tx and four_tx["events_per_s"]:
+        lines.append(
+            "4 threads, batched as conditional PartiQL batches (the default) vs as transactions "
+            f"(batched-tx, the design before): {four_b['events_per_s'] / four_tx['events_per_s']:.2f}x "
+            f"the events/s, {four_b.get('write_units_per_event')} vs "
+            f"{four_tx.get('write_units_per_event')} write units per event."
+        )
     if four_b and one_b and one_b["events_per_s"]:
         lines.append(
             f"Batched, 4 threads vs 1: {four_b['events_per_s'] / one_b['events_per_s']:.2f}x the "
