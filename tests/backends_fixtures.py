@@ -452,6 +452,9 @@ def _layout_factory(client: Any, table: str, items: list[dict[str, Any]]) -> Bac
     return make
 
 
+_moto_clients: dict[str, Any] = {}
+
+
 @pytest.fixture()
 def moto_layout_backend_factory() -> Iterator[BackendFactory]:
     """Backends with :data:`LAYOUT` on a moto table that holds :data:`FOREIGN_ITEMS` too."""
@@ -462,7 +465,11 @@ def moto_layout_backend_factory() -> Iterator[BackendFactory]:
     from dynacoord.testing import DUMMY_CREDENTIALS
 
     with mock_aws():
-        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+        client = _moto_clients.get("dynamodb")
+        if client is None:
+            # One client for the session: a client serves every later mock_aws (each with fresh
+            # state), and making one costs about as much as the rest of this setup.
+            client = _moto_clients["dynamodb"] = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
         create_table(client, "app-table", layout=LAYOUT)
         items = list(FOREIGN_ITEMS)
         _put_items(client, "app-table", items)

@@ -23,10 +23,11 @@ from tests.conftest import CONTRACT_BACKENDS, BackendFactory, _dynamodb_factory
 #: kind of the parametrization -> the kind of its table
 LAYOUT_KINDS = {"moto_layout": "moto", "dynamodb_layout": "dynamodb"}
 #: the modules that also run on DynamoDB Local with a layout, where DynamoDB's own checks of
-#: expressions apply: locks (concurrency cases moto skips), the outbox (transactions, index
-#: queries, batched claims) and checkpoints (key conditions, batch writes). Every module runs on
-#: moto with a layout; all of them here too would add about a minute to ``make test``.
-LAYOUT_LOCAL_MODULES = frozenset({"test_locks", "test_outbox", "test_checkpoints"})
+#: expressions apply: the outbox (transactions, index queries and their pages, batched claims,
+#: SET of the index keys) and checkpoints (key conditions, projections, batch writes). Every
+#: module runs on moto with a layout; all of them here too would add about a minute to
+#: ``make test``.
+LAYOUT_LOCAL_MODULES = frozenset({"test_outbox", "test_checkpoints"})
 
 
 @pytest.fixture(params=[*CONTRACT_BACKENDS, *LAYOUT_KINDS])
