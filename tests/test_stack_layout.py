@@ -226,3 +226,40 @@ def test_the_sweeper_writes_what_the_lag_alarms_watch(
         assert props["TreatMissingData"] == "notBreaching"
         assert props["AlarmActions"]["Fn::If"][0] == "NotifiesAlarms"
     assert template["Parameters"]["OutboxLagAlarmSeconds"]["Default"] == "300"
+
+
+def test_stack_deploy_takes_the_layout_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from dynacoord.cli import main
+    from dynacoord.testing import free_port
+
+    monkeypatch.delenv("DYNACOORD_TABLE_LAYOUT", raising=False)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        base = ["--endpoint-url", endpoint, "--region", "us-east-1", "--json"]
+        code = main(
+            [*base, "stack", "deploy", "--stack-name", "dc-cli", "--poll-interval", "0",
+             "--parameter", "TableName=app", "--table-layout", LAYOUT.to_json()]
+        )  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 0, err
+        ddb = boto3.client("dynamodb", endpoint_url=endpoint, **DUMMY_CREDENTIALS)
+        table = ddb.describe_table(TableName="app")["Table"]
+        assert [k["AttributeName"] for k in table["KeySchema"]] == ["PK", "SK"]
+        cfn = boto3.client("cloudformation", endpoint_url=endpoint, **DUMMY_CREDENTIALS)
+        (stack,) = cfn.describe_stacks(StackName="dc-cli")["Stacks"]
+        given = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
+        assert given["KeyPrefix"] == "DC#" and given["IndexName"] == "GSI1"
+        code = main([*base, "stack", "deploy", "--stack-name", "dc-cli", "--table-layout", "{x"])
+        assert (
+            code == 2 and "--table-layout: the table layout is not JSON" in capsys.readouterr().err
+        )
+    finally:
+        server.stop()
