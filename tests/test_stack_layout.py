@@ -263,3 +263,28 @@ def test_stack_deploy_takes_the_layout_on_the_command_line(
         )
     finally:
         server.stop()
+
+
+def test_the_lag_costs_two_one_item_queries_per_shard_and_one_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import boto3
+    from moto import mock_aws
+
+    from dynacoord.backends.dynamodb._stack import lag_outbox
+
+    with mock_aws():
+        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+        create_table(client, "app")
+        backend = DynamoDBBackend(client, table_name="app", namespace="o", shards=4)
+        outbox = lag_outbox(backend, "dynacoord")
+        sent: list[tuple[str, Any]] = []
+
+        def record(params: Any, model: Any, **_: Any) -> None:
+            sent.append((model.name, params.get("Limit")))
+
+        client.meta.events.register("provide-client-params.dynamodb.*", record)
+        assert outbox.lag() == {OLDEST_DUE_AGE: 0, EXPIRED_LEASE_AGE: 0}
+    assert sorted(sent, key=str) == [("GetItem", None)] + [("Query", 1)] * 8
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)[OLDEST_DUE_AGE] == 0  # written when nothing waits too
