@@ -481,6 +481,8 @@ class OutboxWorker:
         current: EventRecord | None = None  # the event whose handler runs
         flush_by = now + self.lease_ms // 3
         held_back: dict[str, int] = {}  # ordered group -> due of its unfinished head
+        # ordered groups whose head failed for good in this batch, that failure not stored yet
+        failed_unstored: set[str] = set()
         handled = 0
         try:
             for index, record in enumerate(claimed):
@@ -501,6 +503,24 @@ class OutboxWorker:
                     )
                     settled.update(r.id for r in claimed[index:])
                     break
+                if group is not None and group in failed_unstored:
+                    # Its group's head failed for good: store that before the next place runs
+                    # (else a worker dying here leaves the head to a next attempt that would
+                    # come after this event's delivery).
+                    stored = self._finish(outcomes, keeper)
+                    for outcome, ok in zip(outcomes, stored, strict=True):
+                        head_group = outcome.record.event.group
+                        if not ok and outcome.kind == "failed" and head_group is not None:
+                            held_back[head_group] = now_ms(self.clock)  # someone else has it
+                    outcomes = []
+                    failed_unstored.clear()
+                    flush_by = now_ms(self.clock) + self.lease_ms // 3
+                    if group in held_back:
+                        outcomes.append(
+                            Outcome(record, "pending", due_ms=held_back[group], count_attempt=False)
+                        )
+                        settled.add(record.id)
+                        continue
                 if not self._still_held(record, keeper):
                     settled.add(record.id)
                     if group is not None:
@@ -516,9 +536,12 @@ class OutboxWorker:
                 settled.add(record.id)
                 if group is not None and outcome.kind == "pending":
                     held_back[group] = outcome.due_ms
+                elif group is not None and outcome.kind == "failed":
+                    failed_unstored.add(group)
                 if now_ms(self.clock) >= flush_by and index + 1 < len(claimed):
                     self._finish(outcomes, keeper)
                     outcomes = []
+                    failed_unstored.clear()
                     flush_by = now_ms(self.clock) + self.lease_ms // 3
             # Stored while the keeper still runs: a slow write must not let the leases lapse.
             self._finish(outcomes, keeper)
@@ -556,9 +579,10 @@ class OutboxWorker:
         )
         return False
 
-    def _finish(self, outcomes: Sequence[Outcome], keeper: _LeaseKeeper | None) -> None:
+    def _finish(self, outcomes: Sequence[Outcome], keeper: _LeaseKeeper | None) -> list[bool]:
+        """Store ``outcomes``; one bool each: False where the lease had been lost."""
         if not outcomes:
-            return
+            return []
         ids = [o.record.id for o in outcomes]
         if keeper is not None:
             keeper.closing(ids)  # still extended while the outcomes are written
@@ -567,6 +591,7 @@ class OutboxWorker:
             keeper.release(ids)
         for outcome, ok in zip(outcomes, written, strict=True):
             self._record(outcome, ok)
+        return written
 
     def _new_keeper(self) -> _LeaseKeeper | None:
         """The lease keeper of one batch (not started), or None without ``heartbeat``."""
