@@ -19,6 +19,7 @@ client and table, from one probe statement whose answer must be exactly a refuse
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import threading
 import weakref
@@ -58,12 +59,12 @@ def _tokens(text: str) -> list[tuple[str, str]]:
 
 
 class _Writer:
-    """Renders expression tokens as PartiQL, collecting the parameters in order."""
+    """Renders expression tokens as PartiQL, collecting where each parameter comes from, in
+    order: a ``:value`` name, or ``("key", attribute)``."""
 
-    def __init__(self, names: Mapping[str, str], values: Mapping[str, Any]) -> None:
+    def __init__(self, names: Mapping[str, str]) -> None:
         self._names = names
-        self._values = values
-        self.parameters: list[Any] = []
+        self.parameters: list[str | tuple[str, str]] = []
 
     def path(self, kind: str, text: str) -> str:
         if kind == "name":
@@ -78,10 +79,7 @@ class _Writer:
         return f'"{text}"'
 
     def value(self, text: str) -> str:
-        try:
-            self.parameters.append(self._values[text])
-        except KeyError:
-            raise NotTranslatableError(f"no value for {text}") from None
+        self.parameters.append(text)
         return "?"
 
     def operand(self, kind: str, text: str) -> str:
@@ -162,7 +160,36 @@ def statement(action: str, op: Mapping[str, Any]) -> dict[str, Any]:
     operation (the same write, condition and values), refusals answered with the old item."""
     if action not in ("Update", "Delete"):
         raise NotTranslatableError(f"{action} items are not translated")
-    known = {
+    if set(op) - _KNOWN_FIELDS:
+        raise NotTranslatableError(f"fields {sorted(set(op) - _KNOWN_FIELDS)} are not translated")
+    key = op["Key"]
+    names = op.get("ExpressionAttributeNames") or {}
+    text, sources = _template(
+        action,
+        op["TableName"],
+        op.get("UpdateExpression"),
+        op.get("ConditionExpression"),
+        tuple(sorted(names.items())),
+        tuple(key),
+    )
+    values = op.get("ExpressionAttributeValues") or {}
+    parameters: list[Any] = []
+    for source in sources:
+        if isinstance(source, tuple):
+            parameters.append(key[source[1]])
+        elif source in values:
+            parameters.append(values[source])
+        else:
+            raise NotTranslatableError(f"no value for {source}")
+    return {
+        "Statement": text,
+        "Parameters": parameters,
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+
+
+_KNOWN_FIELDS = frozenset(
+    {
         "TableName",
         "Key",
         "ConditionExpression",
@@ -171,30 +198,36 @@ def statement(action: str, op: Mapping[str, Any]) -> dict[str, Any]:
         "ExpressionAttributeValues",
         "ReturnValuesOnConditionCheckFailure",
     }
-    if set(op) - known:
-        raise NotTranslatableError(f"fields {sorted(set(op) - known)} are not translated")
-    table = op["TableName"]
+)
+
+
+@functools.lru_cache(maxsize=512)
+def _template(
+    action: str,
+    table: str,
+    update: str | None,
+    condition: str | None,
+    names: tuple[tuple[str, str], ...],
+    key_names: tuple[str, ...],
+) -> tuple[str, tuple[str | tuple[str, str], ...]]:
+    """A statement's text and where its parameters come from (dynacoord sends a handful of
+    expression shapes with changing values: each is translated once)."""
     if '"' in table:
         raise NotTranslatableError("table name holds a quote")
-    writer = _Writer(
-        op.get("ExpressionAttributeNames") or {}, op.get("ExpressionAttributeValues") or {}
-    )
+    writer = _Writer(dict(names))
     if action == "Update":
-        head = f'UPDATE "{table}" {_update_clauses(writer, op["UpdateExpression"])}'
+        if update is None:
+            raise NotTranslatableError("an Update without an UpdateExpression")
+        head = f'UPDATE "{table}" {_update_clauses(writer, update)}'
     else:
         head = f'DELETE FROM "{table}"'
     where: list[str] = []
-    for name, value in op["Key"].items():
+    for name in key_names:
         where.append(f"{writer.path('word', name)} = ?")
-        writer.parameters.append(value)
-    condition = op.get("ConditionExpression")
+        writer.parameters.append(("key", name))
     if condition:
         where.append(f"({writer.expression(_tokens(condition))})")
-    return {
-        "Statement": f"{head} WHERE {' AND '.join(where)}",
-        "Parameters": writer.parameters,
-        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-    }
+    return f"{head} WHERE {' AND '.join(where)}", tuple(writer.parameters)
 
 
 _TRANSIENT = {
