@@ -53,12 +53,14 @@ _DYNACOORD_ATTRIBUTES = frozenset(
         "event_id",
         "event_type",
         "expected",
+        "failed_ms",
         "failures",
         "fence",
         "finished_by",
         "gen",
         "gone",
         "kind",
+        "last",
         "last_error",
         "lease_token",
         "m",
@@ -75,6 +77,7 @@ _DYNACOORD_ATTRIBUTES = frozenset(
         "place",
         "progress",
         "published",
+        "published_ms",
         "reconciles",
         "released_by",
         "released_owner",
@@ -98,6 +101,7 @@ _DYNACOORD_ATTRIBUTES = frozenset(
         "updated_ms",
         "v",
         "value",
+        "wgen",
     ]
 )
 #: characters a key prefix may not hold: IAM wildcards and variables (the LeadingKeys condition
@@ -135,7 +139,9 @@ class TableLayout:
         for field, default in _DEFAULT_NAMES.items():
             value = names[default]
             _check_attribute_name(field, value)
-            if value != default and (value in _DYNACOORD_ATTRIBUTES or value.startswith("w:")):
+            if value != default and (
+                value in _DYNACOORD_ATTRIBUTES or value.startswith(("w:", "c:", "f:"))
+            ):
                 raise ConfigurationError(
                     f"TableLayout.{field}={value!r} is an attribute dynacoord's items use for "
                     "their own data; choose another name"

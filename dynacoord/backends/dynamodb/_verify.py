@@ -17,6 +17,7 @@ After the first request the check costs nothing: :class:`VerifiedTable` puts its
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..._table_schema import (
@@ -43,6 +44,10 @@ _CLIENT_METHODS = (
     "batch_write_item",
     "describe_table",
 )
+
+
+#: one first-use table check at a time in this process
+_FIRST_CHECK = threading.Lock()
 
 
 class TableConfigurationError(ConfigurationError):
@@ -176,6 +181,10 @@ class VerifiedTable(DynamoTable):
             self.__dict__["call"] = self._first_call
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        check_table(self._raw_client, self.name, self.layout)
+        # Threads making their first calls at once (concurrent invocations) wait for one
+        # check instead of each sending its own DescribeTable.
+        with _FIRST_CHECK:
+            if not is_verified(self._raw_client, self.name, self.layout):
+                check_table(self._raw_client, self.name, self.layout)
         self.__dict__.pop("call", None)
         return DynamoTable.call(self, operation, **kwargs)
