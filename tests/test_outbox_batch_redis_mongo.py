@@ -556,10 +556,25 @@ def test_mongo_skips_a_place_left_empty_by_a_publisher_that_died(mongo_store) ->
     sent: list[str] = []
     mongo_store._c = _CountingCollection(mongo_store._c, sent)
     claimed = mongo_store.claim_many(seen, tokens(2), later + LEASE, later)
-    # bulk_write, find, then the place looked up and the gate moved
-    assert sent == ["bulk_write", "find", "find_one", "find_one_and_update"]
+    # bulk_write, find, then the places before the run looked up and the gate moved
+    assert sent == ["bulk_write", "find", "find", "find_one_and_update"]
     assert [r.seq for r in claimed] == [2, 3]
     assert _next_seq(mongo_store, "g") == 2
+
+
+def test_mongo_skips_every_empty_place_before_the_run_in_one_claim(mongo_store) -> None:
+    """Places 1-3 empty (lost place-taking answers take places twice): one claim after the wait
+    moves the gate past all of them; one place a claim took the group a claim round each, and
+    the fault model's drain ran out of rounds."""
+    for _ in range(3):
+        _hole(mongo_store, "g")
+    mongo_store.publish(events(2, group="g", ordered=True), NOW)
+    seen = due(mongo_store)
+    assert [r.seq for r in seen] == [4, 5]
+    later = NOW + 60_000
+    claimed = mongo_store.claim_many(seen, tokens(2), later + LEASE, later)
+    assert [r.seq for r in claimed] == [4, 5]
+    assert _next_seq(mongo_store, "g") == 4
 
 
 def test_mongo_moves_past_a_finished_place_whose_gate_update_was_lost(mongo_store) -> None:

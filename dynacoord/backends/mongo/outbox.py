@@ -36,7 +36,8 @@ its event (the publisher died between the two steps, or its insert was undone af
 whose event is finished while the gate was not moved (a worker died between the two writes of
 ``finish_many``) would hold its group forever: a claim held back at such a place, whose run's
 first event was published at least 60 s ago (so the place before it was taken even earlier),
-looks the place up (one ``find_one``) and moves the gate past it. So a publisher stalled for more
+looks up the places before the run (one ``find``) and moves the gate past every one of
+them that has no event or a finished one, up to the first event on its way. So a publisher stalled for more
 than 60 s between taking its place and inserting its event can see that event delivered after
 later events of its group (never lost). A place-taking ``$inc`` sent again after its response was
 lost takes its places twice: the first ones stay empty and are skipped the same way (the group's
@@ -414,7 +415,10 @@ class MongoOutboxStore:
         if now_ms - published < HOLE_WAIT_MS:
             return head
         with translate_errors("outbox claim"):
-            doc = self._c.find_one(
+            # Every place from the head up to the run: all were taken before the run's first
+            # event, so all are that old. The gate moves past all the holes at once (one at a
+            # time, a group with several needed a claim round each after the wait).
+            docs = self._c.find(
                 {
                     "pk": {
                         "$gte": f"{Kind.OUTBOX.value}#{self._ns}#",
@@ -422,26 +426,41 @@ class MongoOutboxStore:
                     },
                     "sk": "EVENT",
                     "event_group": group,
-                    "seq": head,
+                    "seq": {"$gte": head, "$lt": start},
                 }
             )
-            record = EventRecord.from_item(doc, now_ms)
-            if record is not None and record.status in _CLAIMABLE:
+            on_its_way: set[int] = set()
+            finished: dict[int, str] = {}
+            for doc in docs:
+                record = EventRecord.from_item(doc, now_ms)
+                if record is None or record.seq is None:
+                    continue
+                if record.status in _CLAIMABLE:
+                    on_its_way.add(record.seq)
+                else:
+                    finished[record.seq] = record.status.value
+            after = head
+            while after < start and after not in on_its_way:
+                after += 1
+            if after == head:
                 return head  # the group's head is on its way
             logger.warning(
-                "outbox group %r: place %d has %s; the group moves past it",
+                "outbox group %r: places %s have %s; the group moves past them",
                 group,
-                head,
-                "no event" if record is None else f"a {record.status.value} event",
+                ", ".join(str(place) for place in range(head, after)),
+                ", ".join(
+                    f"a {finished[place]} event" if place in finished else "no event"
+                    for place in range(head, after)
+                ),
             )
             gate = self._c.find_one_and_update(
                 {**self._gate_key(group), "next_seq": head},
-                {"$set": {"next_seq": head + 1}, "$unset": {"retry_due_ms": ""}},
+                {"$set": {"next_seq": after}, "$unset": {"retry_due_ms": ""}},
                 return_document=ReturnDocument.AFTER,
             )
             if gate is None:  # moved meanwhile
                 gate = self._c.find_one(self._gate_key(group)) or {}
-        return int(gate.get("next_seq", head + 1))
+        return int(gate.get("next_seq", after))
 
     def _postpone(
         self,
