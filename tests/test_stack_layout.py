@@ -288,3 +288,21 @@ def test_the_lag_costs_two_one_item_queries_per_shard_and_one_read(
     assert sorted(sent, key=str) == [("GetItem", None)] + [("Query", 1)] * 8
     (line,) = capsys.readouterr().out.splitlines()
     assert json.loads(line)[OLDEST_DUE_AGE] == 0  # written when nothing waits too
+
+
+def test_the_stacks_sweeper_leaves_new_events_to_the_relay() -> None:
+    """The sweeper that reports the lag is the stack's sweeper: like every DynamoDB sweeper it
+    leaves a new event to the stream relay for one lease (the relay delivers it without a
+    claim); it took them at once before, beside the relay."""
+    import boto3
+    from moto import mock_aws
+
+    from dynacoord.backends.dynamodb._stack import LagSweepHandler, lag_outbox
+
+    with mock_aws():
+        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+        create_table(client, "app")
+        backend = DynamoDBBackend(client, table_name="app", namespace="o")
+        sweeper = lag_outbox(backend, "dynacoord").sweep_handler(lambda event: None, lease=20)
+    assert isinstance(sweeper, LagSweepHandler)
+    assert sweeper.worker.leave_new_ms == 20_000

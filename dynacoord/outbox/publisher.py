@@ -238,18 +238,22 @@ class Outbox:
         ``runs.reconcile(stalled_after, on_stalled)``. Its worker leaves a new event to the
         stream relay for one lease after it became due (``leave_new_for``: by default the lease
         where the store has a stream, the DynamoDB backend, else 0). See :mod:`dynacoord.outbox.stream`."""
-        from .stream import SweepHandler
-
         if worker_options.get("leave_new_for") is None:
             # The relay's share: only a store with a stream (DynamoDB) has a relay.
             has_stream = callable(getattr(self._store, "stream_record", None))
             worker_options["leave_new_for"] = worker_options.get("lease", 30.0) if has_stream else 0
-        return SweepHandler(
+        return self._make_sweep_handler(
             self.worker(handlers, **worker_options),
             runs=runs,
             stalled_after=stalled_after,
             on_stalled=on_stalled,
         )
+
+    def _make_sweep_handler(self, worker: OutboxWorker, **options: Any) -> SweepHandler:
+        """The sweep handler around ``worker`` (a subclass may report more after a sweep)."""
+        from .stream import SweepHandler
+
+        return SweepHandler(worker, **options)
 
     # -- management ---------------------------------------------------------------------------
 
@@ -382,6 +386,22 @@ class Outbox:
             )
         return report
 
+    def _lag_ms(self, shards: int, now: int) -> tuple[int | None, int | None]:
+        """The age (ms) of the oldest due pending event and of the earliest expired lease (None
+        where there is none): one one-item index query per shard and status (the index is
+        ordered by due time)."""
+
+        def oldest_age_ms(status: EventStatus) -> int | None:
+            earliest: int | None = None
+            for shard in range(shards):
+                page, _ = self._store.query_page(status, shard, due_before_ms=now, limit=1)
+                for record in page:
+                    if earliest is None or record.due_at_ms < earliest:
+                        earliest = record.due_at_ms
+            return None if earliest is None else max(0, now - earliest)
+
+        return oldest_age_ms(EventStatus.PENDING), oldest_age_ms(EventStatus.IN_FLIGHT)
+
     def stats(self) -> OutboxStats:
         """Counts of pending (and due), in-flight and failed events (COUNT queries, every shard
         and page), and the lag: the age of the oldest due pending event and of the earliest
@@ -405,17 +425,7 @@ class Outbox:
                         break
             return total
 
-        def oldest_age_ms(status: EventStatus) -> int | None:
-            earliest: int | None = None
-            for shard in range(shards):
-                page, _ = self._store.query_page(status, shard, due_before_ms=now, limit=1)
-                for record in page:
-                    if earliest is None or record.due_at_ms < earliest:
-                        earliest = record.due_at_ms
-            return None if earliest is None else max(0, now - earliest)
-
-        due_age = oldest_age_ms(EventStatus.PENDING)
-        lease_age = oldest_age_ms(EventStatus.IN_FLIGHT)
+        due_age, lease_age = self._lag_ms(shards, now)
         if self._metrics.enabled:
             if due_age is not None:
                 self._metrics.milliseconds("OutboxOldestDueAge", due_age)

@@ -21,16 +21,14 @@ nothing waits, so missing data means the sweeper did not run (its own Errors ala
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..._clock import now_ms
 from ...errors import ConfigurationError
 from ...metrics import EMFMetrics, MetricsScope
 from ...outbox import Outbox
-from ...outbox.event import EventStatus
 from ...outbox.stream import SweepHandler
-from ...outbox.worker import Handler
+from ...outbox.worker import OutboxWorker
 
 __all__ = [
     "EXPIRED_LEASE_AGE",
@@ -58,40 +56,15 @@ class LagOutbox(Outbox):
     def lag(self) -> dict[str, int]:
         """The age (ms) of the oldest due pending event and of the earliest expired lease (0
         when none), reported to the metrics and written out."""
-        now = now_ms(self.clock)
-        shards = self._shards()  # one read of the shard count for both statuses
-        ages: dict[str, int] = {}
-        for name, status in (
-            (OLDEST_DUE_AGE, EventStatus.PENDING),
-            (EXPIRED_LEASE_AGE, EventStatus.IN_FLIGHT),
-        ):
-            earliest: int | None = None
-            for shard in range(shards):
-                page, _ = self._store.query_page(status, shard, due_before_ms=now, limit=1)
-                for record in page:
-                    if earliest is None or record.due_at_ms < earliest:
-                        earliest = record.due_at_ms
-            ages[name] = 0 if earliest is None else max(0, now - earliest)
-            self._metrics.milliseconds(name, ages[name])
+        due_age, lease_age = self._lag_ms(self._shards(), now_ms(self.clock))
+        ages = {OLDEST_DUE_AGE: due_age or 0, EXPIRED_LEASE_AGE: lease_age or 0}
+        for name, age in ages.items():
+            self._metrics.milliseconds(name, age)
         self.emf.flush()
         return ages
 
-    def sweep_handler(
-        self,
-        handlers: Handler | Mapping[str, Handler],
-        *,
-        runs: Any = None,
-        stalled_after: float = 300.0,
-        on_stalled: Callable[[Any], Any] | None = None,
-        **worker_options: Any,
-    ) -> SweepHandler:
-        return LagSweepHandler(
-            self.worker(handlers, **worker_options),
-            outbox=self,
-            runs=runs,
-            stalled_after=stalled_after,
-            on_stalled=on_stalled,
-        )
+    def _make_sweep_handler(self, worker: OutboxWorker, **options: Any) -> SweepHandler:
+        return LagSweepHandler(worker, outbox=self, **options)
 
 
 class LagSweepHandler(SweepHandler):
