@@ -189,9 +189,12 @@ class Actor:
         if not self._parked.wait(30):
             raise AssertionError(f"{name} did not start")
 
+    worker_class: type[OutboxWorker] = ModelWorker
+    store_class: type[GatedStore] = GatedStore
+
     def _make_worker(self, backend: Any, options: dict[str, Any]) -> Any:
-        return ModelWorker(
-            GatedStore(backend.outbox._store, self),  # type: ignore[arg-type]
+        return self.worker_class(
+            self.store_class(backend.outbox._store, self),  # type: ignore[arg-type]
             self.handle,
             clock=self.machine.clock,
             lease=LEASE_MS / 1000,

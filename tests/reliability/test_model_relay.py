@@ -32,7 +32,6 @@ from dynacoord.outbox import EventRecord
 from dynacoord.outbox.stream import StreamHandler
 from tests.reliability.test_model_delivery import (
     LEASE_MS,
-    MAX_ATTEMPTS,
     MAX_EVENTS,
     Actor,
     GatedStore,
@@ -81,19 +80,13 @@ class RelayActor(Actor):
         self._backend = backend
         super().__init__(machine, name, backend, relay=True, claim=claim)
 
+    worker_class = RelayWorker
+    store_class = RelayStore
+
     def _make_worker(self, backend: Any, options: dict[str, Any]) -> Any:
-        options = {k: v for k, v in options.items() if k not in ("relay", "claim")}
-        return RelayWorker(
-            RelayStore(backend.outbox._store, self),  # type: ignore[arg-type]
-            self.handle,
-            clock=self.machine.clock,
-            lease=LEASE_MS / 1000,
-            max_attempts=MAX_ATTEMPTS,
-            backoff=0.2,
-            max_backoff=1.0,
-            retention=3600,
-            name=self.name,
-            **options,
+        # relay and claim are this actor's options, not its worker's
+        return super()._make_worker(
+            backend, {k: v for k, v in options.items() if k not in ("relay", "claim")}
         )
 
     def _main(self) -> None:
