@@ -98,7 +98,11 @@ def _dynamodb_factory(client: Any, table: str) -> BackendFactory:
 @pytest.fixture(params=CONTRACT_BACKENDS)
 def make_backend(request: pytest.FixtureRequest) -> BackendFactory:
     """A factory of backends of one kind, each in a fresh namespace: ``make_backend(clock=...)``."""
-    kind = request.param
+    return backend_factory(request, request.param)
+
+
+def backend_factory(request: pytest.FixtureRequest, kind: str) -> BackendFactory:
+    """The factory of ``make_backend`` for ``kind`` (its fixtures got from ``request``)."""
     if kind == "moto":
         client, table = request.getfixturevalue("moto_table")
         factory = _dynamodb_factory(client, table)

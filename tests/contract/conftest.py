@@ -18,7 +18,7 @@ from tests.backends_fixtures import (  # noqa: F401  (fixtures are registered by
     dynamodb_layout_table,
     moto_layout_backend_factory,
 )
-from tests.conftest import CONTRACT_BACKENDS, BackendFactory, _dynamodb_factory
+from tests.conftest import CONTRACT_BACKENDS, BackendFactory, backend_factory
 
 #: kind of the parametrization -> the kind of its table
 LAYOUT_KINDS = {"moto_layout": "moto", "dynamodb_layout": "dynamodb"}
@@ -34,14 +34,10 @@ LAYOUT_LOCAL_MODULES = frozenset({"test_outbox", "test_checkpoints"})
 def make_backend(request: pytest.FixtureRequest) -> BackendFactory:
     """tests/conftest.py's ``make_backend``, with the layout kinds."""
     kind = request.param
-    if kind == "moto":
-        client, table = request.getfixturevalue("moto_table")
-        factory = _dynamodb_factory(client, table)
-    elif kind == "dynamodb":
-        client, table = request.getfixturevalue("ddb_table")
-        factory = _dynamodb_factory(client, table)
-    else:
+    if kind in LAYOUT_KINDS:
         factory = request.getfixturevalue(f"{kind}_backend_factory")
+    else:
+        factory = backend_factory(request, kind)
     factory.kind = LAYOUT_KINDS.get(kind, kind)  # type: ignore[attr-defined]
     factory.layout = kind in LAYOUT_KINDS  # type: ignore[attr-defined]
     return factory
