@@ -3,11 +3,13 @@
 This is the delivery loop as it was before batched claims: every poll queries the in-flight and
 pending index of every shard, each event is claimed and completed with its own request, and a
 heartbeat thread is started and joined per event. It runs on today's stores through their
-single-event methods (claim, extend, complete, reschedule, fail), which kept their behaviour.
+``claim`` and, for each outcome and extension, ``finish_many`` / ``extend_many`` of the one
+event (the stores' single-event complete, reschedule, fail and extend were folded into those).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -28,7 +30,7 @@ from dynacoord.errors import (
 )
 from dynacoord.metrics import NO_SCOPE, MetricsScope
 from dynacoord.outbox.event import Event, EventRecord, EventStatus
-from dynacoord.outbox.store import OutboxStore
+from dynacoord.outbox.store import OutboxStore, Outcome, OutcomeKind
 
 __all__ = ["PreviousOutboxWorker"]
 
@@ -52,13 +54,11 @@ def _error_text(exc: BaseException) -> str:
 class _LeaseKeeper(threading.Thread):
     """Extends one claim every ``interval`` seconds while its handler runs."""
 
-    def __init__(
-        self, worker: PreviousOutboxWorker, event_id: str, token: str, interval: float
-    ) -> None:
-        super().__init__(name=f"dynacoord-outbox-lease-{event_id}", daemon=True)
+    def __init__(self, worker: PreviousOutboxWorker, held: EventRecord, interval: float) -> None:
+        super().__init__(name=f"dynacoord-outbox-lease-{held.id}", daemon=True)
         self._worker = worker
-        self._event_id = event_id
-        self._token = token
+        self._event_id = held.id
+        self._held = held
         self._interval = interval
         self._done = threading.Event()
         self.lost = False
@@ -68,7 +68,7 @@ class _LeaseKeeper(threading.Thread):
         while not self._done.wait(self._interval):
             now = now_ms(worker.clock)
             try:
-                ok = worker._store.extend(self._event_id, self._token, now + worker.lease_ms, now)
+                [ok] = worker._store.extend_many([self._held], now + worker.lease_ms, now)
             except Exception:  # transient: the next beat may work, the lease still has time
                 logger.exception("extending the lease of event %r failed", self._event_id)
                 continue
@@ -306,7 +306,9 @@ class PreviousOutboxWorker:
             self._missing_handler(record, token)
             return
         keeper = (
-            _LeaseKeeper(self, event.id, token, self.lease_ms / 3000) if self.heartbeat else None
+            _LeaseKeeper(self, _held(record, token), self.lease_ms / 3000)
+            if self.heartbeat
+            else None
         )
         if keeper is not None:
             keeper.start()
@@ -334,7 +336,7 @@ class PreviousOutboxWorker:
         if keeper is not None:
             keeper.stop()
         now = now_ms(self.clock)
-        if self._store.complete(event.id, token, now, self.retention_ms):
+        if self._outcome(record, token, "completed", now):
             self.delivered += 1
             self._metrics.count("OutboxDelivered")
             self._metrics.milliseconds("OutboxDeliveryLatency", now - event.occurred_at * 1000)
@@ -356,7 +358,7 @@ class PreviousOutboxWorker:
     def _failure(self, record: EventRecord, token: str, error: str) -> None:
         now = now_ms(self.clock)
         if record.attempts >= self.max_attempts:
-            ok = self._store.fail(record.id, token, error, now)
+            ok = self._outcome(record, token, "failed", now, error=error)
             if ok:
                 self.failed += 1
                 self._metrics.count("OutboxFailed")
@@ -369,9 +371,8 @@ class PreviousOutboxWorker:
                     error,
                 )
         else:
-            ok = self._store.reschedule(
-                record.id, token, now + self._delay_ms(record.attempts), error, now
-            )
+            due = now + self._delay_ms(record.attempts)
+            ok = self._outcome(record, token, "pending", now, due_ms=due, error=error)
             if ok:
                 self.retried += 1
                 self._metrics.count("OutboxRetried")
@@ -386,7 +387,7 @@ class PreviousOutboxWorker:
         policy = self.on_missing_handler
         if policy == "skip":
             logger.warning("%s: event %r skipped: %s", self.name, record.id, error)
-            if not self._store.complete(record.id, token, now_ms(self.clock), self.retention_ms):
+            if not self._outcome(record, token, "completed", now_ms(self.clock)):
                 self.lost += 1
             return
         if policy == "retry":
@@ -394,11 +395,31 @@ class PreviousOutboxWorker:
             self._failure(record, token, error)
             return
         logger.error("%s: event %r marked failed: %s", self.name, record.id, error)
-        if self._store.fail(record.id, token, error, now_ms(self.clock)):
+        if self._outcome(record, token, "failed", now_ms(self.clock), error=error):
             self.failed += 1
             self._metrics.count("OutboxFailed")
         else:
             self.lost += 1
 
+    def _outcome(
+        self,
+        record: EventRecord,
+        token: str,
+        kind: OutcomeKind,
+        now: int,
+        *,
+        due_ms: int = 0,
+        error: str | None = None,
+    ) -> bool:
+        """Store one event's outcome alone (one request), while ``token`` holds it."""
+        outcome = Outcome(_held(record, token), kind, due_ms=due_ms, error=error)
+        retention = self.retention_ms if kind == "completed" else None
+        [written] = self._store.finish_many([outcome], now, retention)
+        return written
+
     def __repr__(self) -> str:
         return f"OutboxWorker(name={self.name!r}, batch_size={self.batch_size})"
+
+
+def _held(record: EventRecord, token: str) -> EventRecord:
+    return record if record.lease_token == token else dataclasses.replace(record, lease_token=token)

@@ -496,21 +496,21 @@ def test_a_failed_event_retried_after_its_group_moved_on_is_claimable(env: Env) 
     assert [r.seq for r in env.store.claim_many([again], tokens(1), NOW + LEASE, NOW)] == [1]
 
 
-def test_the_single_event_methods_keep_the_group_order(env: Env) -> None:
+def test_one_event_claims_keep_the_group_order(env: Env) -> None:
     env.store.publish(events(2, group="g", ordered=True), NOW)
     one, two = _by_seq(env.store)
     assert env.store.claim(two, uuid.uuid4().hex, NOW + LEASE, NOW) is None  # behind its head
-    token = uuid.uuid4().hex
-    claimed = env.store.claim(one, token, NOW + LEASE, NOW)
+    claimed = env.store.claim(one, uuid.uuid4().hex, NOW + LEASE, NOW)
     assert claimed is not None and claimed.seq == 1
-    assert env.store.extend(one.id, token, NOW + 2 * LEASE, NOW) is True
-    assert env.store.complete(one.id, token, NOW, 60_000) is True
+    assert env.store.extend_many([claimed], NOW + 2 * LEASE, NOW) == [True]
+    assert env.store.finish_many([Outcome(claimed, "completed")], NOW, 60_000) == [True]
     assert env.gate("g")["next_seq"] == 2
     later = NOW + ORDERED_RECHECK_MS
     [two] = due(env.store, later)
-    token = uuid.uuid4().hex
-    assert env.store.claim(two, token, later + LEASE, later) is not None
-    assert env.store.reschedule(two.id, token, later + 5000, "e", later) is True
+    claimed = env.store.claim(two, uuid.uuid4().hex, later + LEASE, later)
+    assert claimed is not None
+    retry = Outcome(claimed, "pending", due_ms=later + 5000, error="e")
+    assert env.store.finish_many([retry], later, None) == [True]
     assert env.gate("g")["retry_due_ms"] == later + 5000
 
 

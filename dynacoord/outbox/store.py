@@ -192,45 +192,17 @@ class OutboxStore(Protocol):
     def finish_many(
         self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
     ) -> list[bool]:
-        """Write each outcome while its claim still holds the event (as :meth:`complete`,
-        :meth:`reschedule` and :meth:`fail` do), in as few requests as the store allows; one
-        bool per outcome: False where the lease had been lost. A completed or failed ordered
-        event lets its group's next event go."""
+        """Write each outcome while its claim (``outcome.token``) still holds the event, in as
+        few requests as the store allows; one bool per outcome: False where the lease had been
+        lost, True also for a write of this very outcome whose answer was lost. A completed
+        event is kept ``retention_ms`` (deleted when None); a failed one is kept forever. A
+        completed or failed ordered event lets its group's next event go."""
         ...
 
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
     ) -> list[bool]:
         """Move the lease expiry of each claimed record while its token holds it."""
-        ...
-
-    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
-        """Move the lease expiry while ``token`` holds the claim."""
-        ...
-
-    def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        """Mark completed (kept ``retention_ms``, or deleted when None) while ``token`` holds it.
-
-        These one-event outcomes move an ordered group's gate as :meth:`finish_many` does, and
-        report True for a write of this very outcome whose answer was lost."""
-        ...
-
-    def reschedule(
-        self,
-        event_id: str,
-        token: str,
-        due_ms: int,
-        error: str | None,
-        now_ms: int,
-        *,
-        count_attempt: bool = True,
-    ) -> bool:
-        """Back to pending, due at ``due_ms``, while ``token`` holds it. With
-        ``count_attempt=False`` the claim's attempt is given back (released unhandled)."""
-        ...
-
-    def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        """Mark failed (listed under failed, kept forever) while ``token`` holds it."""
         ...
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:

@@ -69,7 +69,8 @@ def _batch_operation(outbox: Any) -> str:
 def test_a_batch_is_claimed_and_completed_in_one_request_each(make_backend):
     backend = make_backend()
     outbox = backend.outbox
-    batch_op = _batch_operation(outbox) if hasattr(backend, "client") else None
+    is_dynamodb = hasattr(getattr(backend, "client", None), "meta")  # a boto3 client
+    batch_op = _batch_operation(outbox) if is_dynamodb else None
     outbox.publish([Event("t", i, id=f"b{i:02d}") for i in range(20)])
     got: list[str] = []
     worker = outbox.worker(lambda e: got.append(e.id), batch_size=50, heartbeat=False)
@@ -619,13 +620,15 @@ def test_the_per_event_design_keeps_ordered_groups_in_order(make_backend):
     assert delivered == ["q0", "q1", "q2"]
 
 
-def test_the_one_event_outcomes_keep_an_ordered_group_going(make_backend):
-    """A store's one-event complete, reschedule and fail (the outcome of an event known by id)
-    move an ordered group's gate as a batch's outcomes do: completing or failing the head lets
-    its follower be claimed; each recognises its own write when the answer to it was lost."""
+def test_one_event_outcomes_keep_an_ordered_group_going(make_backend):
+    """Outcomes of events claimed one at a time (``claim``, the ``batch_claim=False`` design),
+    each written alone with ``finish_many``, move an ordered group's gate as a batch's outcomes
+    do: completing or failing the head lets its follower be claimed; each recognises its own
+    write when the answer to it was lost."""
+    import dataclasses
     import uuid
 
-    from dynacoord.outbox import ORDERED_RECHECK_MS
+    from dynacoord.outbox import ORDERED_RECHECK_MS, Outcome
 
     clock = ManualClock()
     outbox = make_backend(clock=clock).outbox
@@ -635,32 +638,38 @@ def test_the_one_event_outcomes_keep_an_ordered_group_going(make_backend):
     def now() -> int:
         return int(clock.time() * 1000)
 
-    def claim(event_id: str) -> str | None:
-        token = uuid.uuid4().hex
+    def claim(event_id: str) -> Any:
         seen = store.get(event_id, now())
-        got = store.claim(seen, token, now() + 30_000, now())
-        return None if got is None else token
+        return store.claim(seen, uuid.uuid4().hex, now() + 30_000, now())
+
+    def finish(outcome: Outcome, retention_ms: int | None = 60_000) -> bool:
+        [written] = store.finish_many([outcome], now(), retention_ms)
+        return written
 
     head = claim("o0")
     assert head is not None
     assert claim("o1") is None, "behind its head"
     clock.advance(ORDERED_RECHECK_MS / 1000 + 1)
-    assert store.reschedule("o0", head, now() + 5_000, "downstream down", now()) is True
+    retry = Outcome(head, "pending", due_ms=now() + 5_000, error="downstream down")
+    assert finish(retry, None) is True
     assert outbox.get("o0").status is EventStatus.PENDING
     clock.advance(6)
     head = claim("o0")
     assert head is not None
-    assert store.complete("o0", head, now(), 60_000) is True
-    assert store.complete("o0", head, now(), 60_000) is True, "its own write, seen again"
+    assert finish(Outcome(head, "completed")) is True
+    assert finish(Outcome(head, "completed")) is True, "its own write, seen again"
     clock.advance(ORDERED_RECHECK_MS / 1000 + 1)
     follower = claim("o1")
     assert follower is not None, "the gate moved past the completed head"
-    assert store.fail("o1", follower, "poison", now()) is True
-    assert store.fail("o1", follower, "poison", now()) is True, "its own write, seen again"
+    assert finish(Outcome(follower, "failed", error="poison"), None) is True
+    assert finish(Outcome(follower, "failed", error="poison"), None) is True, (
+        "its own write, seen again"
+    )
     assert outbox.get("o1").status is EventStatus.FAILED
     clock.advance(ORDERED_RECHECK_MS / 1000 + 1)
     last = claim("o2")
     assert last is not None, "a failed event lets its group go on"
-    assert store.complete("o2", last, now(), None) is True
+    assert finish(Outcome(last, "completed"), None) is True
     assert outbox.get("o2") is None
-    assert store.complete("o2", uuid.uuid4().hex, now(), 60_000) is False, "gone, and not its claim"
+    not_its_claim = dataclasses.replace(last, lease_token=uuid.uuid4().hex)
+    assert finish(Outcome(not_its_claim, "completed")) is False, "gone, and not its claim"

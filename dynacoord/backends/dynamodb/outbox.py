@@ -50,7 +50,6 @@ from ...outbox import (
     EventRecord,
     EventStatus,
     Outcome,
-    OutcomeKind,
     RetryOutcome,
     order_key,
 )
@@ -1221,89 +1220,6 @@ class DynamoDBOutboxStore:
 
         self._transact(entries, refused, written, _no_closure)
         return [results.get(i, False) for i in range(len(held))]
-
-    def _if_held(
-        self,
-        event_id: str,
-        token: str,
-        update: str,
-        names: dict[str, str] | None = None,
-        **args: Any,
-    ) -> bool:
-        try:
-            self._table.call(
-                "update_item",
-                Key=self._key(event_id),
-                ConditionExpression=_HOLDS_LEASE,
-                UpdateExpression=update,
-                ExpressionAttributeNames={**_NAMES, **(names or {})},
-                ExpressionAttributeValues=values(
-                    in_flight=EventStatus.IN_FLIGHT.value, token=token, **args
-                ),
-            )
-        except ConditionFailedError:
-            return False
-        return True
-
-    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
-        self._record_shards()
-        _, gsk = self._index(event_id, EventStatus.IN_FLIGHT, lease_until_ms)
-        return self._if_held(
-            event_id,
-            token,
-            "SET due_ms = :until, gsi1sk = :gsk, updated_ms = :now",
-            until=lease_until_ms,
-            gsk=gsk,
-            now=now_ms,
-        )
-
-    def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        return self._finish_one(event_id, "completed", token, now_ms, retention_ms)
-
-    def reschedule(
-        self,
-        event_id: str,
-        token: str,
-        due_ms: int,
-        error: str | None,
-        now_ms: int,
-        *,
-        count_attempt: bool = True,
-    ) -> bool:
-        return self._finish_one(
-            event_id,
-            "pending",
-            token,
-            now_ms,
-            None,
-            due_ms=due_ms,
-            error=error,
-            count_attempt=count_attempt,
-        )
-
-    def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        return self._finish_one(event_id, "failed", token, now_ms, None, error=error)
-
-    def _finish_one(
-        self,
-        event_id: str,
-        kind: OutcomeKind,
-        token: str,
-        now_ms: int,
-        retention_ms: int | None,
-        **options: Any,
-    ) -> bool:
-        """The outcome of an event known by id only: read it (its group, place and shard), then
-        :meth:`finish_many`'s write, which moves an ordered group's gate in the same transaction
-        and recognises a write of this very outcome whose answer was lost. Two requests: a
-        worker writes its outcomes with finish_many, from the records it claimed."""
-        record = self.get(event_id, now_ms)
-        if record is None:
-            # Gone: deleted by this very completion whose answer was lost, or never there.
-            return kind == "completed" and retention_ms is None
-        held = dataclasses.replace(record, lease_token=token)
-        [written] = self.finish_many([Outcome(held, kind, **options)], now_ms, retention_ms)
-        return written
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         self._record_shards()

@@ -56,7 +56,6 @@ middle of the insert can leave a prefix of the batch published; publishing the s
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -76,7 +75,6 @@ from ...outbox import (
     EventRecord,
     EventStatus,
     Outcome,
-    OutcomeKind,
     RetryOutcome,
     pending_fields,
 )
@@ -645,37 +643,6 @@ class MongoOutboxStore:
         if ops:
             self._c.bulk_write(ops, ordered=True)  # in order: a retry after the moves
 
-    def _finish_one(
-        self, event_id: str, kind: OutcomeKind, token: str, now_ms: int, **options: Any
-    ) -> bool:
-        """One outcome of an event known by id only: one request (two for an ordered event,
-        whose stored place the write returns)."""
-        retention_ms = options.pop("retention_ms", None)
-        where, update = self._outcome_write(event_id, kind, token, now_ms, retention_ms, **options)
-        with translate_errors(f"outbox {kind}"):
-            if update is None:
-                before = self._c.find_one_and_delete(where)
-            else:
-                before = self._c.find_one_and_update(where, update)
-            if before is None:
-                # Refused, or written by this call's first attempt whose response was lost.
-                before = self._c.find_one(self._key(event_id))
-                if not self._was_written(before, token, kind, retention_ms):
-                    return False
-                if before is None:
-                    return True
-        record = EventRecord.from_item(before, 0)  # the place and group it holds
-        if record is not None and record.seq is not None:
-            outcome = Outcome(
-                dataclasses.replace(record, lease_token=token),
-                kind,
-                due_ms=int(options.get("due_ms", 0)),
-                count_attempt=bool(options.get("count_attempt", True)),
-            )
-            with translate_errors(f"outbox {kind}"):
-                self._move_gates([outcome])
-        return True
-
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
     ) -> list[bool]:
@@ -710,46 +677,6 @@ class MongoOutboxStore:
             and d.get("lease_token") == r.lease_token
             for r in held
         ]
-
-    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
-        with translate_errors("outbox extend"):
-            result = self._c.update_one(
-                {**self._key(event_id), "status": _IN_FLIGHT, "lease_token": token},
-                {
-                    "$set": {
-                        "due_ms": lease_until_ms,
-                        "gsi1sk": outbox_index_sk(lease_until_ms, event_id),
-                        "updated_ms": now_ms,
-                    }
-                },
-            )
-        return bool(result.matched_count == 1)
-
-    def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        return self._finish_one(event_id, "completed", token, now_ms, retention_ms=retention_ms)
-
-    def reschedule(
-        self,
-        event_id: str,
-        token: str,
-        due_ms: int,
-        error: str | None,
-        now_ms: int,
-        *,
-        count_attempt: bool = True,
-    ) -> bool:
-        return self._finish_one(
-            event_id,
-            "pending",
-            token,
-            now_ms,
-            due_ms=due_ms,
-            error=error,
-            count_attempt=count_attempt,
-        )
-
-    def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        return self._finish_one(event_id, "failed", token, now_ms, error=error)
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         with translate_errors("outbox retry"):

@@ -598,13 +598,6 @@ class RedisOutboxStore:
             ]
         return [number, kind, token, error or "", outbox_index_sk(now_ms, event_id)]
 
-    def _finish_one(
-        self, event_id: str, kind: str, token: str, now_ms: int, **options: Any
-    ) -> bool:
-        retention_ms = options.pop("retention_ms", None)
-        entry = self._outcome_entry(1, event_id, kind, token, now_ms, retention_ms, **options)
-        return self._finish([self._item(event_id)], [entry], now_ms)[0]
-
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
     ) -> list[bool]:
@@ -618,42 +611,6 @@ class RedisOutboxStore:
             "outbox extend",
         )
         return [as_int(flag) == 1 for flag in reply]
-
-    def extend(self, event_id: str, token: str, lease_until_ms: int, now_ms: int) -> bool:
-        spec = [[token, outbox_index_sk(lease_until_ms, event_id)]]
-        reply = self._conn.run(
-            _EXTEND_MANY,
-            [self._item(event_id)],
-            [*self._head(now_ms), lease_until_ms, json.dumps(spec, ensure_ascii=False)],
-            "outbox extend",
-        )
-        return as_int(reply[0]) == 1
-
-    def complete(self, event_id: str, token: str, now_ms: int, retention_ms: int | None) -> bool:
-        return self._finish_one(event_id, "completed", token, now_ms, retention_ms=retention_ms)
-
-    def reschedule(
-        self,
-        event_id: str,
-        token: str,
-        due_ms: int,
-        error: str | None,
-        now_ms: int,
-        *,
-        count_attempt: bool = True,
-    ) -> bool:
-        return self._finish_one(
-            event_id,
-            "pending",
-            token,
-            now_ms,
-            due_ms=due_ms,
-            error=error,
-            count_attempt=count_attempt,
-        )
-
-    def fail(self, event_id: str, token: str, error: str, now_ms: int) -> bool:
-        return self._finish_one(event_id, "failed", token, now_ms, error=error)
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         outcome = as_str(
