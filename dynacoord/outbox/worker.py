@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from .._clock import Clock, now_ms
 from .._validate import (
@@ -24,6 +24,16 @@ from ..errors import (
     ConfigurationError,
 )
 from ..metrics import NO_SCOPE, MetricsScope
+from ._decide import (
+    CLAIMED_TOO_OFTEN,
+    NO_HANDLER,
+    SUCCEEDED,
+    MissingHandlerPolicy,
+    Result,
+    decide,
+    no_handler_error,
+    raised,
+)
 from .event import Event, EventRecord, EventStatus, new_event_id
 from .store import OutboxStore, Outcome
 
@@ -36,7 +46,6 @@ MAX_ERROR_CHARS = 2000
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600
 
 Handler = Callable[[Event], Any]
-MissingHandlerPolicy = Literal["fail", "retry", "skip"]
 
 
 def _error_text(exc: BaseException) -> str:
@@ -629,18 +638,12 @@ class OutboxWorker:
         if record.status is EventStatus.IN_FLIGHT and record.attempts > 1:
             logger.debug("%s: event %r attempt %d", self.name, event.id, record.attempts)
         if record.attempts > self.max_attempts:
-            # Every earlier claim ended without an outcome: the worker was killed, ran out of
-            # Lambda time or memory, or overran its lease. Each expired lease counted an attempt;
-            # without this check an event that kills its worker would be redelivered forever
-            # instead of ending in failed().
-            return self._failure(
-                record,
-                f"claimed {record.attempts} times; the last attempt ended without an outcome "
-                "(worker crashed or overran its lease)",
-            )
+            # Every earlier claim ended without an outcome (see decide): not run again.
+            return self._decide(record, CLAIMED_TOO_OFTEN)
         handler = self._handler_for(event.type)
         if handler is None:
-            return self._missing_handler(record)
+            self._log_missing_handler(record)
+            return self._decide(record, NO_HANDLER)
         try:
             handler(event)
         except Exception as exc:
@@ -653,32 +656,30 @@ class OutboxWorker:
                 _error_text(exc),
             )
             self._hook("on_error", self.on_error, event, exc)
-            return self._failure(record, _error_text(exc))
-        return Outcome(record, "completed")
+            return self._decide(record, raised(_error_text(exc)))
+        return self._decide(record, SUCCEEDED)
 
-    def _delay_ms(self, attempt: int) -> int:
-        delay = min(self.max_backoff, self.backoff * 2 ** max(0, attempt - 1))
-        # Equal jitter: at least half the delay (backoff is kept), the rest spread out.
-        jittered = delay / 2 + random.uniform(0, delay / 2)
-        return int(jittered * 1000)
+    def _decide(self, record: EventRecord, result: Result) -> Outcome:
+        return decide(
+            record,
+            result,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff,
+            max_backoff=self.max_backoff,
+            missing_policy=self.on_missing_handler,
+            now_ms=now_ms(self.clock),
+            jitter=random.uniform,
+        )
 
-    def _failure(self, record: EventRecord, error: str) -> Outcome:
-        if record.attempts >= self.max_attempts:
-            return Outcome(record, "failed", error=error)
-        due = now_ms(self.clock) + self._delay_ms(record.attempts)
-        return Outcome(record, "pending", due_ms=due, error=error)
-
-    def _missing_handler(self, record: EventRecord) -> Outcome:
-        error = f"no handler for event type {record.type!r}"
+    def _log_missing_handler(self, record: EventRecord) -> None:
+        error = no_handler_error(record)
         policy = self.on_missing_handler
         if policy == "skip":
             logger.warning("%s: event %r skipped: %s", self.name, record.id, error)
-            return Outcome(record, "completed", error=error)
-        if policy == "retry":
+        elif policy == "retry":
             logger.warning("%s: event %r: %s (will retry)", self.name, record.id, error)
-            return self._failure(record, error)
-        logger.error("%s: event %r marked failed: %s", self.name, record.id, error)
-        return Outcome(record, "failed", error=error)
+        else:
+            logger.error("%s: event %r marked failed: %s", self.name, record.id, error)
 
     def _record(self, outcome: Outcome, ok: bool) -> None:
         """Count a stored (or refused) outcome and call the hooks."""
