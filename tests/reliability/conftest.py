@@ -29,9 +29,13 @@ def hsettings(**kwargs: Any) -> settings:
     return settings(**kwargs)
 
 
-def scan_all(client: Any, table: str, ignore_prefix: str | None = None) -> list[dict[str, Any]]:
+def scan_all(
+    client: Any, table: str, ignore_prefix: str | None = None, *, namespace: str | None = None
+) -> list[dict[str, Any]]:
     """Every item of ``table`` (all pages), sorted, for before/after comparisons; items whose
-    ``pk`` starts with ``ignore_prefix`` are left out."""
+    ``pk`` starts with ``ignore_prefix`` are left out, and with ``namespace`` only that
+    namespace's items are kept (the session table holds other tests' items, which DynamoDB
+    Local's TTL sweeper may delete in the middle of a slow test)."""
     items: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
     while True:
@@ -43,6 +47,8 @@ def scan_all(client: Any, table: str, ignore_prefix: str | None = None) -> list[
         kwargs["ExclusiveStartKey"] = last
     if ignore_prefix is not None:
         items = [item for item in items if not item["pk"]["S"].startswith(ignore_prefix)]
+    if namespace is not None:
+        items = [item for item in items if item["pk"]["S"].split("#")[1:2] == [namespace]]
     # An outbox namespace's shard record is configuration, written once before its first
     # publish (so workers poll every shard a publisher uses), not data a failed write leaves.
     items = [item for item in items if item["sk"]["S"] != "SHARDS"]

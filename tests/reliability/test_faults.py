@@ -197,7 +197,7 @@ def test_throttling_and_server_errors_are_retried(faulty, fault):
 def test_persistent_throttling_surfaces_as_backend_error_and_writes_nothing(faulty, fault):
     make, faults, clean = faulty
     backend = make()
-    before = scan_all(clean, backend.table_name)
+    before = scan_all(clean, backend.table_name, namespace=backend.namespace)
     faults.inject("UpdateItem", *[fault] * 10)
     faults.inject("PutItem", *[fault] * 10)
     with pytest.raises(BackendError) as err:
@@ -212,7 +212,7 @@ def test_persistent_throttling_surfaces_as_backend_error_and_writes_nothing(faul
     with pytest.raises(BackendError):
         backend.outbox.publish(Event("e", 1))
     faults.plan.clear()
-    assert scan_all(clean, backend.table_name) == before
+    assert scan_all(clean, backend.table_name, namespace=backend.namespace) == before
 
 
 # -- cache batches ------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_transaction_cancelled_with_mixed_reasons_writes_nothing(faulty):
     existing = {"pk": f"BIZ#{backend.namespace}#1", "sk": "ORDER", "state": "new"}
     with backend.transaction() as tx:
         tx.put(table, existing)
-    before = scan_all(clean, table)
+    before = scan_all(clean, table, namespace=backend.namespace)
     event = Event("order.paid", {"order": 1})
     with pytest.raises(TransactionCancelledError) as err:
         with backend.transaction() as tx:
@@ -376,7 +376,7 @@ def test_transaction_cancelled_with_mixed_reasons_writes_nothing(faulty):
     assert codes[0] == "ConditionalCheckFailed"
     assert set(codes[1:]) <= {"None", None}
     assert "update" in str(err.value)
-    assert scan_all(clean, table) == before
+    assert scan_all(clean, table, namespace=backend.namespace) == before
     assert backend.outbox.get(event.id) is None
 
 
@@ -400,7 +400,7 @@ def test_publish_cancelled_by_a_conflict_raises_and_writes_nothing(faulty):
     make, faults, clean = faulty
     backend = make()
     outbox = backend.outbox
-    before = scan_all(clean, backend.table_name)
+    before = scan_all(clean, backend.table_name, namespace=backend.namespace)
     events = [Event("e", 1), Event("e", 2)]
     faults.inject(
         "TransactWriteItems",
@@ -409,7 +409,7 @@ def test_publish_cancelled_by_a_conflict_raises_and_writes_nothing(faulty):
     with pytest.raises(TransactionCancelledError) as err:
         outbox.publish(events)
     assert [r.get("Code") for r in err.value.reasons] == ["None", "TransactionConflict"]
-    assert scan_all(clean, backend.table_name) == before
+    assert scan_all(clean, backend.table_name, namespace=backend.namespace) == before
     assert outbox.publish(events) == [e.id for e in events]  # a plain retry then succeeds
     assert outbox.stats().pending == 2
 
