@@ -18,6 +18,7 @@ After the first request the check costs nothing: :class:`VerifiedTable` puts its
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from ..._table_schema import (
@@ -46,8 +47,19 @@ _CLIENT_METHODS = (
 )
 
 
-#: one first-use table check at a time in this process
-_FIRST_CHECK = threading.Lock()
+#: the lock of each (client, table)'s first-use check: one check at a time per table
+_first_checks: weakref.WeakKeyDictionary[Any, dict[str, threading.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+_first_checks_guard = threading.Lock()
+
+
+def _first_check_lock(client: Any, table: str) -> threading.Lock:
+    with _first_checks_guard:
+        try:
+            return _first_checks.setdefault(client, {}).setdefault(table, threading.Lock())
+        except TypeError:  # a client that cannot be weakly referenced: no shared lock
+            return threading.Lock()
 
 
 class TableConfigurationError(ConfigurationError):
@@ -183,7 +195,7 @@ class VerifiedTable(DynamoTable):
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         # Threads making their first calls at once (concurrent invocations) wait for one
         # check instead of each sending its own DescribeTable.
-        with _FIRST_CHECK:
+        with _first_check_lock(self._raw_client, self.name):
             if not is_verified(self._raw_client, self.name, self.layout):
                 check_table(self._raw_client, self.name, self.layout)
         self.__dict__.pop("call", None)
