@@ -30,6 +30,7 @@ from hypothesis.stateful import rule
 from dynacoord._clock import now_ms
 from dynacoord.outbox import EventRecord
 from dynacoord.outbox.stream import StreamHandler
+from tests.reliability.conftest import STRESS_SCALE
 from tests.reliability.test_model_delivery import (
     LEASE_MS,
     MAX_EVENTS,
@@ -245,12 +246,13 @@ def make_relay_machine(make: Callable[..., Any], lose_next: Any, kind: str) -> t
     return RelayModel
 
 
-def run_relay_model(make: Callable[..., Any], lose_next: Any, kind: str) -> None:
+def run_relay_model(make: Callable[..., Any], lose_next: Any, kind: str, scale: int = 1) -> None:
     examples, steps = RELAY_BUDGET[kind]
     run_delivery_model(
         make,
         lose_next,
         kind,
+        scale=scale,
         machine=make_relay_machine(make, lose_next, kind),
         budget=(examples, steps),
     )
@@ -265,3 +267,11 @@ def test_relay_model(lossy: Any) -> None:
     """On DynamoDB Local (the relay's writes are conditional PartiQL batches or single
     updates there), with lost responses."""
     run_relay_model(lossy.backend, lossy.lose_next, "dynamodb")
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
+def test_stress_relay_model(lossy: Any) -> None:
+    """``make stress``: the relay model with STRESS_SCALE times the examples."""
+    run_relay_model(lossy.backend, lossy.lose_next, "dynamodb", scale=STRESS_SCALE)
