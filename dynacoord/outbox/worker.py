@@ -145,29 +145,58 @@ class _LeaseKeeper(threading.Thread):
             self.join()
 
 
-# Worker i of a process starts on shard (offset + i) % shards: workers of one process spread
-# over the shards, and processes spread by their random offset.
-_PROCESS_OFFSET = random.randrange(1 << 16)
-_worker_numbers = itertools.count()
-
-# Workers of one process take turns to poll and claim from the same store and home shard: the
-# claim takes the events out of the due queue before the next worker reads it, so threads of
-# one process never claim over each other (measured on Redis, which has one queue: a fifth of
-# the polls of 4 threads came back empty without it).
-_poll_turns: weakref.WeakKeyDictionary[Any, dict[int, threading.Lock]] = weakref.WeakKeyDictionary()
-_poll_turns_guard = threading.Lock()
-
-
 _ZOMBIE_TURN = -1  # the turn key of the expired-lease scan (shards are 0, 1, ...)
 
 
-def _poll_turn(store: Any, shard: int) -> threading.Lock:
-    with _poll_turns_guard:
-        try:
-            by_shard = _poll_turns.setdefault(store, {})
-        except TypeError:  # a store that cannot be weakly referenced: no shared turn
+class _WorkerGroup:
+    """The workers of this process that deliver from one store: their shard spread and their
+    turns at its queues.
+
+    Worker i of a group starts on shard (offset + i) % shards: the workers of one process
+    spread over the shards, and processes spread by their random offsets.
+
+    Its workers take turns to poll and claim from the same home shard: the claim takes the
+    events out of the due queue before the next worker reads it, so threads of one process
+    never claim over each other (measured on Redis, which has one queue: a fifth of the polls
+    of 4 threads came back empty without it). ``shared_turns=False``: a fresh lock at each
+    ask, so no turn is shared (the group of stores that cannot be weakly referenced)."""
+
+    def __init__(self, *, shared_turns: bool = True) -> None:
+        self.offset = random.randrange(1 << 16)
+        self._numbers = itertools.count()
+        self._shared_turns = shared_turns
+        self._turns: dict[int, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def join(self) -> int:
+        """The number of a new worker of the group (0, 1, ...)."""
+        return next(self._numbers)
+
+    def turn(self, shard: int) -> threading.Lock:
+        """The turn at ``shard``'s queue (``_ZOMBIE_TURN``: at the expired-lease scan)."""
+        if not self._shared_turns:
             return threading.Lock()
-        return by_shard.setdefault(shard, threading.Lock())
+        with self._guard:
+            return self._turns.setdefault(shard, threading.Lock())
+
+
+# One group per store (held while the store lives), so that every worker made on a store, by
+# any Outbox or thread of the process, takes its turns with the others.
+_groups: weakref.WeakKeyDictionary[Any, _WorkerGroup] = weakref.WeakKeyDictionary()
+_groups_guard = threading.Lock()
+# Stores that cannot be weakly referenced share this one: its numbers spread them, no turns.
+_UNSHARED = _WorkerGroup(shared_turns=False)
+
+
+def _group_of(store: Any) -> _WorkerGroup:
+    with _groups_guard:
+        try:
+            group = _groups.get(store)
+            if group is None:
+                group = _groups[store] = _WorkerGroup()
+        except TypeError:  # a store that cannot be weakly referenced
+            return _UNSHARED
+        return group
 
 
 class OutboxWorker:
@@ -230,6 +259,7 @@ class OutboxWorker:
         on_error: Callable[[Event, Exception], Any] | None = None,
         on_failed: Callable[[Event], Any] | None = None,
         leave_new_for: float = 0.0,
+        _group: _WorkerGroup | None = None,
     ) -> None:
         if isinstance(handlers, Mapping):
             for event_type, handler in handlers.items():
@@ -281,7 +311,10 @@ class OutboxWorker:
         # there can deadlock on the lock the interrupted main thread holds inside Event.wait().
         self._stop_requested = False
         self._external_stop: threading.Event | None = None
-        self._number = next(_worker_numbers)
+        # The workers it takes turns with, and its place among them (internal: by default the
+        # group of every worker of this process on the same store).
+        self._group = _group_of(store) if _group is None else _group
+        self._number = self._group.join()
         self._shards = 0  # read from the store at the first poll
         self._next_zombie_scan_ms = 0
         # Added to the home shard after a poll that found events but claimed none (all taken,
@@ -411,7 +444,7 @@ class OutboxWorker:
             # at the next poll (a dead worker's whole batch is drained at once). Workers of one
             # process take turns to scan, so they do not claim the same zombies.
             if turns is not None:
-                scan_turn = _poll_turn(self._store, _ZOMBIE_TURN)
+                scan_turn = self._group.turn(_ZOMBIE_TURN)
                 scan_turn.acquire()
                 turns.append(scan_turn)
             self._shards = max(1, self._store.refresh_shards())
@@ -424,13 +457,13 @@ class OutboxWorker:
             if full:
                 return found
         shards = self._shards
-        home = (_PROCESS_OFFSET + self._number + self._shard_skew) % shards
+        home = (self._group.offset + self._number + self._shard_skew) % shards
         # The worker's own shard first; the next ones only while its own has fewer due events
         # than a batch, so busy workers of one process never race for the same queue head.
         for i in range(shards):
             shard = (home + i) % shards
             if turns is not None:
-                turn = _poll_turn(self._store, shard)
+                turn = self._group.turn(shard)
                 if not turn.acquire(blocking=i == 0):
                     continue  # a sibling is claiming from that queue right now
                 turns.append(turn)

@@ -153,7 +153,6 @@ def test_a_blocked_follower_on_the_home_shard_does_not_starve_its_head(ddb_table
     head's shard: the group never moved. A poll that claims nothing starts the next one at the
     next shard."""
     from dynacoord.keys import shard_of
-    from dynacoord.outbox import worker as worker_module
     from tests.conftest import _dynamodb_factory
 
     client, table = ddb_table
@@ -176,7 +175,7 @@ def test_a_blocked_follower_on_the_home_shard_does_not_starve_its_head(ddb_table
     )
     worker._shards = worker._store.refresh_shards()  # 8, as its first poll reads
     # Its home is shard 0, where its own postpone (one shard of its own) puts the follower.
-    worker._shard_skew = (0 - worker_module._PROCESS_OFFSET - worker._number) % 8
+    worker._shard_skew = (0 - worker._group.offset - worker._number) % 8
     for _ in range(20):
         worker.run_once()
         clock.advance(LEASE)
