@@ -82,8 +82,10 @@ def test_table_create_verify_delete(
 
 
 def test_table_verify_lists_the_problems_of_a_wrong_table(
-    run: Run, local: list[str], dynamodb_local: DynamoDBLocal
+    run: Run, own_dynamodb_local: DynamoDBLocal
 ) -> None:
+    dynamodb_local = own_dynamodb_local
+    local = ["--endpoint-url", dynamodb_local.endpoint_url, "--region", "us-east-1"]
     name = unique_name("bad")
     client = dynamodb_local.client()
     request = table_definition(name)

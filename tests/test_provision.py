@@ -19,7 +19,7 @@ from dynacoord.provision import (
     table_definition,
     verify_table,
 )
-from dynacoord.testing import DUMMY_CREDENTIALS, unique_name
+from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, unique_name
 
 ARN = "arn:aws:dynamodb:eu-west-1:123456789012:table/dynacoord"
 
@@ -269,8 +269,9 @@ def test_iam_policy_bad_input(
 
 
 def test_ensure_table_adds_a_missing_index_to_an_existing_table(
-    dynamodb_local_client: Any,
+    own_dynamodb_local: DynamoDBLocal,
 ) -> None:
+    dynamodb_local_client = own_dynamodb_local.client()
     name = unique_name("gsi")
     request = table_definition(name)
     del request["GlobalSecondaryIndexes"]
