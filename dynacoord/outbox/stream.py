@@ -2,23 +2,29 @@
 
 ``backend.outbox.stream_handler(handlers)`` returns a Lambda handler for DynamoDB Streams events.
 A publish inserts the event item; the stream hands its new image to the relay within about a
-second, with no polling cost. The relay then delivers it exactly as a polling worker would: it
-**claims** the event (the worker's conditional write with a fresh lease token), runs the handler
-and stores the outcome, all conditional on that token.
+second, with no polling cost. By default the relay delivers a new event with **one write**: it
+reads the batch's events once (a consistent ``BatchGetItem``), runs the handler of each one still
+pending with no attempt, and stores the outcome conditional on the event still being as it read
+it (pending, unclaimed, the same attempts and due time). With ``claim=True`` it delivers exactly
+as a polling worker would: it **claims** the event (a conditional write with a fresh lease
+token, kept alive by the heartbeat), runs the handler and stores the outcome under that token.
 
-The races the claim closes:
+The races, and what closes them:
 
-* The relay and a polling worker (or the sweeper) see the same new event: both claim it with a
-  conditional write on its status, due time and lease token; exactly one wins and delivers it, the
-  other skips it. Nothing else coordinates them.
+* The relay and the sweeper see the same new event. Without a claim: the relay owns a new
+  event for one lease after it became due, and the sweeper's worker leaves new unordered events
+  alone that long (``leave_new_for``); the relay handles an event only while that lease has a
+  second left, and its outcome is refused once anyone else moved the event. With claims: both
+  claim it with a conditional write on its status, due time and lease token; one wins.
 * Lambda retries a stream batch (the invocation timed out, a record was reported as failed, or a
-  batch was bisected): every event of the retried batch that was already delivered is
-  ``completed`` (or in flight under its claim), so its claim is refused and it is not delivered
-  again. An event whose handler failed was rescheduled with backoff; the retry sees it not due
-  and leaves it to the sweeper.
-* An ordered event (``Event(ordered=True)``) is claimed only when its group's earlier events are
-  delivered (the claim checks the group's gate, as a polling worker's does); one that waits is
-  left to the sweeper, which delivers the group in order.
+  batch was bisected): the read (or the claim) shows the events already delivered, and they are
+  not delivered again. An event whose handler failed was rescheduled with backoff (an attempt
+  counted): the retry leaves it to the sweeper.
+* An ordered event (``Event(ordered=True)``) is always claimed, and only when its group's earlier
+  events are delivered (the claim checks the group's gate, as a polling worker's does); one that
+  waits is left to the sweeper, which delivers the group in order.
+* Two relays handed the same records at the same time (not Lambda's way: it runs one batch per
+  stream shard at a time) may both run a handler without a claim; ``claim=True`` closes that.
 * A handler fails: the outcome is the outbox's own retry (backoff, then ``failed`` after
   ``max_attempts``), stored in the table, so the stream batch is not blocked and nothing is lost;
   a polling pass (the sweeper) picks the event up when it is due again.
