@@ -14,7 +14,8 @@ __all__ = ["INDEX_ACTIONS", "ITEM_ACTIONS", "METADATA_ACTIONS", "iam_policy", "n
 
 #: Item-level actions dynacoord uses on the table. TransactWriteItems / TransactGetItems have no
 #: IAM action of their own: each Put/Update/Delete/ConditionCheck/Get inside a transaction is
-#: authorized as PutItem/UpdateItem/DeleteItem/ConditionCheckItem/GetItem.
+#: authorized as PutItem/UpdateItem/DeleteItem/ConditionCheckItem/GetItem. BatchExecuteStatement
+#: (the outbox's conditional batches) is authorized per statement as PartiQLUpdate/PartiQLDelete.
 ITEM_ACTIONS = (
     "dynamodb:GetItem",
     "dynamodb:PutItem",
@@ -24,6 +25,8 @@ ITEM_ACTIONS = (
     "dynamodb:BatchGetItem",
     "dynamodb:BatchWriteItem",
     "dynamodb:ConditionCheckItem",
+    "dynamodb:PartiQLUpdate",
+    "dynamodb:PartiQLDelete",
 )
 #: Actions on the index gsi1 (listing: cache keys, outbox events, stalled runs).
 INDEX_ACTIONS = ("dynamodb:Query",)
