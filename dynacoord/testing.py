@@ -665,12 +665,9 @@ except ImportError:  # pragma: no cover - pytest is a dev dependency only
     pass
 else:
 
-    @pytest.fixture(scope="session")
-    def dynamodb_local() -> Iterator[DynamoDBLocal]:
-        """One DynamoDB Local server (in memory, free port) for the test session.
-
-        Skipped when it cannot start, except under ``CI=true`` where that is a failure.
-        """
+    def dynamodb_local_for_tests() -> Iterator[DynamoDBLocal]:
+        """A DynamoDB Local server (in memory, free port) for the life of a fixture: skipped
+        when it cannot start, except under ``CI=true`` where that is a failure."""
         server = DynamoDBLocal()
         try:
             server.start()
@@ -682,6 +679,14 @@ else:
             yield server
         finally:
             server.stop()
+
+    @pytest.fixture(scope="session")
+    def dynamodb_local() -> Iterator[DynamoDBLocal]:
+        """One DynamoDB Local server (in memory, free port) for the test session.
+
+        Skipped when it cannot start, except under ``CI=true`` where that is a failure.
+        """
+        yield from dynamodb_local_for_tests()
 
     @pytest.fixture(scope="session")
     def dynamodb_local_client(dynamodb_local: DynamoDBLocal) -> Any:

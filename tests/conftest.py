@@ -156,17 +156,9 @@ def own_dynamodb_local() -> Iterator[DynamoDBLocal]:
     to an existing table: on the session's server, after the whole suite's tables, DynamoDB
     Local left such an index CREATING for good (it builds indexes in the background; the same
     test passes on a fresh server in a second)."""
-    server = DynamoDBLocal()
-    try:
-        server.start()
-    except Exception as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"DynamoDB Local is required under CI=true: {exc}")
-        pytest.skip(f"DynamoDB Local unavailable: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
+    from dynacoord.testing import dynamodb_local_for_tests
+
+    yield from dynamodb_local_for_tests()
 
 
 @pytest.fixture()
