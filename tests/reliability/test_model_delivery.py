@@ -152,15 +152,19 @@ class GatedStore:
         self, outcomes: Sequence[Outcome], now: int, retention_ms: int | None
     ) -> list[bool]:
         written: list[bool] = self._call("finish_many", outcomes, now, retention_ms)
+        self.stored(outcomes, written)
+        return written
+
+    def stored(self, outcomes: Sequence[Outcome], written: Sequence[bool], how: str = "") -> None:
+        """Tell the model which outcomes were written: the events are no longer held."""
         for outcome, ok in zip(outcomes, written, strict=True):
             self._actor.held.pop(outcome.record.id, None)
             self._actor.machine.log(
                 outcome.record.id,
-                f"{outcome.kind} by {self._actor.name}: {'ok' if ok else 'refused'}",
+                f"{outcome.kind} by {self._actor.name}{how}: {'ok' if ok else 'refused'}",
             )
             if ok and outcome.kind == "failed":
                 self._actor.machine.ever_failed.add(outcome.record.id)
-        return written
 
 
 class Actor:

@@ -60,14 +60,7 @@ class RelayWorker(ModelWorker):
 class RelayStore(GatedStore):
     def settle_unclaimed(self, settled: Any, now: int, retention_ms: int | None) -> list[bool]:
         written: list[bool] = self._call("settle_unclaimed", settled, now, retention_ms)
-        for (_, outcome), ok in zip(settled, written, strict=True):
-            self._actor.held.pop(outcome.record.id, None)
-            self._actor.machine.log(
-                outcome.record.id,
-                f"{outcome.kind} by {self._actor.name} (relay): {'ok' if ok else 'refused'}",
-            )
-            if ok and outcome.kind == "failed":
-                self._actor.machine.ever_failed.add(outcome.record.id)
+        self.stored([outcome for _, outcome in settled], written, " (relay)")
         return written
 
 
