@@ -508,11 +508,11 @@ class DynamoDBLocal:
 
     def env(self) -> dict[str, str]:
         """Environment variables that point boto3 (``AWS_ENDPOINT_URL_DYNAMODB`` and, for
-        stream readers, ``AWS_ENDPOINT_URL_DYNAMODBSTREAMS``) and the dynacoord CLI at this
+        stream readers, ``AWS_ENDPOINT_URL_DYNAMODB_STREAMS``) and the dynacoord CLI at this
         server, with the credentials and region the fixtures use."""
         return {
             "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint_url,
-            "AWS_ENDPOINT_URL_DYNAMODBSTREAMS": self.endpoint_url,
+            "AWS_ENDPOINT_URL_DYNAMODB_STREAMS": self.endpoint_url,
             "DYNACOORD_ENDPOINT_URL": self.endpoint_url,
             "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS["aws_access_key_id"],
             "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS["aws_secret_access_key"],

@@ -85,7 +85,7 @@ def test_the_local_endpoint_variable_reaches_dynamodb_but_not_cloudformation(
 def test_local_start_prints_the_streams_endpoint_too() -> None:
     server = DynamoDBLocal(port=8123, jar_dir=Path("/nonexistent"))
     env = server.env()
-    assert env["AWS_ENDPOINT_URL_DYNAMODBSTREAMS"] == "http://127.0.0.1:8123"
+    assert env["AWS_ENDPOINT_URL_DYNAMODB_STREAMS"] == "http://127.0.0.1:8123"
     assert env["AWS_ENDPOINT_URL_DYNAMODB"] == "http://127.0.0.1:8123"
 
 
