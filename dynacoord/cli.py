@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import __version__
-from ._cli.common import Context, UsageError, emit, error_line
+from ._cli.common import CommandFailed, Context, UsageError, emit, error_line
 
 __all__ = ["build_parser", "main"]
 
@@ -131,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dynacoord: error: interrupted", file=sys.stderr)
         return 130
+    except CommandFailed as exc:
+        emit(ctx, exc.result)
+        print(error_line(exc), file=sys.stderr)
+        return 1
     except Exception as exc:
         code, line = _failure(exc)
         print(line, file=sys.stderr)

@@ -42,11 +42,18 @@ def test_stats_work_once_and_show(env):
     assert code == 0 and sorted(e["id"] for e in json.loads(out)) == ["c1", "c2"]
 
     code, out, _ = run(
-        "--json", "outbox", "work", "--once", "--handler", "a=tests.test_cli_outbox:record"
+        "--json",
+        "outbox",
+        "work",
+        "--once",
+        "--handler",
+        "a=tests.test_cli_outbox:record",
+        "--on-missing-handler",
+        "fail",
     )
-    assert code == 0
+    assert code == 1  # an event was marked failed
     result = json.loads(out)
-    # c1 delivered; c2 has no handler: failed by the default policy
+    # c1 delivered; c2 has no handler: failed, as asked
     assert result["handled"] == 2 and result["delivered"] == 1 and result["failed"] == 1
     assert [e.id for e in RECEIVED] == ["c1"]
 
@@ -68,7 +75,7 @@ def test_failed_and_retry(env):
         "--handler",
         "tests.test_cli_outbox:explode",
     )
-    assert code == 0
+    assert code == 1  # marked failed
     code, out, _ = run("--json", "outbox", "failed")
     failed = json.loads(out)
     assert [f["id"] for f in failed] == ["f1"]
@@ -136,7 +143,7 @@ def test_work_per_event_claims_one_event_per_request(env, monkeypatch):
         "--once",
         "--per-event",
         "--handler",
-        "a=tests.test_cli_outbox:record",
+        "tests.test_cli_outbox:record",
     )
     assert code == 0 and json.loads(out)["delivered"] == 3
     assert sorted(e.id for e in RECEIVED) == ["pe0", "pe1", "pe2"]

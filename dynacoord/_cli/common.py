@@ -22,7 +22,14 @@ class UsageError(Exception):
 
 
 class CommandFailed(Exception):  # noqa: N818 (a CLI outcome, not a library error)
-    """The command ran and its answer is "no" (absent key, lock held, ...): exit code 1."""
+    """The command ran and its answer is "no" (absent key, lock held, ...): exit code 1.
+
+    ``result``, when given, is printed on stdout as a successful command's would be (the counts
+    of an ``outbox work --once`` that marked events failed), before the error line."""
+
+    def __init__(self, message: str, *, result: Any = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 @dataclasses.dataclass

@@ -64,12 +64,19 @@ def register(subparsers: Any) -> None:
     work.add_argument("--lease", type=float, default=30.0, help="claim lease in seconds")
     work.add_argument("--max-attempts", type=int, default=5)
     work.add_argument("--poll-interval", type=float, default=1.0)
-    work.add_argument("--on-missing-handler", choices=("fail", "retry", "skip"), default="fail")
+    work.add_argument(
+        "--on-missing-handler",
+        choices=("fail", "retry", "skip"),
+        default=None,
+        help="what becomes of an event whose type no --handler names: fail it at once, retry it "
+        "(backoff; its attempts count, then failed) or skip it (completed, not delivered); "
+        "required when every --handler names a TYPE (no catch-all handler)",
+    )
     work.add_argument(
         "--per-event",
         action="store_true",
-        help="claim and complete one event per request (batch_claim=False: fewer write units "
-        "per event on DynamoDB, more requests)",
+        help="claim and complete one event per request (batch_claim=False: more requests, "
+        "the same write units per event on DynamoDB)",
     )
 
 
@@ -166,6 +173,16 @@ def _handlers(ctx: Context) -> Any:
         if event_type in mapping:
             raise UsageError(f"two handlers for event type {event_type!r}")
         mapping[event_type] = _import(target)
+    if "*" not in mapping and args.on_missing_handler is None:
+        # The worker claims due events of every type; with handlers for some types only, the
+        # others would be failed (or retried, or completed undelivered) by whatever default
+        # applied. None leaves them alone, so the operator chooses before anything is claimed.
+        named = ", ".join(sorted(mapping))
+        raise UsageError(
+            f"handlers for {named} only: events of other types would be claimed too; add "
+            "--on-missing-handler fail|retry|skip (or a catch-all --handler MODULE:FUNCTION); "
+            "nothing was claimed"
+        )
     return mapping
 
 
@@ -178,7 +195,7 @@ def _work(ctx: Context) -> Any:
         lease=args.lease,
         max_attempts=args.max_attempts,
         poll_interval=args.poll_interval,
-        on_missing_handler=args.on_missing_handler,
+        on_missing_handler=args.on_missing_handler or "fail",
         batch_claim=not args.per_event,
     )
     if args.once:
@@ -195,10 +212,19 @@ def _work(ctx: Context) -> Any:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         handled = worker.delivered + worker.retried + worker.failed + worker.lost
-    return {
+    result = {
         "handled": handled,
         "delivered": worker.delivered,
         "retried": worker.retried,
         "failed": worker.failed,
         "lost_leases": worker.lost,
     }
+    if args.once and worker.failed:
+        # A cron job's exit status is its alarm: a run that gave up on events is not a success.
+        # (The loop's failures are in its log and in `outbox failed`; a stop exits 0.)
+        raise CommandFailed(
+            f"outbox work marked {worker.failed} event(s) failed (see `dynacoord outbox "
+            "failed`, retry with `dynacoord outbox retry`)",
+            result=result,
+        )
+    return result
