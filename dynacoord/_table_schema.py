@@ -28,6 +28,7 @@ __all__ = [
     "key_schema_problems",
     "mark_verified",
     "schema_problems",
+    "ttl_problem",
 ]
 
 GSI_NAME = "gsi1"
@@ -339,6 +340,31 @@ def schema_problems(
 #: default is (table name, layout))
 _verified: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
 _verified_lock = threading.Lock()
+
+
+def ttl_problem(description: Mapping[str, Any], layout: TableLayout) -> str | None:
+    """What is wrong with a ``DescribeTimeToLive`` answer's ``TimeToLiveDescription`` for
+    ``layout`` (None: TTL is on the layout's ``ttl``). TTL on another attribute is the
+    application's: the fix is the layout's ``ttl`` name, never turning that TTL off."""
+    status = description.get("TimeToLiveStatus", "DISABLED")
+    if status not in ("ENABLED", "ENABLING"):
+        return (
+            f"TTL is {status}, expected enabled on attribute {layout.ttl!r} (expired items "
+            "are never garbage-collected; ensure_table or `dynacoord table create` enables it)"
+        )
+    other = str(description.get("AttributeName"))
+    if other == layout.ttl:
+        return None
+    fixed = dataclasses.replace(layout, ttl=other)
+    changed = json.loads(fixed.to_json())
+    arguments = ", ".join(f"{name}={value!r}" for name, value in changed.items())
+    return (
+        f"TTL is enabled on attribute {other!r}, expected {layout.ttl!r} (dynacoord's items "
+        f"are never garbage-collected): give dynacoord that attribute, TableLayout({arguments}) "
+        f"from Python, --table-layout '{fixed.to_json()}' (or DYNACOORD_TABLE_LAYOUT) on the "
+        f"command line, TtlAttribute={other} for the stack; keep your TTL on (turning it off "
+        "would stop your own items expiring)"
+    )
 
 
 def _entry(table_name: str, layout: TableLayout) -> Any:

@@ -75,11 +75,12 @@ def test_verify_reports_wrong_types_projection_and_ttl_attribute(moto_ddb: Any) 
         TableName="odd", TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires"}
     )
     problems = verify_table(moto_ddb, "odd")
-    assert problems == [
+    assert problems[:2] == [
         "table key attribute 'sk' has type N, expected S",
         "index gsi1 projection is KEYS_ONLY, expected ALL",
-        "TTL is enabled on attribute 'expires', expected 'ttl'",
     ]
+    assert problems[2].startswith("TTL is enabled on attribute 'expires', expected 'ttl'")
+    assert "TableLayout(ttl='expires')" in problems[2]
 
 
 def test_verify_reports_an_index_with_other_keys(moto_ddb: Any) -> None:
@@ -297,7 +298,7 @@ def test_ensure_table_refuses_to_move_ttl_from_another_attribute(moto_ddb: Any) 
     moto_ddb.update_time_to_live(
         TableName="otherttl", TimeToLiveSpecification={"Enabled": True, "AttributeName": "exp"}
     )
-    with pytest.raises(TableNotReadyError, match="TTL on attribute 'exp'"):
+    with pytest.raises(TableNotReadyError, match="TTL is enabled on attribute 'exp'"):
         ensure_table(moto_ddb, "otherttl")
     ttl = moto_ddb.describe_time_to_live(TableName="otherttl")["TimeToLiveDescription"]
     assert ttl["AttributeName"] == "exp"

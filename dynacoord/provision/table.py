@@ -22,6 +22,7 @@ from .._table_schema import (
     key_schema_problems,
     mark_verified,
     schema_problems,
+    ttl_problem,
 )
 from ..errors import BackendError, ConfigurationError, TableNotReadyError
 from ._aws import Progress, Refusal, call, noop, request, wait_for
@@ -117,7 +118,7 @@ def create_table(
     mark_verified(client, table_name, layout)
     if wait:
         _wait_active(client, table_name, progress, clock=clock)
-    _enable_ttl(client, table_name, progress, layout.ttl)
+    _enable_ttl(client, table_name, progress, layout)
 
 
 def ensure_table(
@@ -177,7 +178,7 @@ def ensure_table(
             )
     if not created and _add_missing_index(client, table, progress, options, layout):
         _wait_active(client, table_name, progress, timeout=timeout, clock=clock)
-    _enable_ttl(client, table_name, progress, layout.ttl)
+    _enable_ttl(client, table_name, progress, layout)
     return created
 
 
@@ -272,9 +273,8 @@ def _wait_active(
     )
 
 
-def _enable_ttl(
-    client: Any, table_name: str, progress: Progress, attribute: str = TTL_ATTRIBUTE
-) -> None:
+def _enable_ttl(client: Any, table_name: str, progress: Progress, layout: TableLayout) -> None:
+    attribute = layout.ttl
     status = request(
         client,
         "describe_time_to_live",
@@ -287,11 +287,10 @@ def _enable_ttl(
     ):
         return
     if status.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
-        # DynamoDB allows one TTL attribute per table; switching it is the owner's decision.
+        # DynamoDB allows one TTL attribute per table and the application's items expire by it:
+        # dynacoord takes that attribute (its layout's ttl), never the other way round.
         raise TableNotReadyError(
-            f"table {table_name!r} has TTL on attribute {status.get('AttributeName')!r}; "
-            f"dynacoord needs it on {attribute!r} (disable the other TTL first)",
-            table_name=table_name,
+            f"table {table_name!r}: {ttl_problem(status, layout)}", table_name=table_name
         )
     progress(f"enabling TTL on {table_name}.{attribute} ...")
     request(
@@ -328,7 +327,6 @@ def verify_table(client: Any, table_name: str, *, layout: TableLayout | None = N
     :class:`~dynacoord.errors.BackendError`.
     """
     layout = _layout(layout)
-    ttl_attribute = layout.ttl
     table = _describe(client, table_name)
     if isinstance(table, Refusal):
         return [f"table {table_name!r} does not exist"]
@@ -341,18 +339,9 @@ def verify_table(client: Any, table_name: str, *, layout: TableLayout | None = N
         f"read TTL settings of {table_name!r}",
         TableName=table_name,
     )["TimeToLiveDescription"]
-    ttl_status = ttl.get("TimeToLiveStatus", "DISABLED")
-    if ttl_status in ("ENABLED", "ENABLING"):
-        if ttl.get("AttributeName") != ttl_attribute:
-            problems.append(
-                f"TTL is enabled on attribute {ttl.get('AttributeName')!r}, "
-                f"expected {ttl_attribute!r}"
-            )
-    else:
-        problems.append(
-            f"TTL is {ttl_status}, expected enabled on attribute {ttl_attribute!r} "
-            "(expired items are never garbage-collected; ensure_table enables it)"
-        )
+    problem = ttl_problem(ttl, layout)
+    if problem is not None:
+        problems.append(problem)
     return problems
 
 

@@ -17,6 +17,7 @@ After the first request the check costs nothing: :class:`VerifiedTable` puts its
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from typing import Any
@@ -27,12 +28,15 @@ from ..._table_schema import (
     is_verified,
     mark_verified,
     schema_problems,
+    ttl_problem,
 )
 from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
 from ._table import DynamoTable
 
 __all__ = ["TableConfigurationError", "VerifiedTable", "check_client", "check_table"]
+
+logger = logging.getLogger(__name__)
 
 #: the operations the stores call on the client, and DescribeTable for the check
 _CLIENT_METHODS = (
@@ -119,8 +123,10 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
     not exist or cannot hold dynacoord's items (in ``layout``'s names); remember a table that
     passed for this client.
 
-    A table or index still being created passes (its key schema is final); TTL is not checked
-    (off only means expired items are never swept: ``dynacoord table verify`` warns about it).
+    A table or index still being created passes (its key schema is final). TTL off or on
+    another attribute does not fail the check (reads treat expired items as absent; they are
+    just never swept): one DescribeTimeToLive after a passing schema logs a warning with the fix,
+    and a refused one (a role without ``dynamodb:DescribeTimeToLive``) is passed over.
     """
     if is_verified(client, table_name, layout):
         return
@@ -166,7 +172,22 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
             table_name=table_name,
             problems=problems,
         )
+    _warn_about_ttl(client, table_name, layout)
     mark_verified(client, table_name, layout)
+
+
+def _warn_about_ttl(client: Any, table_name: str, layout: TableLayout) -> None:
+    """Log, once per check, a table whose TTL would never sweep dynacoord's expired items."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        description = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
+    except (BotoCoreError, ClientError, KeyError) as exc:
+        logger.debug("TTL of table %r not read at first use: %s", table_name, exc)
+        return
+    problem = ttl_problem(description, layout)
+    if problem is not None:
+        logger.warning("DynamoDB table %r%s: %s", table_name, _where(client), problem)
 
 
 class VerifiedTable(DynamoTable):
