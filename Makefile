@@ -7,7 +7,7 @@ DDB_LOCAL_ROOT := .cache/dynamodb-local
 DDB_LOCAL_STAMP := $(DDB_LOCAL_ROOT)/.version-$(DDB_LOCAL_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: venv install dev demo test test-fast lint typecheck stress bench dynamodb-local redis-server clean
+.PHONY: venv install dev demo test test-fast lint typecheck stress bench mutate dynamodb-local redis-server clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ test-fast: dev
 
 stress: dev dynamodb-local redis-server
 	$(BIN)/python -m pytest -m stress $(PYTEST_ARGS)
+
+# Breaks each guard of tests/mutations/guards.toml in a copy of the tree and checks that its
+# tests fail (docs/testing.md); MUTATE_ARGS="--only ID" runs some of them.
+MUTATE_ARGS ?=
+mutate: dev dynamodb-local redis-server
+	$(BIN)/python -m tests.mutations.run $(MUTATE_ARGS)
 
 bench: dev dynamodb-local redis-server
 	$(BIN)/pip install --quiet -e '.[dev,redis,mongo,bench]'
