@@ -229,6 +229,20 @@ def test_outputs_are_exported_with_the_stack_name() -> None:
         "SweeperFunctionName": "HasRelay",
         "DeadLetterQueueUrl": "HasRelay",
         "AlarmTopicArn": "CreatesAlarmTopic",
+        # the alarms' names (dynacoord stack status, the runbook)
+        "TableThrottleAlarmName": "WantsAlarms",
+        **{
+            f"{alarm}Name": "WantsRelayAlarms"
+            for alarm in (
+                "RelayErrorAlarm",
+                "SweeperErrorAlarm",
+                "RelayThrottleAlarm",
+                "RelayLagAlarm",
+                "DeadLetterAlarm",
+            )
+        },
+        "OutboxLagAlarmName": "WantsLagAlarms",
+        "OutboxExpiredLeaseAlarmName": "WantsLagAlarms",
     }
     for key, output in outputs.items():
         if key in conditional:

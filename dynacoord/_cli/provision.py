@@ -1,5 +1,5 @@
 """``dynacoord table create|verify|delete``, ``dynacoord stack
-deploy|package|delete|outputs|template`` and ``dynacoord iam-policy``."""
+deploy|package|delete|outputs|status|template`` and ``dynacoord iam-policy``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, ConfigurationError, TableNotReadyError
-from .common import Context, UsageError, add_command, emit
+from .common import CommandFailed, Context, UsageError, add_command, emit
 
 
 def register(subparsers: Any) -> None:
@@ -137,7 +137,11 @@ def _register_stack(subparsers: Any) -> None:
     _bundle_options(package)
 
     delete = add_command(
-        sub, "delete", _stack_delete, "delete the stack (its table and key are kept)"
+        sub,
+        "delete",
+        _stack_delete,
+        "delete the stack; it keeps the table, a key it made, the relay's dead-letter queue and "
+        "log groups, and prints each with the command that removes it",
     )
     _stack_name_option(delete)
     delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
@@ -148,6 +152,15 @@ def _register_stack(subparsers: Any) -> None:
 
     outputs = add_command(sub, "outputs", _stack_outputs, "print the stack's outputs")
     _stack_name_option(outputs)
+
+    status = add_command(
+        sub,
+        "status",
+        _stack_status,
+        "print the stack's status, outputs and alarms with their state and what to run; exit 1 "
+        "when an alarm is in ALARM",
+    )
+    _stack_name_option(status)
 
     add_command(sub, "template", _stack_template, "print the bundled CloudFormation template")
 
@@ -429,15 +442,17 @@ def _stack_deploy(ctx: Context) -> Any:
 
 def _stack_delete(ctx: Context) -> Any:
     from ..errors import StackDeploymentError
-    from ..provision import delete_stack
+    from ..provision import delete_stack, retained_resources
 
     if not ctx.args.yes:
         raise UsageError(
-            f"stack delete removes stack {ctx.args.stack_name!r} (its table and key are kept): "
-            "add --yes"
+            f"stack delete removes stack {ctx.args.stack_name!r} (its table, key, dead-letter "
+            "queue and log groups are kept): add --yes"
         )
+    cfn = _aws_client(ctx, "cloudformation")
+    kept = retained_resources(cfn, ctx.args.stack_name)
     deleted = delete_stack(
-        _aws_client(ctx, "cloudformation"),
+        cfn,
         ctx.args.stack_name,
         wait=not ctx.args.no_wait,
         progress=ctx.progress,
@@ -449,13 +464,75 @@ def _stack_delete(ctx: Context) -> Any:
             stack_name=ctx.args.stack_name,
             events=[],
         )
-    return {"stack": ctx.args.stack_name, "deleted": True}
+    for resource in kept:
+        ctx.progress(
+            f"kept {resource.logical_id} ({resource.resource_type}) {resource.physical_id}: "
+            f"remove it with `{resource.remove_with}`"
+        )
+    return {
+        "stack": ctx.args.stack_name,
+        "deleted": True,
+        "kept": [
+            {
+                "logical_id": r.logical_id,
+                "type": r.resource_type,
+                "physical_id": r.physical_id,
+                "remove_with": r.remove_with,
+            }
+            for r in kept
+        ],
+    }
 
 
 def _stack_outputs(ctx: Context) -> Any:
     from ..provision import stack_outputs
 
     return stack_outputs(_aws_client(ctx, "cloudformation"), ctx.args.stack_name)
+
+
+def _stack_status(ctx: Context) -> Any:
+    from ..provision import stack_status
+
+    found = stack_status(
+        _aws_client(ctx, "cloudformation"), _aws_client(ctx, "cloudwatch"), ctx.args.stack_name
+    )
+    alarms = [
+        {
+            "alarm": a.logical_id,
+            "name": a.name,
+            "state": a.state,
+            "reason": a.reason,
+            "updated": a.updated,
+            "runbook": a.runbook,
+        }
+        for a in found.alarms
+    ]
+    result: dict[str, Any] = {
+        "stack": found.stack_name,
+        "status": found.status,
+        "outputs": found.outputs,
+        "alarms": alarms,
+    }
+    if found.status_reason:
+        result["status_reason"] = found.status_reason
+    lines = [f"stack: {found.stack_name} {found.status}"]
+    lines += [f"output {key}: {value}" for key, value in found.outputs.items()]
+    for a in found.alarms:
+        lines.append(f"alarm {a.logical_id}: {a.state} ({a.name})")
+        if a.state != "OK":
+            lines += [f"  reason: {a.reason}"] if a.reason else []
+            lines.append(f"  runbook: {a.runbook}")
+    if not found.alarms:
+        lines.append("alarms: none (Alarms=false, or an emulator that makes no alarms)")
+    output: Any = result if ctx.json else "\n".join(lines)
+    if found.alarming:
+        names = ", ".join(a.logical_id for a in found.alarming)
+        raise CommandFailed(
+            f"stack {found.stack_name}: {len(found.alarming)} alarm(s) in ALARM: {names} (the "
+            "runbook lines above say what to run; docs/deployment.md#runbook)",
+            result=output,
+        )
+    return output
 
 
 def _stack_template(ctx: Context) -> Any:

@@ -26,15 +26,21 @@ from __future__ import annotations
 from .bundle import RelayBundle, package_relay, upload_bundle
 from .iam import INDEX_ACTIONS, ITEM_ACTIONS, METADATA_ACTIONS, iam_policy
 from .stack import (
+    ALARM_RUNBOOK,
     STACK_PARAMETERS,
+    RetainedResource,
+    StackAlarm,
     StackDeployment,
     StackParameterValue,
+    StackStatus,
     check_stack_parameters,
     check_stack_rules,
     delete_stack,
     deploy_stack,
+    retained_resources,
     stack_outputs,
     stack_parameters,
+    stack_status,
     template_body,
     template_path,
 )
@@ -50,6 +56,7 @@ from .table import (
 )
 
 __all__ = [
+    "ALARM_RUNBOOK",
     "GSI_NAME",
     "INDEX_ACTIONS",
     "ITEM_ACTIONS",
@@ -57,8 +64,11 @@ __all__ = [
     "STACK_PARAMETERS",
     "TTL_ATTRIBUTE",
     "RelayBundle",
+    "RetainedResource",
+    "StackAlarm",
     "StackDeployment",
     "StackParameterValue",
+    "StackStatus",
     "check_stack_parameters",
     "check_stack_rules",
     "create_table",
@@ -69,8 +79,10 @@ __all__ = [
     "iam_policy",
     "is_warning",
     "package_relay",
+    "retained_resources",
     "stack_outputs",
     "stack_parameters",
+    "stack_status",
     "table_definition",
     "template_body",
     "template_path",

@@ -1,6 +1,6 @@
 """The bundled CloudFormation stack: its template, its parameters (checked here against the
 template's allowed values and ``Rules`` before anything is uploaded or sent), and deploy
-(create or update), delete, outputs.
+(create or update), delete (and what it keeps), outputs, and the status of the stack's alarms.
 
 Every CloudFormation request goes through :func:`._aws.call`; a refusal is a
 :class:`~dynacoord.errors.StackDeploymentError`. Waits poll on the caller's clock.
@@ -15,6 +15,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,23 @@ from .bundle import HANDLER_SPEC
 from .iam import namespace_list
 
 __all__ = [
+    "ALARM_RUNBOOK",
     "LAYOUT_PARAMETERS",
     "STACK_PARAMETERS",
+    "RetainedResource",
+    "StackAlarm",
     "StackDeployment",
     "StackParameterValue",
+    "StackStatus",
     "check_stack_parameters",
     "check_stack_rules",
     "delete_stack",
     "deploy_stack",
     "layout_parameters",
+    "retained_resources",
     "stack_outputs",
     "stack_parameters",
+    "stack_status",
     "template_body",
     "template_path",
 ]
@@ -806,3 +813,202 @@ def stack_parameters(cfn_client: Any, stack_name: str) -> dict[str, str] | None:
         str(p["ParameterKey"]): str(p.get("ParameterValue", ""))
         for p in stack.get("Parameters") or []
     }
+
+
+# --- what a deletion keeps, and the alarms --------------------------------------------------------
+
+
+def _template_resources(body: str) -> dict[str, dict[str, str]]:
+    """``{logical id: {"Type": ..., "DeletionPolicy": ...}}`` of the template's resources, read
+    from its text (the template is ours: two-space resource names, four-space properties)."""
+    resources: dict[str, dict[str, str]] = {}
+    section = body.split("\nResources:\n", 1)[1].split("\nOutputs:\n", 1)[0]
+    current: dict[str, str] | None = None
+    for line in section.splitlines():
+        name = re.match(r"^  ([A-Za-z0-9]+):\s*$", line)
+        if name:
+            current = resources.setdefault(name[1], {})
+            continue
+        attribute = re.match(r"^    (Type|DeletionPolicy):\s*(\S+)", line)
+        if attribute and current is not None:
+            current[attribute[1]] = attribute[2]
+    return resources
+
+
+#: how to remove what a stack deletion keeps, by resource type (``{id}``: its physical id)
+_REMOVE_WITH = {
+    "AWS::DynamoDB::Table": "dynacoord --table {id} table delete --yes "
+    "--disable-deletion-protection",
+    "AWS::KMS::Key": "aws kms schedule-key-deletion --key-id {id} --pending-window-in-days 30 "
+    "(only once the table it encrypts is deleted: without the key its data is unreadable)",
+    "AWS::SQS::Queue": "aws sqs delete-queue --queue-url {id}",
+    "AWS::Logs::LogGroup": "aws logs delete-log-group --log-group-name {id}",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetainedResource:
+    """A resource of the stack that its deletion keeps (``DeletionPolicy: Retain``)."""
+
+    logical_id: str
+    resource_type: str
+    #: the table name, the key ARN, the queue URL, the log group name
+    physical_id: str
+    #: the command that removes it once it is no longer wanted
+    remove_with: str
+
+
+def retained_resources(cfn_client: Any, stack_name: str) -> list[RetainedResource]:
+    """The resources of the stack that :func:`delete_stack` keeps: those the bundled template
+    marks ``DeletionPolicy: Retain`` (the table, a key it made, the relay's dead-letter queue and
+    both log groups), with their physical ids and the command that removes each. Empty when the
+    stack does not exist. One ``ListStackResources`` page per 100 resources."""
+    _check_stack_name(stack_name)
+    kept = {
+        logical: spec["Type"]
+        for logical, spec in _template_resources(template_body()).items()
+        if spec.get("DeletionPolicy") == "Retain"
+    }
+    if _describe_stack(cfn_client, stack_name) is None:
+        return []
+    found: list[RetainedResource] = []
+    token: str | None = None
+    while True:
+        page = _cfn(
+            cfn_client,
+            "list_stack_resources",
+            stack_name,
+            f"list the resources of stack {stack_name}",
+            StackName=stack_name,
+            **({"NextToken": token} if token else {}),
+        )
+        for summary in page.get("StackResourceSummaries") or []:
+            logical = str(summary.get("LogicalResourceId") or "")
+            physical = str(summary.get("PhysicalResourceId") or "")
+            if logical in kept and physical and summary.get("ResourceStatus") != "DELETE_COMPLETE":
+                found.append(
+                    RetainedResource(
+                        logical_id=logical,
+                        resource_type=kept[logical],
+                        physical_id=physical,
+                        remove_with=_REMOVE_WITH.get(kept[logical], "").format(id=physical),
+                    )
+                )
+        token = page.get("NextToken")
+        if not token:
+            return found
+
+
+#: What each alarm of the bundled template means and the first thing to run; docs/deployment.md's
+#: runbook has the rest (a test holds the two and the template to the same alarms).
+ALARM_RUNBOOK: dict[str, str] = {
+    "TableThrottleAlarm": "writes to the table are throttled: `dynacoord table verify`, then raise "
+    "WriteCapacity (PROVISIONED) or find the hot key (CloudWatch Contributor Insights)",
+    "RelayErrorAlarm": "relay invocations fail: read the relay's log group; events stay pending "
+    "and the sweeper delivers them (`dynacoord outbox stats`)",
+    "SweeperErrorAlarm": "sweeper invocations fail: read the sweeper's log group; nothing retries "
+    "failed events or expired leases meanwhile (`dynacoord outbox stats`)",
+    "RelayThrottleAlarm": "the relay is throttled (account or reserved concurrency): raise the "
+    "Lambda concurrency limit; the sweeper delivers meanwhile",
+    "RelayLagAlarm": "the relay reads the stream over 5 minutes late: relay errors or throttles, "
+    "or slow handlers (raise RelayBatchSize, RelayMemorySize)",
+    "DeadLetterAlarm": "stream batches reached the dead-letter queue: informational, their events "
+    "are still in the table and the sweeper delivers them; check `dynacoord outbox stats`, then "
+    "purge the queue",
+    "OutboxLagAlarm": "the oldest due event waits too long: `dynacoord outbox stats`, "
+    "`dynacoord outbox pending --due`, handler errors in the logs",
+    "OutboxExpiredLeaseAlarm": "a lease ran out without an outcome (workers dying or frozen): "
+    "`dynacoord outbox stats`, the functions' timeouts and memory, `dynacoord outbox show ID`",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackAlarm:
+    """One alarm of the stack and its CloudWatch state."""
+
+    logical_id: str
+    name: str
+    #: ``OK``, ``ALARM``, ``INSUFFICIENT_DATA``, or ``MISSING`` (named by an output, not found)
+    state: str
+    reason: str
+    updated: str
+    #: what it means and what to run first (:data:`ALARM_RUNBOOK`)
+    runbook: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackStatus:
+    """The result of :func:`stack_status`."""
+
+    stack_name: str
+    status: str
+    status_reason: str
+    outputs: dict[str, str]
+    alarms: list[StackAlarm]
+
+    @property
+    def alarming(self) -> list[StackAlarm]:
+        """The alarms in state ``ALARM``."""
+        return [a for a in self.alarms if a.state == "ALARM"]
+
+
+def stack_status(cfn_client: Any, cloudwatch_client: Any, stack_name: str) -> StackStatus:
+    """The stack's status, outputs and alarms with their CloudWatch state.
+
+    The alarms are those named by the stack's ``*AlarmName`` outputs, and those CloudFormation
+    named ``{stack}-{LogicalId}-...`` for the template's alarms (found by their prefix: an
+    emulator without the outputs, a stack deployed from an older template). Requests: one
+    ``DescribeStacks``, one ``DescribeAlarms`` per 100 alarms of the prefix, and one for those
+    only the outputs named."""
+    _check_stack_name(stack_name)
+    stack = _describe_stack(cfn_client, stack_name)
+    if stack is None:
+        raise StackDeploymentError(
+            f"stack {stack_name} does not exist", stack_name=stack_name, events=[]
+        )
+    outputs = _outputs(stack)
+    alarm_ids = [
+        logical
+        for logical, spec in _template_resources(template_body()).items()
+        if spec.get("Type") == "AWS::CloudWatch::Alarm"
+    ]
+    named = {
+        outputs[f"{logical}Name"]: logical for logical in alarm_ids if f"{logical}Name" in outputs
+    }
+    pattern = re.compile(rf"^{re.escape(stack_name)}-({'|'.join(alarm_ids)})-[A-Za-z0-9]+$")
+    found: dict[str, Mapping[str, Any]] = {}
+    by_name: dict[str, str] = dict(named)
+    paginator = cloudwatch_client.get_paginator("describe_alarms")
+    for page in paginator.paginate(AlarmNamePrefix=f"{stack_name}-", AlarmTypes=["MetricAlarm"]):
+        for alarm in page.get("MetricAlarms") or []:
+            name = str(alarm["AlarmName"])
+            match = pattern.match(name)
+            if name in named or match:
+                found[name] = alarm
+                by_name.setdefault(name, match[1] if match else named[name])
+    missing = [name for name in named if name not in found]
+    if missing:
+        answer = cloudwatch_client.describe_alarms(AlarmNames=missing[:100])
+        for alarm in answer.get("MetricAlarms") or []:
+            found[str(alarm["AlarmName"])] = alarm
+    alarms = []
+    for name, logical in sorted(by_name.items(), key=lambda item: alarm_ids.index(item[1])):
+        alarm = found.get(name, {})
+        updated = alarm.get("StateUpdatedTimestamp")
+        alarms.append(
+            StackAlarm(
+                logical_id=logical,
+                name=name,
+                state=str(alarm.get("StateValue", "MISSING")),
+                reason=str(alarm.get("StateReason", "")),
+                updated=updated.isoformat() if isinstance(updated, datetime) else "",
+                runbook=ALARM_RUNBOOK.get(logical, ""),
+            )
+        )
+    return StackStatus(
+        stack_name=stack_name,
+        status=str(stack.get("StackStatus", "")),
+        status_reason=str(stack.get("StackStatusReason", "")),
+        outputs=outputs,
+        alarms=alarms,
+    )
