@@ -1,7 +1,8 @@
-"""``dynacoord outbox stats|failed|pending|show|retry [--group G]|work``."""
+"""``dynacoord outbox stats|failed|pending|show|retry [--group G | --all]|work``."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import signal
@@ -39,6 +40,25 @@ def register(subparsers: Any) -> None:
         "--group",
         help="every failed ordered event of this group, delivered again in its original order "
         "after the group's pending events (reads the whole failed index)",
+    )
+    retry.add_argument(
+        "--all",
+        action="store_true",
+        help="every failed event, page after page (an ordered group is retried whole, in its "
+        "order)",
+    )
+    retry.add_argument(
+        "--type",
+        dest="event_types",
+        action="append",
+        metavar="TYPE",
+        help="only failed events of this type (repeatable; implies --all)",
+    )
+    retry.add_argument(
+        "--older-than",
+        type=_seconds,
+        metavar="S",
+        help="only events that failed at least S seconds ago (implies --all)",
     )
 
     work = add_command(
@@ -100,10 +120,26 @@ def _show(ctx: Context) -> Any:
     return record.as_dict()
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _retry(ctx: Context) -> Any:
     ids, group = ctx.args.event_ids, ctx.args.group
-    if bool(ids) == (group is not None):
-        raise UsageError("outbox retry takes EVENT_ID... or --group GROUP, not both")
+    bulk = ctx.args.all or ctx.args.event_types or ctx.args.older_than is not None
+    if [bool(ids), group is not None, bool(bulk)].count(True) != 1:
+        raise UsageError(
+            "outbox retry takes EVENT_ID..., --group GROUP or --all [--type T] [--older-than S], "
+            "one of them"
+        )
+    if bulk:
+        return _retry_all(ctx)
     if group is not None:
         moved = ctx.backend().outbox.retry_report(group=group)
         if moved.not_failed:
@@ -121,6 +157,68 @@ def _retry(ctx: Context) -> Any:
             parts.append(f"not failed: {', '.join(report.not_failed)}")
         raise CommandFailed("; ".join(parts))
     return {"retried": report.retried}
+
+
+#: failed events read per round of ``retry --all``
+_RETRY_PAGE = 100
+
+
+def _retry_all(ctx: Context) -> Any:
+    """Every failed event that matches, through the public listing and retry: each round lists
+    the failed events oldest failure first (``Outbox.failed``) and retries the matching ones by
+    id (``retry_report``), an ordered one's group whole (``retry_report(group=...)``, its order
+    kept). Retried events leave the failed index, so the next round's listing starts with what
+    is left; the events a filter passes over are skipped by id (each round reads them again),
+    and an event is retried at most once per run (a worker may fail it again meanwhile)."""
+    from .._clock import now_ms
+
+    outbox = ctx.backend().outbox
+    types = set(ctx.args.event_types or ())
+    older_than = ctx.args.older_than
+    cutoff_ms = None
+    if older_than is not None:
+        cutoff_ms = now_ms(outbox.clock) - int(older_than * 1000)
+    seen: set[str] = set()
+    groups: list[str] = []
+    retried = others = 0
+    while True:
+        limit = len(seen) + _RETRY_PAGE
+        listed = outbox.failed(limit=limit)
+        ids: list[str] = []
+        new_groups: list[str] = []
+        too_new = False
+        for record in listed:
+            if record.id in seen:
+                continue
+            if cutoff_ms is not None and record.due_at_ms > cutoff_ms:
+                too_new = True  # oldest failure first: every later one is newer still
+                break
+            seen.add(record.id)
+            if types and record.type not in types:
+                continue
+            event = record.event
+            if event.ordered and event.group is not None:
+                if event.group not in groups and event.group not in new_groups:
+                    new_groups.append(event.group)
+            else:
+                ids.append(record.id)
+        if ids:
+            report = outbox.retry_report(ids)
+            retried += len(report.retried)
+            others += len(report.not_found) + len(report.not_failed)
+        for name in new_groups:
+            moved = outbox.retry_report(group=name)
+            seen.update(moved.retried)
+            retried += len(moved.retried)
+            others += len(moved.not_failed)
+            groups.append(name)
+        if ids or new_groups:
+            ctx.progress(f"retried {retried} failed event(s) so far ...")
+        # A full listing holds at least a page of events not seen before (the limit is the
+        # seen ones plus a page), so every round makes progress until the index is read.
+        if too_new or len(listed) < limit:
+            break
+    return {"retried": retried, "groups": groups, "moved_by_someone_else": others}
 
 
 def _import(spec: str) -> Any:
