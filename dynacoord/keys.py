@@ -184,6 +184,14 @@ def validate_namespace(namespace: Any) -> str:
         raise InvalidKeyError(
             f"namespace must not contain '|' (Redis key delimiter): {namespace!r}", key=namespace
         )
+    if any(c in namespace for c in "*?$"):
+        # An IAM policy scopes a namespace with LeadingKeys patterns (KIND#{ns}#*), where these
+        # are wildcards and variables: no policy could be limited to such a namespace's data.
+        raise InvalidKeyError(
+            f"namespace must not contain '*', '?' or '$' (IAM wildcard and policy-variable "
+            f"characters: no IAM policy could be scoped to it): {namespace!r}",
+            key=namespace,
+        )
     if len(namespace) > MAX_NAMESPACE_CHARS:
         raise InvalidKeyError(
             f"namespace must be at most {MAX_NAMESPACE_CHARS} characters, got {len(namespace)}",
