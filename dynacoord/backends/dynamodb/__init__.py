@@ -136,16 +136,11 @@ class DynamoDBBackend(Backend):
         credentials) through boto3. ``DYNACOORD_OUTBOX_LAG_METRICS`` (a CloudWatch namespace,
         set by the bundled stack on its sweeper) makes the outbox's sweep handler report the
         outbox lag as EMF metrics after each sweep (``_stack.py``). A given ``client`` wins over
-        ``session``, which wins over boto3's default session.
+        ``session``, which wins over boto3's default session. An endpoint without its scheme or no
+        region is a :class:`ConfigurationError` naming the variable to set; nothing is sent.
         """
         if client is None:
-            import boto3
-            from botocore.config import Config
-
-            endpoint = os.environ.get("DYNACOORD_ENDPOINT_URL") or None
-            config = Config(retries={"max_attempts": 8, "mode": "adaptive"})
-            factory = session.client if session is not None else boto3.client
-            client = factory("dynamodb", endpoint_url=endpoint, config=config)
+            client = _client_from_env(session)
         kwargs.setdefault("table_name", os.environ.get("DYNACOORD_TABLE") or DEFAULT_TABLE_NAME)
         kwargs.setdefault("namespace", os.environ.get("DYNACOORD_NAMESPACE") or "default")
         if "layout" not in kwargs:
@@ -274,3 +269,39 @@ class DynamoDBBackend(Backend):
     if TYPE_CHECKING:
         from .counters import DynamoDBCounterStore
         from .runs import DynamoDBRunStore
+
+
+def _client_from_env(session: Any) -> Any:
+    """The DynamoDB client of :meth:`DynamoDBBackend.from_env`; an endpoint or a region the
+    environment got wrong is a :class:`ConfigurationError` naming the variable to fix (botocore
+    says ``Invalid endpoint`` or ``You must specify a region``, naming none)."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import NoRegionError
+
+    endpoint = os.environ.get("DYNACOORD_ENDPOINT_URL") or None
+    if endpoint is not None and "://" not in endpoint:
+        raise ConfigurationError(
+            f"DYNACOORD_ENDPOINT_URL {endpoint!r} has no scheme: set it to http://{endpoint} "
+            f"(DynamoDB Local) or https://{endpoint}; nothing was sent"
+        )
+    config = Config(retries={"max_attempts": 8, "mode": "adaptive"})
+    factory = session.client if session is not None else boto3.client
+    try:
+        return factory("dynamodb", endpoint_url=endpoint, config=config)
+    except NoRegionError as exc:
+        raise ConfigurationError(
+            "no AWS region for the DynamoDB client: set AWS_REGION or AWS_DEFAULT_REGION (or a "
+            "region in the AWS_PROFILE's config), or pass client=boto3.client('dynamodb', "
+            "region_name=...); nothing was sent"
+        ) from exc
+    except ValueError as exc:  # botocore's "Invalid endpoint: ..."
+        given = [
+            f"{name}={os.environ[name]!r}"
+            for name in ("DYNACOORD_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL")
+            if os.environ.get(name)
+        ]
+        raise ConfigurationError(
+            f"the DynamoDB endpoint from the environment is not a URL ({', '.join(given) or exc}): "
+            "write it with its scheme, e.g. http://127.0.0.1:8000; nothing was sent"
+        ) from exc
