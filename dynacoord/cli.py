@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import __version__
 from ._cli.common import CommandFailed, Context, UsageError, emit, error_line
@@ -46,40 +46,74 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"dynacoord: error: {where}{message} ({hint})\n")
 
 
+#: The global options: (flags, keyword arguments, default at the top level). Every command also
+#: takes them after its name (``dynacoord cache keys --table shop``), as the AWS CLI does.
+_GLOBAL_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (
+        ("--table",),
+        {"help": "table name (env DYNACOORD_TABLE, default dynacoord)"},
+    ),
+    (
+        ("--namespace",),
+        {"help": "namespace (env DYNACOORD_NAMESPACE, default 'default'); also scopes iam-policy"},
+    ),
+    (
+        ("--endpoint-url",),
+        {
+            "help": "DynamoDB endpoint, e.g. DynamoDB Local http://127.0.0.1:8000 (env "
+            "DYNACOORD_ENDPOINT_URL, for DynamoDB only); given here, the stack commands send "
+            "CloudFormation, CloudWatch and S3 to it too (LocalStack, moto's server)"
+        },
+    ),
+    (("--region",), {"help": "AWS region (default: boto3's)"}),
+    (
+        ("--table-layout",),
+        {
+            "metavar": "JSON",
+            "help": "the table's key and index names and key prefix as a JSON object, e.g. "
+            '\'{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk": '
+            '"GSI1SK", "prefix": "DC#"}\' (env DYNACOORD_TABLE_LAYOUT; default: dynacoord\'s '
+            "own pk/sk/gsi1)",
+        },
+    ),
+    (("--json",), {"action": "store_true", "help": "print results as JSON"}),
+    (("-q", "--quiet"), {"action": "store_true", "help": "no progress lines"}),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dynacoord",
         description="Coordination primitives on one DynamoDB table: manage the table, the stack "
-        "and the stored state.",
+        "and the stored state. The global options may also follow the command.",
     )
-    parser.add_argument(
-        "--table",
-        default=os.environ.get("DYNACOORD_TABLE") or "dynacoord",
-        help="table name (env DYNACOORD_TABLE, default dynacoord)",
-    )
-    parser.add_argument(
-        "--namespace",
-        default=None,
-        help="namespace (env DYNACOORD_NAMESPACE, default 'default'); also scopes iam-policy",
-    )
-    parser.add_argument(
-        "--endpoint-url",
-        default=None,
-        help="DynamoDB endpoint, e.g. DynamoDB Local http://127.0.0.1:8000 (env "
-        "DYNACOORD_ENDPOINT_URL, for DynamoDB only); given here, the stack commands send "
-        "CloudFormation and S3 to it too (LocalStack, moto's server)",
-    )
-    parser.add_argument("--region", default=None, help="AWS region (default: boto3's)")
+    for flags, options in _GLOBAL_OPTIONS:
+        parser.add_argument(*flags, **options)
+    parser.set_defaults(table=os.environ.get("DYNACOORD_TABLE") or "dynacoord")
     parser.add_argument(
         "--version", action="store_true", help="print the version (JSON with --json) and exit"
     )
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"dynacoord._cli.{name}")
         module.register(subparsers)
+    _globals_after_commands(parser)
     return parser
+
+
+def _globals_after_commands(parser: argparse.ArgumentParser) -> None:
+    """Give every command parser below ``parser`` the global options, with their defaults
+    suppressed: given after the command they win, not given they leave the value from before the
+    command (or the top-level default) alone. A command's own option of the same name stays
+    (``iam-policy --namespace`` names the policy's namespaces)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in dict.fromkeys(action.choices.values()):
+            for flags, options in _GLOBAL_OPTIONS:
+                if not any(flag in sub._option_string_actions for flag in flags):
+                    sub.add_argument(*flags, **{**options, "default": argparse.SUPPRESS})
+            _globals_after_commands(sub)
 
 
 def _resolve_globals(args: argparse.Namespace) -> None:

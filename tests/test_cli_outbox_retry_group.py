@@ -33,8 +33,8 @@ def test_retry_group_redrives_the_groups_failed_events_in_order(ddb_cli: Any) ->
 def test_retry_needs_ids_or_a_group(ddb_cli: Any) -> None:
     _, run = ddb_cli
     code, _, err = run("outbox", "retry")
-    assert code == 2 and "EVENT_ID... or --group GROUP" in err
+    assert code == 2 and "EVENT_ID..., --group GROUP or --all" in err
     code, _, err = run("outbox", "retry", "x", "--group", "g")
-    assert code == 2 and "not both" in err
+    assert code == 2 and "one of them" in err
     code, _, err = run("outbox", "retry", "--group", "")
     assert code == 2 and "event group" in err

@@ -37,19 +37,6 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not grant Query on gsi1 (see the README on LeadingKeys and indexes)",
     )
-    _layout_option(policy)
-
-
-def _layout_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--table-layout",
-        metavar="JSON",
-        default=None,
-        help="the table's key and index names and key prefix as a JSON object, e.g. "
-        '\'{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk": '
-        '"GSI1SK", "prefix": "DC#"}\' (env DYNACOORD_TABLE_LAYOUT; default: dynacoord\'s own '
-        "pk/sk/gsi1)",
-    )
 
 
 def _register_table(subparsers: Any) -> None:
@@ -75,12 +62,8 @@ def _register_table(subparsers: Any) -> None:
     )
     create.add_argument("--deletion-protection", action="store_true")
     create.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ACTIVE")
-    _layout_option(create)
 
-    verify = add_command(
-        sub, "verify", _table_verify, "check the table's schema, index, TTL and status"
-    )
-    _layout_option(verify)
+    add_command(sub, "verify", _table_verify, "check the table's schema, index, TTL and status")
 
     delete = add_command(sub, "delete", _table_delete, "delete the table and all its items")
     delete.add_argument("--yes", action="store_true", help="required: confirm the deletion")
@@ -119,7 +102,6 @@ def _register_stack(subparsers: Any) -> None:
         "the --namespace",
     )
     _bundle_options(deploy)
-    _layout_option(deploy)
     deploy.add_argument("--no-wait", action="store_true", help="return once the change started")
     deploy.add_argument(
         "--poll-interval", type=float, default=5.0, help="seconds between status checks"
