@@ -1,7 +1,8 @@
 """The ``dynacoord`` command line.
 
 Exit codes: 0 success, 1 failure (an error, or an operation that did not succeed such as a lock
-not acquired), 2 usage error (nothing was sent), 130 interrupted (Ctrl-C). Errors are one line on
+not acquired), 2 usage error (nothing was sent), 130 interrupted (Ctrl-C); a reader that closes
+stdout early (``| head``) ends the command quietly with 0. Errors are one line on
 stderr starting ``dynacoord: error:``; results go to stdout (``--json`` for machine-readable
 output); progress lines while waiting on AWS go to stderr.
 """
@@ -141,6 +142,21 @@ def _resolve_globals(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader stopped early (`dynacoord stack template | head -1`): it took what it
+        # wanted, so exit 0 without a traceback. stdout now points at /dev/null, or the
+        # interpreter's final flush of what is still buffered would raise the same error again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # not a real file (tests): nothing will flush into it
+            pass
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -165,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dynacoord: error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # a closed stdout: main's quiet exit, not an error line
     except CommandFailed as exc:
         emit(ctx, exc.result)
         print(error_line(exc), file=sys.stderr)
