@@ -200,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", help="a commit to copy instead of the working tree")
     parser.add_argument("--baseline", action="store_true", help="run the tests without mutants")
     parser.add_argument("--list", action="store_true", help="list the entries and stop")
+    parser.add_argument("--guards", type=Path, default=GUARDS, help="another list (a draft)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show every pytest tail")
     args = parser.parse_args(argv)
-    guards = load()
+    guards = load(args.guards)
     if args.only:
         unknown = set(args.only) - {g.id for g in guards}
         if unknown:
