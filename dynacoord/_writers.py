@@ -1,90 +1,139 @@
-"""One slot per writer: how a counting write recognises its own applied write at a constant cost.
+"""One slot per in-flight call: how a counting write recognises its own applied write at a cost
+set by concurrency.
 
 A counting write (an ADD: ``counters.increment``, ``cache.incr``, a breaker's failure count and
 trial slots) cannot be refused by "already applied" on its own, so it carries a token, and a
 retry whose refusal shows that token knows its first attempt applied. The client libraries retry
-a request whose response was lost by sending *the same request again*, from the same thread,
-before that thread sends anything else. So a store needs only the **last** token of each writer
-(a process's thread), not the tokens of every recent write: the item keeps one slot per writer,
-``writer -> last token``, and a write sets its writer's slot on the condition that the slot does
-not already hold its token. The timeline the slot closes::
+a request whose response was lost by sending *the same request again*, inside the same call,
+before that call returns. So a store needs only the **last** token of each call in flight, not
+the tokens of every recent write: a call **leases a slot** from its process's pool for its whole
+duration (every retry the client makes included) and gives it back when it returns, and the
+item keeps one attribute per slot, ``slot -> last token``. A write sets its slot on the
+condition that the slot does not already hold its token. The timeline the slot closes::
 
-    W: ADD n 1, slot[W] = t1  (if slot[W] != t1)  -> applied, the answer is lost
-    W: (botocore) the same request again          -> refused: slot[W] == t1, so "applied"
-    W: ADD n 1, slot[W] = t2                      -> the next write; t1 is no longer needed
+    call A (slot s): ADD n 1, slot[s] = t1  (if slot[s] != t1)  -> applied, the answer is lost
+    call A (botocore): the same request again                  -> refused: slot[s] == t1: "applied"
+    call A returns, s goes back to the pool
+    call B (slot s): ADD n 1, slot[s] = t2                      -> t1 is no longer needed
 
-The size of the item is then one slot per writer that wrote the key recently, whatever the rate
-(the previous design kept every token of the last one to two minutes: 11 bytes per increment).
-A slot whose token is older than :data:`WINDOW_MS` belongs to a writer that is not waiting for
-a retry any more (a retry is sent within seconds; the promise is "within one window"), so it may
-be dropped: stores drop such stale slots once an item holds more than :data:`PRUNE_AT` of them
-(DynamoDB: by a later write conditional on the slot still holding the stale token, so a writer
-that came back in between keeps its slot; Redis and MongoDB: inside the same atomic write).
+A slot is never in two calls at once, so no other call can overwrite ``slot[s]`` while A's retry
+may still come, however many other calls or processes write the item in between. The pool hands
+out the slot returned last (a stack): a process whose calls never overlap uses one slot, whatever
+the number of threads it ever created (a thread per request included), and an item holds at most
+**(calls in flight at once in one process) x (processes that wrote it within one window)**
+slots, whatever the rate.
 
-A token is an int that encodes the time it was made (``now_ms * 10**6`` or the writer's last
-token plus one, whichever is larger), so that a stale slot is known from its value alone, and
-a writer's tokens strictly increase (its next write never carries the token of its last).
-A writer is a thread of a process: a random process id (made again in a forked child) and a
-serial number per thread (never reused, unlike thread idents).
+A token is an int that encodes until when its call may still retry: ``(now_ms + window_ms) *
+TOKEN_SCALE``, or the slot's last token plus one if that is larger (so a slot's tokens strictly
+increase: its next call never carries the token of its last). ``window_ms`` is the longest time
+the client library may still re-send a request after the call started: read from the client's
+own configuration (DynamoDB: timeouts x attempts + the retry mode's backoff ceiling, see
+``backends/dynamodb/_table.py``), never a constant a default setting can exceed. A slot whose
+token's time has passed belongs to no call that may still retry, so a store may drop it: stores
+drop such stale slots once an item holds more than :data:`PRUNE_AT` of them (DynamoDB: by a
+later write conditional on the slot still holding the stale token, so a slot leased again in
+between is kept; Redis and MongoDB: inside the same atomic write, or filtered the same way).
+Each writer states its own window in its tokens, so a process with short timeouts never drops
+the slot of one with long ones.
+
+A slot's name is a random process id (made again in a forked child: 8 characters, 48 bits) and
+the slot's serial number in that process's pool.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from base64 import urlsafe_b64encode
 
-__all__ = ["PRUNE_AT", "TOKEN_SCALE", "WINDOW_MS", "token_ms", "writer_token"]
+__all__ = [
+    "DEFAULT_WINDOW_MS",
+    "PRUNE_AT",
+    "TOKEN_SCALE",
+    "Slot",
+    "lease",
+    "release",
+    "token_ms",
+]
 
-#: A retry sent less than this long after its first attempt is always recognised; a slot whose
-#: token is older than this is stale (its writer has moved on).
-WINDOW_MS = 60_000
-#: Past this many writer slots on one item, stores drop the stale ones.
+#: The window of a client whose retries dynacoord cannot read from its configuration (Redis,
+#: MongoDB: see each backend): ten minutes.
+DEFAULT_WINDOW_MS = 600_000
+#: Past this many slots on one item, stores drop the stale ones.
 PRUNE_AT = 8
-#: a token is ``now_ms * TOKEN_SCALE`` (or the writer's last token + 1 if larger)
-TOKEN_SCALE = 10**6
+#: a token is ``until_ms * TOKEN_SCALE`` (or the slot's last token + 1 if larger): 14 digits,
+#: 8 bytes as a DynamoDB number
+TOKEN_SCALE = 10
+#: tokens of the previous design (``made_ms * 10**6``, a 60 s window) have 19 digits
+_LEGACY_TOKEN = 10**17
+_LEGACY_SCALE = 10**6
+_LEGACY_WINDOW_MS = 60_000
 
-_serials = itertools.count()
+
+class Slot:
+    """One slot of a process's pool: its name and the last token a call carried in it."""
+
+    __slots__ = ("last", "name", "pool")
+
+    def __init__(self, name: str, pool: _Pool) -> None:
+        self.name = name
+        self.pool = pool
+        self.last = 0
 
 
-def _new_process_id() -> str:
-    return urlsafe_b64encode(os.urandom(6)).decode("ascii")  # 8 characters, no padding
+class _Pool:
+    """The slots of one process: free ones on a stack, the one returned last handed out first."""
+
+    def __init__(self) -> None:
+        self.process = urlsafe_b64encode(os.urandom(6)).decode("ascii")  # 8 characters
+        self.lock = threading.Lock()
+        self.free: list[Slot] = []
+        self.made = 0
+
+    def take(self) -> Slot:
+        with self.lock:
+            if self.free:
+                return self.free.pop()
+            name = f"{self.process}{self.made:x}"
+            self.made += 1
+        return Slot(name, self)
+
+    def give(self, slot: Slot) -> None:
+        with self.lock:
+            self.free.append(slot)
 
 
-_process = [_new_process_id()]
+_pool = [_Pool()]
 
 
 def _forked() -> None:  # pragma: no cover - runs in a forked child
-    _process[0] = _new_process_id()
+    # the child's calls must never share a slot name with the parent's
+    _pool[0] = _Pool()
 
 
 os.register_at_fork(after_in_child=_forked)
 
 
-class _Writer(threading.local):
-    process = ""
-    name = ""
-    last = 0
+def lease(now_ms: int, window_ms: int) -> tuple[Slot, int]:
+    """A slot for one counting call starting at ``now_ms`` whose client may re-send its request
+    for up to ``window_ms``, and the call's token. Give the slot back with :func:`release` when
+    the call has returned (after every retry of the client)."""
+    slot = _pool[0].take()
+    token = max((now_ms + window_ms) * TOKEN_SCALE, slot.last + 1)
+    slot.last = token
+    return slot, token
 
 
-_writer = _Writer()
-
-
-def writer_token(now_ms: int) -> tuple[str, int]:
-    """The calling thread's writer name and a fresh token for one counting write at ``now_ms``."""
-    w = _writer
-    process = _process[0]
-    if w.process is not process:
-        # a new thread, or the first write of a forked child: a name no other writer has
-        w.process = process
-        w.name = f"{process}{next(_serials):x}"
-        w.last = 0
-    token = max(now_ms * TOKEN_SCALE, w.last + 1)
-    w.last = token
-    return w.name, token
+def release(slot: Slot) -> None:
+    """Give back a slot taken by :func:`lease` (its call returned or raised)."""
+    if slot.pool is _pool[0]:  # a slot of the parent, in a forked child: not this pool's
+        slot.pool.give(slot)
 
 
 def token_ms(token: int | str) -> int:
-    """The time (epoch ms) a token was made."""
-    return int(token) // TOKEN_SCALE
+    """Until when (epoch ms) the call that carried ``token`` may retry: past it, its slot is
+    stale."""
+    value = int(token)
+    if value >= _LEGACY_TOKEN:  # made at made_ms by the previous design, for 60 s
+        return value // _LEGACY_SCALE + _LEGACY_WINDOW_MS
+    return value // TOKEN_SCALE

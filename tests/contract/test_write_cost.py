@@ -1,8 +1,8 @@
 """A counting write costs the same at any traffic (DESIGN.md section 1; issue 29).
 
 Counters, ``cache.incr`` and the breaker's counts recognise their own applied write by one slot
-per writer (dynacoord._writers), not by a list of recent tokens: the item holds one slot per
-recent writer whatever the rate. Units are counted by AWS's rules from the requests sent and the
+per call in flight (dynacoord._writers), not by a list of recent tokens: the item holds one slot
+per call in flight per process that wrote it within the window, whatever the rate. Units are counted by AWS's rules from the requests sent and the
 items' sizes (bench/_units.py), with a ManualClock advancing 1/rate s per call, so the table
 holds what a real run at that rate leaves.
 """
@@ -16,9 +16,10 @@ import pytest
 
 from bench._units import UnitMeter, item_size, write_units
 from dynacoord import ManualClock
-from dynacoord._writers import PRUNE_AT, WINDOW_MS
-from dynacoord.backends.dynamodb import DynamoDBBackend
+from dynacoord._writers import PRUNE_AT
+from dynacoord.backends.dynamodb import DynamoDBBackend, _table
 from dynacoord.testing import unique_name
+from tests.slot_pools import Process
 
 # -- the unit rules themselves ------------------------------------------------------------------
 
@@ -131,6 +132,10 @@ def _slots(client: Any, table: str, pk: str) -> dict[str, Any]:
     return {k: v for k, v in item.items() if k.startswith("w:")}
 
 
+def _window_s(backend: DynamoDBBackend) -> float:
+    return backend.table.count_window_ms / 1000
+
+
 def test_slots_of_quiet_writers_are_dropped(ddb_table) -> None:
     client, table = ddb_table
     clock = ManualClock()
@@ -142,14 +147,11 @@ def test_slots_of_quiet_writers_are_dropped(ddb_table) -> None:
         for _ in range(3):
             counters.increment("many")
 
-    threads = [threading.Thread(target=write) for _ in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for _ in range(writers):
+        Process().run(write)
     pk = f"COUNTER#{backend.namespace}#many"
-    assert len(_slots(client, table, pk)) == writers  # one slot per writer, not per write
-    clock.advance(WINDOW_MS / 1000 + 1)
+    assert len(_slots(client, table, pk)) == writers  # one slot per process, not per write
+    clock.advance(_window_s(backend) + 1)
     counters.increment("many")  # sees the stale slots
     counters.increment("many")  # drops 16 of them (a bounded number per write)
     counters.increment("many")  # and the rest
@@ -158,50 +160,36 @@ def test_slots_of_quiet_writers_are_dropped(ddb_table) -> None:
 
 
 def test_a_writer_that_came_back_keeps_its_slot(ddb_table) -> None:
-    """A stale slot is dropped only while it holds the token seen: a writer that wrote again in
-    between keeps its slot (its retry may still come), and the dropping write is sent again.
-    The writer that comes back is in the process that saw its slot stale: it must not drop its
+    """A stale slot is dropped only while it holds the token seen: a slot leased and written
+    again in between is kept (its retry may still come), and the dropping write is sent again.
+    The writer that comes back may be the process that saw its slot stale: it must not drop its
     own slot in the write that sets it (DynamoDB refused that request before)."""
     client, table = ddb_table
     clock = ManualClock()
     backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("wc"), clock=clock)
     counters = backend.counters
-    writers = PRUNE_AT + 1
-    first = [threading.Event() for _ in range(writers)]
-    again = threading.Event()
-    errors: list[BaseException] = []
-
-    def writer(i: int) -> None:
-        try:
-            counters.increment("k")
-            first[i].set()
-            again.wait(30)
-            if i == 0:
-                counters.increment("k")  # comes back after its slot was seen stale
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-            first[i].set()
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for event in first:
-        event.wait(30)
-    clock.advance(WINDOW_MS / 1000 + 1)
-    counters.increment("k")  # this thread sees PRUNE_AT + 1 stale slots
-    again.set()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
+    processes = [Process() for _ in range(PRUNE_AT + 1)]
+    for process in processes:
+        process.run(counters.increment, "k")
     pk = f"COUNTER#{backend.namespace}#k"
-    came_back = _slots(client, table, pk)
-    counters.increment("k")
-    counters.increment("k")
+    back = next(name for name in _slots(client, table, pk))
+    clock.advance(_window_s(backend) + 1)
+    observer = processes[-1]
+    observer.run(counters.increment, "k")  # sees PRUNE_AT stale slots besides its own
+    # what the observer saw is its process's memory: the writer coming back has not seen it
+    seen = _table._stale.pop(pk)
+    assert back in {name for name, _ in seen}
+    for process in processes:
+        if f"w:{process._pool.process}0" == back:
+            process.run(counters.increment, "k")  # comes back after its slot was seen stale
+    _table._stale[pk] = seen
+    observer.run(counters.increment, "k")  # its drop is refused for that slot: sent again
+    observer.run(counters.increment, "k")  # sees the stale slots again
+    observer.run(counters.increment, "k")  # and drops them
     after = _slots(client, table, pk)
-    assert counters.get("k") == writers + 1 + 1 + 2
-    assert set(after) <= set(came_back)
-    # this thread's slot and writer 0's (rewritten since it was seen, so kept)
-    assert len(after) == 2, sorted(after)
+    assert counters.get("k") == len(processes) + 1 + 1 + 3
+    # the observer's slot and the one that came back (rewritten since it was seen, so kept)
+    assert set(after) == {back, f"w:{observer._pool.process}0"}, sorted(after)
 
 
 # -- the recognition still matters ---------------------------------------------------------------

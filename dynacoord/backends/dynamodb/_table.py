@@ -16,13 +16,14 @@ several times more than at the top level.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any, TypeGuard, cast
 
-from ..._writers import PRUNE_AT, WINDOW_MS, token_ms, writer_token
+from ..._writers import PRUNE_AT, lease, release, token_ms
 from ...errors import (
     BackendError,
     InvalidValueError,
@@ -34,7 +35,6 @@ from ...errors import (
 from ...metrics import NO_METRICS, Metrics, measure_request
 
 __all__ = [
-    "COUNT_WINDOW_MS",
     "FREE",
     "LIVE",
     "REQUEST_TOKEN",
@@ -44,6 +44,7 @@ __all__ = [
     "counting_update",
     "exact_sum",
     "request_token",
+    "retry_window_ms",
     "sum_limit",
     "written_by",
 ]
@@ -106,11 +107,10 @@ def request_token() -> str:
 
 
 #: Counting writes (an ADD cannot be refused by "already applied" on its own) keep one slot per
-#: writer on the item (``w:{writer}`` = the writer's last token, a number; see dynacoord._writers):
-#: a write sets its slot on the condition that the slot does not hold its token yet, and a
-#: refusal that shows its token means its first attempt applied. A retry sent less than one
-#: window after its first attempt is always recognised.
-COUNT_WINDOW_MS = WINDOW_MS
+#: call in flight on the item (``w:{slot}`` = the slot's last token, a number; see
+#: dynacoord._writers): a write sets its slot on the condition that the slot does not hold its
+#: token yet, and a refusal that shows its token means its first attempt applied. A retry the
+#: client sends within its own retry window (:func:`retry_window_ms`) is always recognised.
 #: the attribute-name prefix of writer slots
 SLOT_PREFIX = "w:"
 #: the slots of the previous design (token sets rotating per minute): dropped when seen
@@ -122,22 +122,93 @@ _PRUNE_PER_WRITE = 16
 _stale: dict[str, tuple[tuple[str, str | None], ...]] = {}
 _STALE_KEYS = 4096
 
+#: botocore's standard and adaptive modes wait at most this long before one retry
+#: (``botocore.retries.standard``: ``min(rand * 2**i, 20)`` seconds)
+_BACKOFF_CAP_S = 20.0
+#: the attempts of standard and adaptive modes when none are configured
+_STANDARD_ATTEMPTS = 3
+#: a timeout of None (botocore then waits without limit) counts as this many seconds
+_NO_TIMEOUT_S = 3600.0
+
+
+def _legacy_policy() -> tuple[int, float, float]:
+    """(attempts, base delay s, growth) of botocore's legacy retries for DynamoDB, from
+    botocore's own retry model (``_retry.json``: 10 attempts, 0.05 s doubling)."""
+    import botocore.loaders
+
+    model = botocore.loaders.create_loader().load_data("_retry")["retry"]
+    policy = {**model.get("__default__", {}), **model.get("dynamodb", {}).get("__default__", {})}
+    delay = policy.get("delay", {})
+    base = delay.get("base", 1)
+    return (
+        int(policy.get("max_attempts", 5)),
+        1.0 if base == "rand" else float(base),
+        float(delay.get("growth_factor", 2)),
+    )
+
+
+def retry_window_ms(config: Any) -> int:
+    """How long after a call started botocore may still send a retry of its request, from the
+    client's configuration (``client.meta.config``): every attempt may take its connect and
+    read timeouts, and every retry waits its mode's backoff ceiling first.
+
+    ``(connect_timeout + read_timeout) x attempts + backoff``, where attempts is
+    ``total_max_attempts`` (botocore turns ``max_attempts`` into it, plus one), else the mode's
+    default (standard and adaptive: 3; legacy: DynamoDB's 10), and backoff is 20 s per retry in
+    standard and adaptive mode (botocore's cap) and the sum of the legacy mode's exponential
+    delays. botocore's defaults (60 s + 60 s, standard, 3 attempts) give 400 s; the client of
+    ``DynamoDBBackend.from_env()`` (adaptive, ``max_attempts=8``: 9 attempts) 1,240 s.
+    """
+
+    def seconds(value: Any) -> float:
+        return _NO_TIMEOUT_S if value is None else float(value)
+
+    connect = seconds(getattr(config, "connect_timeout", 60))
+    read = seconds(getattr(config, "read_timeout", 60))
+    retries = getattr(config, "retries", None) or {}
+    mode = retries.get("mode") or "standard"
+    attempts = retries.get("total_max_attempts")
+    if attempts is None and retries.get("max_attempts") is not None:
+        attempts = int(retries["max_attempts"]) + 1
+    if mode == "legacy":
+        default, base, growth = _legacy_policy()
+        attempts = max(1, int(attempts or default))
+        backoff = sum(base * growth**i for i in range(attempts - 1))
+    else:
+        attempts = max(1, int(attempts or _STANDARD_ATTEMPTS))
+        backoff = _BACKOFF_CAP_S * (attempts - 1)
+    return math.ceil((attempts * (connect + read) + backoff) * 1000)
+
+
+def client_window_ms(client: Any) -> int:
+    """:func:`retry_window_ms` of a client (botocore's defaults for an object without a
+    botocore configuration, such as a test double)."""
+    meta = getattr(client, "meta", None)
+    config = getattr(meta, "config", None)
+    if config is None:
+        from botocore.config import Config
+
+        config = Config()
+    return retry_window_ms(config)
+
 
 class CountingToken:
-    """One counting write's writer slot and token, and the stale slots it drops.
+    """One counting write's slot and token, and the stale slots it drops.
 
-    :meth:`apply` adds them to an UpdateItem's expressions; :func:`counting_update` sends it.
-    ``pk`` names the item (the key of the stale slots seen on it)."""
+    The slot is leased by :func:`counting_update` for the duration of its requests (botocore's
+    retries included) and given back after them; :meth:`apply` adds the slot's parts to an
+    UpdateItem's expressions. ``pk`` names the item (the key of the stale slots seen on it).
+    ``name`` and ``token`` stay set after the call, for :meth:`applied`."""
 
-    __slots__ = ("name", "pk", "prune", "token")
+    __slots__ = ("name", "now_ms", "pk", "prune", "token")
 
     #: the condition part: this token was not applied yet
     condition = "(attribute_not_exists(#rqw) OR #rqw <> :rqt)"
 
     def __init__(self, now_ms: int, pk: str, *, prune: bool = True) -> None:
-        writer, token = writer_token(now_ms)
-        self.name = SLOT_PREFIX + writer
-        self.token = str(token)
+        self.now_ms = now_ms
+        self.name = ""
+        self.token = ""
         self.pk = pk
         self.prune: tuple[tuple[str, str | None], ...] = (
             _stale.pop(pk, ()) if prune and _stale else ()
@@ -208,9 +279,10 @@ class CountingToken:
         stale: list[tuple[str, str | None]] = [(n, None) for n in _LEGACY_SLOTS if n in raw]
         slots = [(n, av) for n, av in raw.items() if n.startswith(SLOT_PREFIX)]
         if len(slots) > PRUNE_AT:
-            cutoff = now_ms - WINDOW_MS
+            # stale: the call that wrote the slot's token can no longer retry (the token says
+            # until when it could, by its own client's window)
             for name, av in slots:
-                if name != self.name and "N" in av and token_ms(av["N"]) < cutoff:
+                if name != self.name and "N" in av and token_ms(av["N"]) < now_ms:
                     stale.append((name, av["N"]))
         if stale:
             if len(_stale) >= _STALE_KEYS:
@@ -237,22 +309,33 @@ def counting_update(
     table: DynamoTable, token: CountingToken, now_ms: int, **kwargs: Any
 ) -> dict[str, Any]:
     """One counting UpdateItem: ``kwargs`` with ``token``'s parts (:meth:`CountingToken.apply`)
-    and ``ReturnValuesOnConditionCheckFailure=ALL_OLD``. A refusal raises ConditionFailedError
-    (check :meth:`CountingToken.applied` on its ``raw``). A refusal caused by a stale slot that
-    its writer wrote again since this process saw it is sent again without the drop: a second
-    request, only when a writer silent for a window came back in that gap."""
+    and ``ReturnValuesOnConditionCheckFailure=ALL_OLD``, sent with a slot leased from this
+    process's pool for the call (botocore's retries of it included) and given back after. A
+    refusal raises ConditionFailedError (check :meth:`CountingToken.applied` on its ``raw``). A
+    refusal caused by a stale slot that was leased and written again since this process saw it
+    is sent again without the drop: a second request, only when that happened in the gap."""
     kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-    while True:
-        try:
-            response = table.call("update_item", **token.apply(kwargs))
-        except ConditionFailedError as failed:
-            if token.prune and not token.applied(failed.raw) and token.refused_by_prune(failed.raw):
-                token.prune = ()
-                continue
-            token.observe(failed.raw, now_ms)
-            raise
-        token.observe(response.get("Attributes"), now_ms)
-        return response
+    slot, value = lease(token.now_ms, table.count_window_ms)
+    token.name = SLOT_PREFIX + slot.name
+    token.token = str(value)
+    try:
+        while True:
+            try:
+                response = table.call("update_item", **token.apply(kwargs))
+            except ConditionFailedError as failed:
+                if (
+                    token.prune
+                    and not token.applied(failed.raw)
+                    and token.refused_by_prune(failed.raw)
+                ):
+                    token.prune = ()
+                    continue
+                token.observe(failed.raw, now_ms)
+                raise
+            token.observe(response.get("Attributes"), now_ms)
+            return response
+    finally:
+        release(slot)
 
 
 #: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.
@@ -407,6 +490,9 @@ class DynamoTable:
 
         self.client = client
         self.name = table_name
+        #: how long botocore may re-send a counting write after its call started
+        #: (:func:`retry_window_ms` of the client's configuration)
+        self.count_window_ms = client_window_ms(client)
         self._client_error: type[Exception] = ClientError
         self.metrics = metrics
 

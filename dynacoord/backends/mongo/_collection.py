@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ..._writers import PRUNE_AT, WINDOW_MS, token_ms, writer_token
+from ..._writers import DEFAULT_WINDOW_MS, PRUNE_AT, Slot, lease, release, token_ms
 from ...errors import BackendError, TableNotReadyError
 from ...metrics import Metrics
 
@@ -76,23 +76,35 @@ def translate_errors(what: str) -> Iterator[None]:
         ) from exc
 
 
-#: Counting writes keep one slot per writer in the subdocument ``w`` (writer -> its last token,
-#: an int; dynacoord._writers): the write's filter asks that its writer's slot does not hold its
+#: Counting writes keep one slot per call in flight in the subdocument ``w`` (slot -> its last
+#: token, an int; dynacoord._writers): the write's filter asks that its slot does not hold its
 #: token yet, so a retried write (its first response lost) is refused and recognised. A writer
-#: that sees more than PRUNE_AT slots drops those older than the window with one more update,
-#: filtered on each dropped slot still holding the token it saw (a writer that wrote since keeps
-#: its slot); the ``rq`` token list of the previous design goes with it.
-COUNT_WINDOW_MS = WINDOW_MS
+#: that sees more than PRUNE_AT slots drops those whose token's time has passed with one more
+#: update, filtered on each dropped slot still holding the token it saw (a slot leased and
+#: written since is kept); the ``rq`` token list of the previous design goes with it. pymongo's
+#: retry settings are not read: a call's tokens hold for COUNT_WINDOW_MS (ten minutes).
+COUNT_WINDOW_MS = DEFAULT_WINDOW_MS
 
 
 class CountingToken:
-    """The writer slot and token of one counting write."""
+    """The slot and token of one counting write: the slot is leased from this process's pool
+    when the token is made; :meth:`release` gives it back once the write (pymongo's retry
+    included) has returned."""
 
-    __slots__ = ("field", "token", "writer")
+    __slots__ = ("_slot", "field", "token", "writer")
 
     def __init__(self, now_ms: int) -> None:
-        self.writer, self.token = writer_token(now_ms)
+        slot, self.token = lease(now_ms, COUNT_WINDOW_MS)
+        self._slot: Slot | None = slot
+        self.writer = slot.name
         self.field = "w." + self.writer
+
+    def release(self) -> None:
+        """Give the slot back (the write returned or raised); the token stays readable."""
+        slot = self._slot
+        if slot is not None:
+            self._slot = None
+            release(slot)
 
     @property
     def unapplied(self) -> dict[str, Any]:
@@ -113,9 +125,9 @@ def stale_slots(doc: Mapping[str, Any] | None, now_ms: int) -> dict[str, Any] | 
     found: dict[str, Any] = {}
     slots = doc.get("w")
     if isinstance(slots, dict) and len(slots) > PRUNE_AT:
-        cutoff = now_ms - WINDOW_MS
         for writer, token in slots.items():
-            if isinstance(token, int) and token_ms(token) < cutoff:
+            # stale: the call that wrote it can no longer retry (its token says until when)
+            if isinstance(token, int) and token_ms(token) < now_ms:
                 found["w." + writer] = token
     if "rq" in doc:
         found["rq"] = {"$exists": True}

@@ -182,9 +182,16 @@ class MongoBreakerStore:
         once; the record after the write, or as stored when the retry is recognised."""
         token = CountingToken(now_ms)
         sets = {**update.get("$set", {}), token.field: token.token}
-        doc = self._modify(
-            name, {**condition, **token.unapplied}, {**update, "$set": sets}, what, upsert=upsert
-        )
+        try:
+            doc = self._modify(
+                name,
+                {**condition, **token.unapplied},
+                {**update, "$set": sets},
+                what,
+                upsert=upsert,
+            )
+        finally:
+            token.release()
         if doc is None:
             current = self._stored(name, what)
             return BreakerRecord.from_item(current) if token.applied(current) else None
@@ -366,13 +373,16 @@ class MongoBreakerStore:
         # generation 0 is a document that no trip or reset has touched: no ``wgen`` yet
         in_gen: dict[str, Any] = {"wgen": gen} if gen else {"wgen": {"$exists": False}}
         token = CountingToken(now_ms)
-        doc = self._modify(
-            name,
-            {"state": _CLOSED, **in_gen, **token.unapplied},
-            {**update, "$set": {token.field: token.token}},
-            "breaker add_window",
-            upsert=True,
-        )
+        try:
+            doc = self._modify(
+                name,
+                {"state": _CLOSED, **in_gen, **token.unapplied},
+                {**update, "$set": {token.field: token.token}},
+                "breaker add_window",
+                upsert=True,
+            )
+        finally:
+            token.release()
         if doc is None:
             current = self._stored(name, "breaker add_window")
             window = window_from_fields(current or {}, gen)

@@ -154,6 +154,8 @@ class MongoCacheStore:
                 return int(doc["n"])
         except DuplicateKeyError:
             pass  # an expired or non-integer entry holds the key, or a racing incr created it
+        finally:
+            token.release()
         with translate_errors("cache get"):
             current = self._c.find_one(self._primary(key))
         if token.applied(current):

@@ -123,14 +123,18 @@ class MongoCounterStore:
             limit = {"n": {"$not": {"$gt": codec.INT64_MAX - by}}}
         elif by < 0:
             limit = {"n": {"$not": {"$lt": codec.INT64_MIN - by}}}
-        outcome = self._in_place(
-            key,
-            {"kind": COUNTER, **live_filter(now_ms), **limit},
-            stage,
-            now_ms,
-            "counter add",
-            token=CountingToken(now_ms),
-        )
+        token = CountingToken(now_ms)
+        try:
+            outcome = self._in_place(
+                key,
+                {"kind": COUNTER, **live_filter(now_ms), **limit},
+                stage,
+                now_ms,
+                "counter add",
+                token=token,
+            )
+        finally:
+            token.release()
         current = outcome.current
         if (
             not outcome.ok

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..._writers import PRUNE_AT, TOKEN_SCALE, WINDOW_MS, writer_token
+from ..._writers import DEFAULT_WINDOW_MS, PRUNE_AT, Slot, lease, release
 from ...errors import BackendError
 from ...keys import Kind, validate_namespace
 from ...metrics import Metrics
@@ -73,15 +73,18 @@ __all__ = [
 logger = logging.getLogger("dynacoord.backends.redis")
 
 
-#: Counting scripts keep one slot per writer in a hash beside the item (``{item}|rq``, writer ->
-#: its last token; dynacoord._writers): a retried script whose writer's slot holds its token
+#: Counting scripts keep one slot per call in flight in a hash beside the item (``{item}|rq``,
+#: slot -> its last token; dynacoord._writers): a retried script whose slot holds its token
 #: knows its first run applied and does not count again. Past PRUNE_AT slots, the script drops
-#: the slots whose token is older than the window (in the same atomic script: no writer that
-#: wrote since can lose its slot). The hash expires two windows after its last write.
-COUNT_WINDOW_MS = WINDOW_MS
+#: the slots whose token's time has passed (in the same atomic script: no slot leased and
+#: written since can be lost). redis-py's retry settings are not read: a call's tokens hold for
+#: COUNT_WINDOW_MS (ten minutes) after it starts, and the hash expires two windows after its
+#: last write.
+COUNT_WINDOW_MS = DEFAULT_WINDOW_MS
 
 #: Lua ``seen(rq, token)`` and ``remember(rq, token, now)`` for counting scripts; ``token`` is
-#: ``{writer}:{token}`` (:func:`counting_token`).
+#: ``{slot}:{token}`` (:func:`counting_token`). A token of 18 digits or more is one of the
+#: previous design's (made at ``ms * 10**6``, held for 60 s), otherwise it is ``until_ms * 10``.
 LUA_TOKENS = f"""
 local function slot(token)
   local i = string.find(token, ':', 1, true)
@@ -93,28 +96,41 @@ local function seen(rq, token)
   local w, t = slot(token)
   return redis.call('HGET', rq, w) == t
 end
+local function stale(v, now)
+  if #v >= 18 then return tonumber(string.sub(v, 1, -7)) + 60000 < now end
+  return tonumber(string.sub(v, 1, -2)) < now
+end
 local function remember(rq, token, now)
   local w, t = slot(token)
   redis.call('HSET', rq, w, t)
   if redis.call('HLEN', rq) > {PRUNE_AT} then
-    local cutoff = tonumber(now) - {WINDOW_MS}
     local all = redis.call('HGETALL', rq)
+    local at = tonumber(now)
     for i = 1, #all, 2 do
-      local v = all[i + 1]
-      if #v > {len(str(TOKEN_SCALE)) - 1} and tonumber(string.sub(v, 1, -{len(str(TOKEN_SCALE))})) < cutoff then
-        redis.call('HDEL', rq, all[i])
-      end
+      if stale(all[i + 1], at) then redis.call('HDEL', rq, all[i]) end
     end
   end
-  redis.call('PEXPIRE', rq, {2 * WINDOW_MS})
+  redis.call('PEXPIRE', rq, {2 * DEFAULT_WINDOW_MS})
 end
 """
 
 
-def counting_token(now_ms: int) -> str:
-    """The ``{writer}:{token}`` of one counting script (see LUA_TOKENS)."""
-    writer, token = writer_token(now_ms)
-    return f"{writer}:{token}"
+class CountingArg(str):
+    """The ``{slot}:{token}`` argument of one counting script, holding its leased slot:
+    :meth:`RedisConn.run` gives the slot back when the script's call (redis-py's retries
+    included) has returned."""
+
+    __slots__ = ("slot",)
+    slot: Slot
+
+
+def counting_token(now_ms: int) -> CountingArg:
+    """The ``{slot}:{token}`` of one counting script (see LUA_TOKENS), its slot leased from
+    this process's pool until :meth:`RedisConn.run` returns."""
+    slot, token = lease(now_ms, COUNT_WINDOW_MS)
+    arg = CountingArg(f"{slot.name}:{token}")
+    arg.slot = slot
+    return arg
 
 
 def tokens_key(item: str) -> str:
@@ -258,9 +274,15 @@ class RedisConn:
         return found
 
     def run(self, source: str, keys: list[str], args: list[Any], what: str) -> Any:
-        """Run a Lua script: one round trip, atomic on the server."""
-        with translate_errors(what):
-            return self.script(source)(keys=keys, args=[_arg(a) for a in args])
+        """Run a Lua script: one round trip, atomic on the server. A counting script's slot
+        (a :class:`CountingArg` among ``args``) is given back when the call returns."""
+        try:
+            with translate_errors(what):
+                return self.script(source)(keys=keys, args=[_arg(a) for a in args])
+        finally:
+            for arg in args:
+                if type(arg) is CountingArg:
+                    release(arg.slot)
 
     def run_each(
         self, source: str, calls: Sequence[tuple[list[str], list[Any]]], what: str
