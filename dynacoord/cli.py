@@ -188,14 +188,14 @@ def _main(argv: Sequence[str] | None) -> int:
         print(error_line(exc), file=sys.stderr)
         return 1
     except Exception as exc:
-        code, line = _failure(exc)
+        code, line = _failure(exc, str(args.table))
         print(line, file=sys.stderr)
         return code
     emit(ctx, result)
     return 0
 
 
-def _failure(exc: Exception) -> tuple[int, str]:
+def _failure(exc: Exception, table: str) -> tuple[int, str]:
     """The exit code and the error line of an exception a command raised."""
     from .errors import ConfigurationError
 
@@ -213,6 +213,16 @@ def _failure(exc: Exception) -> tuple[int, str]:
             f"dynacoord: error: the endpoint answered something that is not the service's "
             f"response (is --endpoint-url pointing at DynamoDB Local for a stack command?): "
             f"{str(exc)[:300]}"
+        )
+    if getattr(exc.__cause__, "operation_name", None) == "DescribeTable":
+        # the backend's first-use check was refused: its message offers verify=False, a Python
+        # option; say what the CLI needs instead
+        error = getattr(exc.__cause__, "response", {}).get("Error", {})
+        return 1, (
+            f"dynacoord: error: cannot describe DynamoDB table {table!r} before its first use: "
+            f"{error.get('Message') or exc}. The CLI checks the table first and needs "
+            "dynamodb:DescribeTable on it (the policy of `dynacoord iam-policy` and the stack's "
+            "AccessPolicy grant it)"
         )
     if isinstance(exc, ConfigurationError) and getattr(exc, "problems", None) is not None:
         return 1, error_line(exc)  # the table is wrong (first-use check): not the command line

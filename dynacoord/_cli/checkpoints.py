@@ -69,6 +69,12 @@ def _show(ctx: Context) -> Any:
         if latest is None:
             raise CommandFailed(f"task {ctx.args.checkpoint!r} has no checkpoints")
         return _summary(latest, data=True)
+    if "@" not in ctx.args.checkpoint:
+        raise UsageError(
+            f"not a checkpoint id: {ctx.args.checkpoint!r} (expected '<task_id>@<sequence>', as "
+            f"`checkpoints list` prints); a task's newest: `dynacoord checkpoints show "
+            f"{ctx.args.checkpoint} --latest`"
+        )
     return _summary(checkpoints.load(ctx.args.checkpoint), data=True)
 
 

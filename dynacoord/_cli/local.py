@@ -25,7 +25,11 @@ def register(subparsers: Any) -> None:
         "--url",
         help="a tarball URL or path to fetch instead (default: the npm registry's, SHA-512 checked)",
     )
-    fetch.add_argument("--sha512", help="expected SHA-512 of --url's tarball (base64, as npm)")
+    fetch.add_argument(
+        "--sha512",
+        help="expected SHA-512 of --url's tarball: hex (as sha512sum prints it) or base64 (as "
+        "npm's sha512-...)",
+    )
     fetch.add_argument("--force", action="store_true", help="fetch again even if present")
 
     start = add_command(

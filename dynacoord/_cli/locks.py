@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .common import CommandFailed, Context, UsageError, add_command
@@ -58,7 +59,15 @@ def _release(ctx: Context) -> Any:
         from ..locks import Lease, LockInfo
 
         lease = Lease(locks, LockInfo(ctx.args.key, ctx.args.owner, ctx.args.fence, 0), 1)
-        released = lease.release()
+        # The library logs a lost release as a warning for long-running code; here the error
+        # line below says it (and why), so the log line would only say it twice.
+        lock_log = logging.getLogger("dynacoord.locks")
+        level = lock_log.level
+        lock_log.setLevel(logging.ERROR)
+        try:
+            released = lease.release()
+        finally:
+            lock_log.setLevel(level)
     if not released:
         # Say precisely why: a free lock, another holder, or the right owner with another fence.
         holder = locks.get(ctx.args.key)

@@ -35,7 +35,8 @@ def register(subparsers: Any) -> None:
     policy.add_argument(
         "--no-index",
         action="store_true",
-        help="do not grant Query on gsi1 (see the README on LeadingKeys and indexes)",
+        help="do not grant Query on gsi1 (docs/deployment.md, 'The IAM policy': LeadingKeys and "
+        "indexes)",
     )
 
 
@@ -199,10 +200,26 @@ def _layout(ctx: Context) -> Any:
 
 
 def _fail_with_problems(ctx: Context, table: str, problems: list[str]) -> None:
-    """Print the report on stdout and fail with one summary line (exit 1)."""
+    """Print the report on stdout and fail with one summary line (exit 1) that ends with the fix
+    when there is one to run."""
     emit(ctx, {"table": table, "ok": False, "problems": problems} if ctx.json else problems)
+    fix = ""
+    if problems == [f"table {table!r} does not exist"]:
+        region = ctx.client().meta.region_name
+        fix = (
+            f": create it with `dynacoord --table {table} table create` (or deploy the stack), "
+            f"or fix the table name or region (region {region})"
+        )
+    elif any(p.startswith("table key schema is") for p in problems) and not (
+        ctx.args.table_layout or os.environ.get("DYNACOORD_TABLE_LAYOUT")
+    ):
+        fix = (
+            ". If it is your application's table with other key names, give them with "
+            '--table-layout \'{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", '
+            '"index_sk": "GSI1SK"}\' (or DYNACOORD_TABLE_LAYOUT)'
+        )
     raise TableNotReadyError(
-        f"table {table!r} is not usable: {len(problems)} problem(s): " + "; ".join(problems),
+        f"table {table!r} is not usable: {len(problems)} problem(s): " + "; ".join(problems) + fix,
         table_name=table,
     )
 
