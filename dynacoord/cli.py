@@ -214,7 +214,9 @@ def _failure(exc: Exception, table: str) -> tuple[int, str]:
             f"response (is --endpoint-url pointing at DynamoDB Local for a stack command?): "
             f"{str(exc)[:300]}"
         )
-    if getattr(exc.__cause__, "operation_name", None) == "DescribeTable":
+    if not isinstance(exc, ConfigurationError) and (
+        getattr(exc.__cause__, "operation_name", None) == "DescribeTable"
+    ):
         # the backend's first-use check was refused: its message offers verify=False, a Python
         # option; say what the CLI needs instead
         error = getattr(exc.__cause__, "response", {}).get("Error", {})
