@@ -38,7 +38,7 @@ backend implements), :mod:`.publisher` (``backend.outbox``: publish and manage) 
 
 from __future__ import annotations
 
-from .event import Event, EventRecord, EventStatus, order_key, pending_fields
+from .event import DELIVERY_ROOM, Event, EventRecord, EventStatus, order_key, pending_fields
 from .publisher import MAX_EVENTS_PER_PUBLISH, Outbox
 from .store import (
     ORDERED_RECHECK_MS,
@@ -54,6 +54,7 @@ from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, Ou
 
 __all__ = [
     "DEFAULT_RETENTION_SECONDS",
+    "DELIVERY_ROOM",
     "MAX_EVENTS_PER_PUBLISH",
     "ORDERED_RECHECK_MS",
     "Event",

@@ -18,16 +18,44 @@ from .._validate import (
 )
 from ..errors import (
     InvalidValueError,
+    ValueTooLargeError,
 )
 
 __all__ = [
+    "DELIVERY_ROOM",
     "MAX_OCCURRED_AT",
     "Event",
     "EventRecord",
     "EventStatus",
+    "check_event_size",
     "order_key",
     "pending_fields",
 ]
+
+#: Bytes a stored event keeps free under its store's item limit for what delivery writes on it
+#: later: the lease token, times, the outcome's token and up to 2,000 bytes of ``last_error``.
+#: ``publish`` refuses an event whose item leaves less (``ValueTooLargeError``): filled to the
+#: limit, its first claim would be refused by the store, and it could never be delivered.
+DELIVERY_ROOM = 4 * 1024
+
+
+def check_event_size(item: Mapping[str, Any], *, key: str) -> None:
+    """Refuse (``ValueTooLargeError``, before anything is written) an event whose stored item
+    leaves less than :data:`DELIVERY_ROOM` bytes under the item limit: the same limit on every
+    backend, so an event fits every backend."""
+    size = codec.estimate_item_size(item)
+    room = codec.DYNAMODB_ITEM_LIMIT - DELIVERY_ROOM
+    if size > room:
+        raise ValueTooLargeError(
+            f"event {key!r}: its stored item would be {size} bytes; an event may take at most "
+            f"{room} of the {codec.DYNAMODB_ITEM_LIMIT}-byte item limit, keeping "
+            f"{DELIVERY_ROOM} bytes for what delivery writes on it (lease, times, last_error); "
+            "store large payloads elsewhere (for example S3) and publish a reference",
+            size=size,
+            limit=room,
+            key=key,
+        )
+
 
 #: ``Event.occurred_at`` is epoch seconds in ``[0, MAX_OCCURRED_AT)``: 10000-01-01T00:00:00Z.
 MAX_OCCURRED_AT = 253402300800

@@ -206,6 +206,7 @@ class Outbox:
         handlers: Handler | Mapping[str, Handler],
         *,
         claim: bool = False,
+        clock_skew: float = 2.0,
         **worker_options: Any,
     ) -> StreamHandler:
         """A Lambda handler for the table's DynamoDB stream that delivers each new event of this
@@ -214,14 +215,21 @@ class Outbox:
 
         By default an event costs one write, its outcome: the relay owns a new event for one
         lease after it became due, and polling workers made by :meth:`sweep_handler` leave it
-        alone meanwhile (their ``leave_new_for``); give both the same ``lease``. Handlers that
-        may run longer than the lease want ``claim=True``: the worker's claim and heartbeat
-        first (two writes per event). Ordered events are always claimed (their group's gate
-        moves with the claim). DynamoDB backend only. See :mod:`dynacoord.outbox.stream`."""
+        alone meanwhile (their ``leave_new_for``); give both the same ``lease``. The relay
+        starts a handler without a claim only while enough of that lease is left: the
+        ``clock_skew`` to the sweepers (seconds), a second for the outcome and one heartbeat
+        (a third of the lease); a handler still running at its first heartbeat gets its event
+        claimed and kept as a worker keeps it, and an event with less time left is claimed
+        before its handler starts. ``claim=True`` claims every event first (two writes per
+        event). Ordered events are always claimed (their group's gate moves with the claim).
+        DynamoDB backend only. See :mod:`dynacoord.outbox.stream`."""
         from .stream import StreamHandler
 
         return StreamHandler(
-            self.worker(handlers, **worker_options), self._store, claim=check_bool(claim, "claim")
+            self.worker(handlers, **worker_options),
+            self._store,
+            claim=check_bool(claim, "claim"),
+            clock_skew=clock_skew,
         )
 
     def sweep_handler(

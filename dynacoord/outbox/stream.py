@@ -53,12 +53,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._clock import now_ms
+from .._validate import non_negative_seconds
 from ..errors import ConfigurationError, InvalidValueError, NotSupportedError
 from .event import EventRecord, EventStatus, new_event_id
 from .store import OutboxStore
 from .worker import OutboxWorker
 
-__all__ = ["OUTBOX_OPTIONS", "StreamHandler", "SweepHandler"]
+__all__ = ["DEFAULT_CLOCK_SKEW", "OUTBOX_OPTIONS", "StreamHandler", "SweepHandler"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,10 @@ OUTBOX_OPTIONS = (
 
 #: Time kept beyond one lease before claiming: storing the outcome needs a request or two.
 OUTCOME_MARGIN_MS = 1000
+#: The largest clock difference between the relay and the sweepers the relay allows for
+#: (seconds; docs/guarantees.md, "Clock skew"): it starts a handler without a claim only while
+#: that much more of its lease is left.
+DEFAULT_CLOCK_SKEW = 2.0
 
 BatchResponse = dict[str, list[dict[str, str]]]
 
@@ -132,7 +137,14 @@ class StreamHandler:
     time) and ``store_errors`` here.
     """
 
-    def __init__(self, worker: OutboxWorker, store: OutboxStore, *, claim: bool = False) -> None:
+    def __init__(
+        self,
+        worker: OutboxWorker,
+        store: OutboxStore,
+        *,
+        claim: bool = False,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
+    ) -> None:
         reader = getattr(store, "stream_record", None)
         if not callable(reader):
             raise NotSupportedError(
@@ -142,6 +154,7 @@ class StreamHandler:
         images: _StreamImages = store  # type: ignore[assignment]
         self.worker = worker
         self.claim = claim
+        self.clock_skew_ms = int(non_negative_seconds(clock_skew, "clock_skew") * 1000)
         self._store = store
         self._images = images
         self.skipped = 0
@@ -274,12 +287,22 @@ class StreamHandler:
             return
         lease_end = current.due_at_ms + worker.lease_ms
         now = now_ms(worker.clock)
-        if now + OUTCOME_MARGIN_MS >= lease_end:
-            # The stream came late: the event is the sweeper's now (it may be claiming it).
-            self.left += 1
+        keeper = worker._new_keeper()
+        # What must be left of the lease when the handler starts: the clock skew to the
+        # sweeper (whose clock may run ahead), the outcome's write, and one beat of the keeper,
+        # which claims the event if the handler is still running then.
+        needed = self.clock_skew_ms + OUTCOME_MARGIN_MS + (keeper.interval_ms if keeper else 0)
+        if now + needed > lease_end:
+            # The stream came late, or earlier handlers of the batch took the time: not safe
+            # without a claim. Claimed (refused if the sweeper has it already), as claim=True.
             logger.info(
-                "%s: event %r left to the sweeper: the stream was late", worker.name, seen.id
+                "%s: event %r claimed: %d ms of the relay's lease left, %d needed",
+                worker.name,
+                seen.id,
+                lease_end - now,
+                needed,
             )
+            self._deliver(current)
             return
         token = new_event_id()
         record = dataclasses.replace(
@@ -290,10 +313,22 @@ class StreamHandler:
             lease_token=token,
             due_at_ms=lease_end,
         )
-        outcome = worker._handle(record)
-        settle = self._store.settle_unclaimed  # type: ignore[attr-defined]
-        (ok,) = settle([(current, outcome)], now_ms(worker.clock), worker.retention_ms)
-        worker._record(outcome, ok)
+        if keeper is not None:
+            keeper.hold_unclaimed(current, record, lease_end)
+            keeper.start()
+        try:
+            outcome = worker._handle(record)
+        finally:
+            if keeper is not None:
+                keeper.stop()
+        if keeper is not None and record.id in keeper.lost:
+            worker._record(outcome, False)  # taken over: the outcome is not ours to store
+        elif keeper is not None and record.id in keeper.claimed:
+            worker._finish([outcome], None)  # claimed while it ran: stored under the claim
+        else:
+            settle = self._store.settle_unclaimed  # type: ignore[attr-defined]
+            (ok,) = settle([(current, outcome)], now_ms(worker.clock), worker.retention_ms)
+            worker._record(outcome, ok)
 
     def __repr__(self) -> str:
         return f"StreamHandler(worker={self.worker!r}, claim={self.claim})"

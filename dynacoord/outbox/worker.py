@@ -41,8 +41,9 @@ __all__ = ["DEFAULT_RETENTION_SECONDS", "Handler", "MissingHandlerPolicy", "Outb
 
 logger = logging.getLogger(__name__)
 
-#: ``last_error`` is cut to this many characters.
-MAX_ERROR_CHARS = 2000
+#: ``last_error`` is cut to this many bytes (UTF-8): part of the room a stored event keeps for
+#: delivery (:data:`~dynacoord.outbox.event.DELIVERY_ROOM`).
+MAX_ERROR_BYTES = 2000
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600
 
 Handler = Callable[[Event], Any]
@@ -51,8 +52,11 @@ Handler = Callable[[Event], Any]
 def _error_text(exc: BaseException) -> str:
     # A handler's message may hold lone surrogates (bytes decoded with surrogateescape); escape
     # them, or the store write that records the failure would itself fail.
-    text = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+    data = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace")
+    if len(data) <= MAX_ERROR_BYTES:
+        return data.decode("utf-8")
+    # cut on a character boundary ("ignore" drops a character the cut split)
+    return data[: MAX_ERROR_BYTES - 3].decode("utf-8", "ignore") + "..."
 
 
 class _LeaseKeeper(threading.Thread):
@@ -74,6 +78,12 @@ class _LeaseKeeper(threading.Thread):
         self._held: dict[str, tuple[EventRecord, int]] = {}
         #: held events whose outcome is being written: a refused extension is that write's doing
         self._closing: set[str] = set()
+        #: held events delivered without a claim (the stream relay's): event id -> the event as
+        #: read (pending, unclaimed). When its lease wants extending the keeper claims it under
+        #: the token its delivery carries: from then on it is held as any claimed event.
+        self._unclaimed: dict[str, EventRecord] = {}
+        #: event id -> the record as claimed by the keeper (of the events held unclaimed)
+        self.claimed: dict[str, EventRecord] = {}
         self.lost: set[str] = set()
 
     def hold(self, records: Sequence[EventRecord], at_ms: int) -> None:
@@ -83,6 +93,13 @@ class _LeaseKeeper(threading.Thread):
                 # leaves less of it), else one from now.
                 until = record.due_at_ms or at_ms + self._worker.lease_ms
                 self._held[record.id] = (record, until)
+
+    def hold_unclaimed(self, seen: EventRecord, record: EventRecord, until_ms: int) -> None:
+        """Hold ``record``, delivered without a claim until ``until_ms`` (the end of the
+        relay's implicit lease); ``seen`` is the event as read, which the claim checks."""
+        with self._lock:
+            self._held[record.id] = (record, until_ms)
+            self._unclaimed[record.id] = seen
 
     def closing(self, event_ids: Iterable[str]) -> None:
         """The outcomes of these events are being written: keep them alive meanwhile, and take
@@ -114,6 +131,10 @@ class _LeaseKeeper(threading.Thread):
         now = now_ms(worker.clock)
         with self._lock:
             due = [rec for rec, until in self._held.values() if until - now <= threshold]
+            claims = [(self._unclaimed[r.id], r) for r in due if r.id in self._unclaimed]
+            due = [r for r in due if r.id not in self._unclaimed]
+        if claims:
+            self._claim(claims, now)
         if not due:
             return
         until = now + worker.lease_ms
@@ -138,6 +159,44 @@ class _LeaseKeeper(threading.Thread):
                         worker.name,
                         record.id,
                     )
+
+    def _claim(self, claims: list[tuple[EventRecord, EventRecord]], now: int) -> None:
+        """Claim events held without a claim (``(as read, as delivered)`` pairs), each under
+        its delivery's token: a handler running longer than a beat keeps its event as a worker
+        does, and the relay's outcome is written under the claim."""
+        worker = self._worker
+        until = now + worker.lease_ms
+        try:
+            got = worker._store.claim_many(
+                [seen for seen, _ in claims],
+                [record.lease_token or "" for _, record in claims],
+                until,
+                now,
+            )
+        except Exception:  # transient: the next beat asks again, the lease still has time
+            logger.exception("%s: claiming %d relayed event(s) failed", worker.name, len(claims))
+            return
+        claimed = {record.id: record for record in got}
+        with self._lock:
+            for _, record in claims:
+                self._unclaimed.pop(record.id, None)
+                if record.id not in self._held:
+                    continue
+                if record.id in claimed:
+                    self._held[record.id] = (claimed[record.id], until)
+                    self.claimed[record.id] = claimed[record.id]
+                else:
+                    self._held.pop(record.id, None)
+                    self.lost.add(record.id)
+                    logger.warning(
+                        "%s: event %r: taken by another worker while its handler ran",
+                        worker.name,
+                        record.id,
+                    )
+
+    @property
+    def interval_ms(self) -> int:
+        return int(self._interval * 1000)
 
     def stop(self) -> None:
         self._done.set()
@@ -467,35 +526,61 @@ class OutboxWorker:
                 if not turn.acquire(blocking=i == 0):
                     continue  # a sibling is claiming from that queue right now
                 turns.append(turn)
-            found.extend(self._query(EventStatus.PENDING, shard, now, found))
+            found.extend(self._due(shard, now, found))
             if len(found) >= self.batch_size:
+                if i + 1 < shards:
+                    # The shards after this one were not read: the next poll starts at the next
+                    # shard, so no shard waits behind another's backlog (a worker alone on
+                    # several shards, a sweeper under load).
+                    self._shard_skew += 1
                 break
-        if self.leave_new_ms:
-            # New unordered events (no attempt yet) are the stream relay's for one lease after
-            # they became due: it delivers them without a claim (see outbox.stream). Ordered
-            # ones it claims, as everyone does.
-            before = now - self.leave_new_ms
-            found = [
-                r
-                for r in found
-                if r.status is not EventStatus.PENDING
-                or r.attempts
-                or r.seq is not None
-                or r.due_at_ms <= before
-            ]
         return found
 
+    def _due(self, shard: int, now: int, found: list[EventRecord]) -> list[EventRecord]:
+        """The due pending events of ``shard`` this worker may claim, up to a batch with
+        ``found``. With ``leave_new_for``, new unordered events (no attempt yet) are the stream
+        relay's for that long after they became due (it delivers them without a claim, see
+        outbox.stream): the events old enough are read first, from their own range of the
+        queue, so young ones filling the queue's head never hide them; then, while the batch
+        has room, the young ones that are not new (due retries, ordered events: the relay
+        claims those as everyone does)."""
+        if not self.leave_new_ms:
+            return self._query(EventStatus.PENDING, shard, now, found)
+        before = now - self.leave_new_ms
+        old = self._query(EventStatus.PENDING, shard, before, found)
+        if len(found) + len(old) >= self.batch_size:
+            return old
+        # The old ones sort first in the queue: read past them (they are read again) into the
+        # young range.
+        known = {r.id for r in found} | {r.id for r in old}
+        more = self._query(EventStatus.PENDING, shard, now, found, extra=len(old))
+        return old + [
+            r
+            for r in more
+            if r.id not in known
+            and (r.status is not EventStatus.PENDING or r.attempts or r.seq is not None)
+        ]
+
     def _query(
-        self, status: EventStatus, shard: int, now: int, found: list[EventRecord]
+        self,
+        status: EventStatus,
+        shard: int,
+        now: int,
+        found: list[EventRecord],
+        *,
+        extra: int = 0,
     ) -> list[EventRecord]:
+        """Up to a batch (with ``found``), plus ``extra``, of ``shard``'s events in ``status``
+        due at ``now`` or before."""
         page_records: list[EventRecord] = []
         cursor: Any = None
-        while len(found) + len(page_records) < self.batch_size:
+        wanted = self.batch_size + extra
+        while len(found) + len(page_records) < wanted:
             page, cursor = self._store.query_page(
                 status,
                 shard,
                 due_before_ms=now,
-                limit=self.batch_size - len(found) - len(page_records),
+                limit=wanted - len(found) - len(page_records),
                 cursor=cursor,
             )
             page_records.extend(page)

@@ -22,11 +22,19 @@ import contextlib
 import functools
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["MAX_STATEMENTS", "NotTranslatableError", "statement", "supported"]
+__all__ = [
+    "ASK_AGAIN_AFTER",
+    "MAX_STATEMENTS",
+    "NotTranslatableError",
+    "refused",
+    "statement",
+    "supported",
+]
 
 #: the most statements one ``BatchExecuteStatement`` takes
 MAX_STATEMENTS = 25
@@ -238,8 +246,39 @@ _TRANSIENT = {
     "ServiceUnavailable",
 }
 
-_supported: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+#: Statement errors of the probe that say nothing about PartiQL (the probe's item was
+#: throttled or in a transaction's way): transactions this time, the endpoint asked again next.
+_STATEMENT_TRANSIENT = {
+    "ThrottlingError",
+    "ProvisionedThroughputExceeded",
+    "RequestLimitExceeded",
+    "InternalServerError",
+    "TransactionConflict",
+}
+#: How long a "no" is kept (seconds) before the endpoint is asked again: a role granted
+#: ``dynamodb:PartiQLUpdate`` later (or a policy rolled back) is noticed by warm processes too.
+ASK_AGAIN_AFTER = 300.0
+#: The clock of that wait (a module attribute, so a test can move it).
+_monotonic = time.monotonic
+
+# client -> table -> (the answer, when it was given by _monotonic)
+_supported: weakref.WeakKeyDictionary[Any, dict[str, tuple[bool, float]]] = (
+    weakref.WeakKeyDictionary()
+)
 _supported_guard = threading.Lock()
+
+
+def _remember(client: Any, table: str, ok: bool) -> None:
+    # A client that cannot be weakly referenced is asked again next time.
+    with _supported_guard, contextlib.suppress(TypeError):
+        _supported.setdefault(client, {})[table] = (ok, _monotonic())
+
+
+def refused(client: Any, table: str) -> None:
+    """PartiQL was denied on ``client``'s ``table`` after a probe said yes (a policy taken back,
+    an SCP): batches go the transactional way from now on, and the endpoint is asked again after
+    :data:`ASK_AGAIN_AFTER` seconds."""
+    _remember(client, table, False)
 
 
 def supported(
@@ -250,12 +289,14 @@ def supported(
 ) -> bool:
     """Whether ``client``'s endpoint runs conditional PartiQL batches as DynamoDB does: one
     probe (a conditional update of ``probe_key``, which must not exist, using every form the
-    translation produces) must come back refused with ``ConditionalCheckFailed``. Remembered per
-    client and table; one request and one write unit the first time."""
+    translation produces) must come back refused with ``ConditionalCheckFailed``. A "yes" is
+    remembered per client and table; a "no" for :data:`ASK_AGAIN_AFTER` seconds; an answer
+    that says nothing (a throttled or conflicting probe statement) is not remembered. One
+    request and one write unit per probe."""
     with _supported_guard:
-        known: bool | None = _supported.get(client, {}).get(table)
-    if known is not None:
-        return known
+        known = _supported.get(client, {}).get(table)
+    if known is not None and (known[0] or _monotonic() - known[1] < ASK_AGAIN_AFTER):
+        return bool(known[0])
     op = {
         "TableName": table,
         "Key": dict(probe_key),
@@ -269,7 +310,10 @@ def supported(
     try:
         answer = client.batch_execute_statement(Statements=[statement("Update", rename(op))])
         (response,) = answer["Responses"]
-        ok = bool(response.get("Error", {}).get("Code") == "ConditionalCheckFailed")
+        code = response.get("Error", {}).get("Code")
+        if code in _STATEMENT_TRANSIENT:
+            return False  # no answer about PartiQL: transactions now, ask again next time
+        ok = bool(code == "ConditionalCheckFailed")
     except (BotoCoreError, ClientError) as error:
         code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
         if not isinstance(error, ClientError) or code in _TRANSIENT:
@@ -277,7 +321,5 @@ def supported(
         ok = False
     except Exception:  # an endpoint whose PartiQL breaks on it (moto's): transactions
         ok = False
-    # A client that cannot be weakly referenced is asked again next time.
-    with _supported_guard, contextlib.suppress(TypeError):
-        _supported.setdefault(client, {})[table] = ok
+    _remember(client, table, ok)
     return ok

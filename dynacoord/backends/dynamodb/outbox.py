@@ -26,12 +26,19 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from zlib import crc32
 
 from ... import codec
-from ...errors import DynacoordError, InvalidKeyError, NotSupportedError, TransactionCancelledError
+from ...errors import (
+    BackendError,
+    DynacoordError,
+    InvalidKeyError,
+    NotSupportedError,
+    TransactionCancelledError,
+    ValueTooLargeError,
+)
 from ...keys import (
     MAX_PARTITION_KEY_BYTES,
     MAX_SORT_KEY_BYTES,
@@ -54,7 +61,7 @@ from ...outbox import (
     order_key,
 )
 from ...outbox._runs import group_runs
-from ...outbox.event import _new_event, _status, new_record
+from ...outbox.event import DELIVERY_ROOM, _new_event, _status, check_event_size, new_record
 from . import _partiql
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
@@ -79,9 +86,15 @@ _PUBLISH_BACKOFF_FIRST = 0.008
 _PUBLISH_BACKOFF_MAX = 0.25
 #: How the backoff waits (a module attribute, so a test can replace it).
 _sleep = time.sleep
-#: Rounds of a batched claim or completion: a cancelled transaction is sent again without the
-#: items that refused; what is left after this many goes one event per request.
+#: Rounds of a batched write (claims, outcomes, lease extensions): a cancelled transaction is
+#: sent again without the items that refused, throttled statements again; after this many
+#: rounds of the whole rest, each group of tied items goes alone for _LAST_ROUNDS more. Between
+#: rounds a jittered pause from _ROUND_PAUSE_FIRST seconds, doubling up to _ROUND_PAUSE_MAX:
+#: without it, writers conflicting on a hot gate retried in lockstep and gave up together.
 _BATCH_ROUNDS = 3
+_LAST_ROUNDS = 8
+_ROUND_PAUSE_FIRST = 0.01
+_ROUND_PAUSE_MAX = 1.0
 #: At most this many events of one ordered group are claimed in one batch (the group's gate and
 #: its events' outcomes must fit one transaction).
 _MAX_RUN = 50
@@ -288,8 +301,8 @@ class DynamoDBOutboxStore:
             item["seq"] = {"N": str(seq)}
             numbers += 1
         bound = 4 * chars + 21 * numbers
-        if bound > codec.DYNAMODB_ITEM_LIMIT:  # else it fits for certain: no estimate needed
-            codec.check_item_size(unmarshal(item), key=event_id)
+        if bound > _EVENT_ROOM:  # else it fits for certain: no estimate needed
+            check_event_size(unmarshal(item), key=event_id)
         return item, bound
 
     def _put(
@@ -567,7 +580,67 @@ class DynamoDBOutboxStore:
             if failed.item is not None and failed.item.get("lease_token") == token:
                 return EventRecord.from_item(failed.item, now_ms)
             return None
+        except ValueTooLargeError as too_large:
+            self._fail_unclaimable(seen, str(too_large), now_ms)
+            return None
         return _event_record(response["Attributes"], now_ms)
+
+    def _fail_unclaimable(self, seen: EventRecord, message: str, now_ms: int) -> None:
+        """Store ``seen`` as failed when the store refuses to claim it for its own item (it
+        fills the item limit: written by a version that left no room for delivery, or by hand).
+        Left pending it would take a place in every poll and never be delivered. The write
+        keeps the item's size (a shorter status, no error text) when even a short error does
+        not fit; conditional on the event still being as seen. An ordered event is left where
+        it is (failing it must move its group's gate): its group waits, and the log says why."""
+        if seen.seq is not None:
+            logger.error(
+                "outbox: ordered event %r cannot be claimed (%s); its group %r waits: remove "
+                "or shrink the item, then `dynacoord outbox retry`",
+                seen.id,
+                message,
+                seen.event.group,
+            )
+            return
+        gpk, gsk = self._record_index(seen.event, EventStatus.FAILED, now_ms)
+        args: dict[str, Any] = {
+            "expected": seen.status.value,
+            "failed": EventStatus.FAILED.value,
+            "now": now_ms,
+            "gpk": gpk,
+            "gsk": gsk,
+        }
+        condition = "#status = :expected AND due_ms <= :now AND "
+        if seen.lease_token is None:
+            condition += "attribute_not_exists(lease_token)"
+        else:
+            condition += "lease_token = :seen"
+            args["seen"] = seen.lease_token
+        error = f"not deliverable: the store refused to claim it ({message[:300]})"
+        short = "too large to claim"
+        failed = "SET #status = :failed, due_ms = :now, gsi1pk = :gpk, gsi1sk = :gsk"
+        # the longest write that fits: the whole story, a short one, or the status alone
+        updates: tuple[tuple[str, dict[str, Any]], ...] = (
+            (failed + ", updated_ms = :now, failed_ms = :now, last_error = :err", {"err": error}),
+            (failed + ", last_error = :err", {"err": short}),
+            (failed, {}),
+        )
+        for update, extra in updates:
+            try:
+                self._table.call(
+                    "update_item",
+                    Key=self._key(seen.id),
+                    ConditionExpression=condition,
+                    UpdateExpression=update + (" REMOVE lease_token" if seen.lease_token else ""),
+                    ExpressionAttributeNames=_NAMES,
+                    ExpressionAttributeValues=values(**args, **extra),
+                )
+            except ConditionFailedError:
+                return  # moved meanwhile: whoever moved it has it
+            except ValueTooLargeError:
+                continue
+            logger.error("outbox: event %r marked failed: %s", seen.id, error)
+            return
+        logger.error("outbox: event %r cannot be claimed nor marked failed: %s", seen.id, message)
 
     # -- batches ----------------------------------------------------------------------------------
 
@@ -596,6 +669,12 @@ class DynamoDBOutboxStore:
             args["seen"] = seen.lease_token
         # The attempts seen are the ones this claim counts: the returned record is built here.
         condition += " AND attempts = :attempts"
+        if seen.seq is not None:
+            # Still at the place seen: the gate check is for that place. A redriven event took
+            # a new place at its group's tail; an old image of it (a replayed stream record,
+            # a stale index entry) must not claim it ahead of the places before its new one.
+            condition += " AND seq = :seq"
+            args["seq"] = seen.seq
         return {
             "TableName": self._table.name,
             "Key": self._key(seen.id),
@@ -686,8 +765,20 @@ class DynamoDBOutboxStore:
             group = _group_closure(entry)
             return group not in blocked and group not in contended
 
+        unclaimable: list[tuple[EventRecord, str]] = []
+
+        def rejected(entry: _Entry, message: str) -> None:
+            # The store refused the claim for the event's own item (too large to take the
+            # claim's attributes): that event's answer, never the batch's.
+            if entry.record is not None:
+                unclaimable.append((entry.record, message))
+            group = _group_closure(entry)
+            if group is not None:
+                contended.add(group)  # its group waits: the event keeps its place
+
+        answers = _Answers(refused, written, rejected, still_wanted)
         try:
-            self._transact(entries, refused, written, _group_closure, still_wanted)
+            self._transact(entries, answers, _group_closure, must_write=False)
         except BaseException:
             # A later transaction of the batch raised (throttling, a network error, an
             # interrupt): the earlier ones' claims hold events no worker will handle. Give them
@@ -707,6 +798,8 @@ class DynamoDBOutboxStore:
                         len(back),
                     )
             raise
+        for record, message in unclaimable:
+            self._fail_unclaimable(record, message, now_ms)
         for group, gate in blocked.items():
             # The group's head is not done: the run waits; move it out of the way for a while.
             due = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms", 0)))
@@ -769,46 +862,79 @@ class DynamoDBOutboxStore:
     def _transact(
         self,
         entries: list[_Entry],
-        refused: Any,
-        written: Any,
-        closure: Any,
-        still_wanted: Any = None,
+        answers: _Answers,
+        closure: Callable[[_Entry], str | None],
+        *,
+        must_write: bool = True,
     ) -> None:
         """Send ``entries``: the ones no other ties (``closure`` None) as independent
         conditional writes, up to 25 a request at plain-write prices (``BatchExecuteStatement``,
         where the endpoint runs it); the rest in transactions of at most 100 items (the items
-        ``closure`` ties together stay in one), each cancelled one again without the items that
-        refused (``refused(entry, old item)``), up to ``_BATCH_ROUNDS`` rounds, then the rest
-        one group of tied items per request. ``written(entry)`` for every item written."""
+        ``closure`` ties together stay in one). ``answers`` hears what became of each entry.
+
+        Entries that came back throttled or in another transaction's way (no fault of theirs)
+        are sent again after a jittered pause that doubles each round: ``_BATCH_ROUNDS`` rounds
+        of the whole rest, then ``_LAST_ROUNDS`` more for each group of tied entries alone.
+        What is still unsent then raises :class:`BackendError` when ``must_write`` (an outcome
+        that was not stored must never be mistaken for a lease taken over); a claim leaves it
+        unclaimed."""
         pending = entries
-        for _ in range(_BATCH_ROUNDS):
+        pause = _Pause()
+        for round_ in range(_BATCH_ROUNDS):
+            pending = answers.wanted(pending)
             if not pending:
                 return
+            if round_:
+                pause.wait()
             again: list[_Entry] = []
+            tied = pending
             alone = [e for e in pending if closure(e) is None]
             if len(alone) > 1 and self._statements_supported():
                 statements = self._statement_entries(alone)
-                batched = {id(entry) for entry, _ in statements}
-                tied = [e for e in pending if id(e) not in batched]
-                for start in range(0, len(statements), _partiql.MAX_STATEMENTS):
-                    again.extend(
-                        self._send_statements(
-                            statements[start : start + _partiql.MAX_STATEMENTS], refused, written
-                        )
-                    )
-            else:
-                tied = pending
+                sent: set[int] = set()
+                try:
+                    for start in range(0, len(statements), _partiql.MAX_STATEMENTS):
+                        batch = statements[start : start + _partiql.MAX_STATEMENTS]
+                        again.extend(self._send_statements(batch, answers))
+                        sent.update(id(entry) for entry, _ in batch)
+                except BackendError as error:
+                    if not _denied(error.code):
+                        raise
+                    self._partiql_denied(error.code)  # the rest goes the transactional way
+                tied = [e for e in pending if id(e) not in sent]
             for chunk in _chunks(tied, closure):
-                again.extend(self._send(chunk, refused, written))
-            pending = again if still_wanted is None else [e for e in again if still_wanted(e)]
-        for group in _tied(pending, closure):
+                again.extend(self._send(chunk, answers))
+            pending = again
+        unsent = 0
+        for group in _tied(answers.wanted(pending), closure):
             leftover = list(group)
-            for _ in range(_BATCH_ROUNDS):
-                leftover = self._send(leftover, refused, written)
-                if still_wanted is not None:
-                    leftover = [e for e in leftover if still_wanted(e)]
+            for _ in range(_LAST_ROUNDS):
+                leftover = answers.wanted(leftover)
                 if not leftover:
                     break
+                pause.wait()
+                leftover = self._send(leftover, answers)
+            unsent += len(answers.wanted(leftover))
+        if unsent and must_write:
+            raise BackendError(
+                f"outbox: {unsent} conditional write(s) kept meeting throttling or other "
+                f"transactions after {_BATCH_ROUNDS + _LAST_ROUNDS} rounds and were not written; "
+                "the events stay as they were (held ones until their lease ends)",
+                code="TransactionConflict",
+            )
+
+    def _partiql_denied(self, code: str | None) -> None:
+        """PartiQL was denied after the probe said yes (a policy or SCP changed): transactions
+        from now on, the endpoint asked again later (see ``_partiql.supported``)."""
+        logger.warning(
+            "outbox: DynamoDB denied PartiQL on table %r (%s); sending the batch's conditional "
+            "writes as transactions (twice the write units) and asking again in %d s: grant "
+            "dynamodb:PartiQLUpdate and dynamodb:PartiQLDelete (see `dynacoord iam-policy`)",
+            self._table.name,
+            code,
+            int(_partiql.ASK_AGAIN_AFTER),
+        )
+        _partiql.refused(self._table.client, self._table.name)
 
     def _statement_entries(self, entries: list[_Entry]) -> list[tuple[_Entry, dict[str, Any]]]:
         """The entries that translate to PartiQL statements, each with its statement."""
@@ -830,12 +956,14 @@ class DynamoDBOutboxStore:
         return unmarshal(raw) if raw else None
 
     def _send_statements(
-        self, chunk: list[tuple[_Entry, dict[str, Any]]], refused: Any, written: Any
+        self, chunk: list[tuple[_Entry, dict[str, Any]]], answers: _Answers
     ) -> list[_Entry]:
         """One ``BatchExecuteStatement`` of independent conditional writes; the entries to send
-        again (throttled or in another transaction's way, no fault of theirs)."""
+        again (throttled or in another transaction's way, no fault of theirs). Every statement's
+        answer is heard before anything is raised: a statement refused for its own item (too
+        large, say) is that entry's, never the batch's."""
         if len(chunk) == 1:
-            return self._send([chunk[0][0]], refused, written)
+            return self._send([chunk[0][0]], answers)
         answer = self._table.call(
             "batch_execute_statement", Statements=[statement for _, statement in chunk]
         )
@@ -845,26 +973,27 @@ class DynamoDBOutboxStore:
                 f"BatchExecuteStatement answered {len(responses)} of {len(chunk)} statements"
             )
         again: list[_Entry] = []
+        denied: str | None = None
         for (entry, _), response in zip(chunk, responses, strict=True):
             error = response.get("Error")
             if not error:
-                written(entry)
+                answers.written(entry)
                 continue
             code = error.get("Code")
             if code == "ConditionalCheckFailed":
-                refused(entry, self._statement_refusal(error.get("Item")))
+                answers.refused(entry, self._statement_refusal(error.get("Item")))
             elif code in _STATEMENT_AGAIN:
                 again.append(entry)
+            elif _denied(code):
+                denied = code
+                again.append(entry)  # the next round sends it as a transaction
             else:
-                raise DynacoordError(
-                    f"outbox write refused by DynamoDB: {code}: {error.get('Message', '')}"
-                )
-        if again:
-            # Throttled or conflicting: a short jittered pause before the next round.
-            time.sleep(random.uniform(0.005, 0.05))
+                answers.rejected(entry, f"{code}: {error.get('Message', '')}")
+        if denied is not None:
+            self._partiql_denied(denied)
         return again
 
-    def _send(self, chunk: list[_Entry], refused: Any, written: Any) -> list[_Entry]:
+    def _send(self, chunk: list[_Entry], answers: _Answers) -> list[_Entry]:
         """One request for ``chunk``; the entries to send again (cancelled, no fault of theirs)."""
         if not chunk:
             return []
@@ -877,9 +1006,12 @@ class DynamoDBOutboxStore:
             try:
                 self._table.call(_SINGLE_OPERATIONS[action], **op)
             except ConditionFailedError as failed:
-                refused(chunk[0], failed.item)
+                answers.refused(chunk[0], failed.item)
                 return []
-            written(chunk[0])
+            except ValueTooLargeError as too_large:
+                answers.rejected(chunk[0], str(too_large))
+                return []
+            answers.written(chunk[0])
             return []
         try:
             self._table.call("transact_write_items", TransactItems=[e.item for e in chunk])
@@ -893,21 +1025,28 @@ class DynamoDBOutboxStore:
                 code = reason.get("Code")
                 if code == "ConditionalCheckFailed":
                     raw = reason.get("Item")
-                    refused(entry, unmarshal(raw) if raw else None)
+                    answers.refused(entry, unmarshal(raw) if raw else None)
                     failed_any = True
                 elif code in (None, "None", "TransactionConflict"):
                     again.append(entry)
+                elif code == "ValidationError":  # refused for its own item (too large, say)
+                    answers.rejected(entry, f"{code}: {reason.get('Message', '')}")
+                    failed_any = True
                 else:
                     raise
             if not failed_any and not any(r.get("Code") == "TransactionConflict" for r in reasons):
                 raise
             return again
         for entry in chunk:
-            written(entry)
+            answers.written(entry)
         return []
 
     def finish_many(
-        self, outcomes: Sequence[Outcome], now_ms: int, retention_ms: int | None
+        self,
+        outcomes: Sequence[Outcome],
+        now_ms: int,
+        retention_ms: int | None,
+        _shrunk: bool = False,
     ) -> list[bool]:
         self._record_shards()
         results: dict[int, bool] = {}
@@ -968,7 +1107,26 @@ class DynamoDBOutboxStore:
             entry.item = {"Update": gate_op}
             return True
 
-        self._transact(entries, refused, written, _group_closure, still_wanted)
+        too_large: list[int] = []
+
+        def rejected(entry: _Entry, message: str) -> None:
+            # The outcome's own item refused it (too large for its error text, say): written
+            # again below with a short error; a gate is never refused so.
+            if entry.index is not None:
+                too_large.append(entry.index)
+
+        self._transact(entries, _Answers(refused, written, rejected, still_wanted), _group_closure)
+        if too_large and not _shrunk:
+            short = [
+                dataclasses.replace(outcomes[i], error=(outcomes[i].error or "")[:200] or None)
+                for i in too_large
+            ]
+            for i, ok in zip(
+                too_large, self.finish_many(short, now_ms, retention_ms, True), strict=True
+            ):
+                results[i] = ok
+        elif too_large:
+            logger.error("outbox: %d outcome(s) refused by the store as too large", len(too_large))
         return [results.get(i, False) for i in range(len(outcomes))]
 
     # -- the stream relay's unclaimed delivery ------------------------------------------------------
@@ -1035,7 +1193,16 @@ class DynamoDBOutboxStore:
             assert entry.index is not None
             results[entry.index] = True
 
-        self._transact(entries, refused, written, _no_closure)
+        def rejected(entry: _Entry, message: str) -> None:
+            assert entry.index is not None
+            logger.error(
+                "outbox: event %r: outcome refused by the store: %s",
+                entry.record and entry.record.id,
+                message,
+            )
+            results[entry.index] = False
+
+        self._transact(entries, _Answers(refused, written, rejected), _no_closure)
         return [results.get(i, False) for i in range(len(settled))]
 
     def _unclaimed_op(
@@ -1218,7 +1385,11 @@ class DynamoDBOutboxStore:
             assert entry.index is not None
             results[entry.index] = True
 
-        self._transact(entries, refused, written, _no_closure)
+        def rejected(entry: _Entry, message: str) -> None:
+            assert entry.index is not None
+            results[entry.index] = False  # not extended: the worker does not start it
+
+        self._transact(entries, _Answers(refused, written, rejected), _no_closure)
         return [results.get(i, False) for i in range(len(held))]
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
@@ -1434,12 +1605,48 @@ class _Entry:
 
 
 @dataclasses.dataclass(slots=True)
+class _Answers:
+    """What became of each entry of a batched write, told as soon as it is known."""
+
+    #: its condition was false; the item as it was (``ALL_OLD``), or None where it is gone
+    refused: Callable[[_Entry, dict[str, Any] | None], None]
+    written: Callable[[_Entry], None]
+    #: refused for its own item, not for its condition (too large, say): that entry's answer
+    rejected: Callable[[_Entry, str], None]
+    #: entries sent again only while this says so (None: always)
+    still_wanted: Callable[[_Entry], bool] | None = None
+
+    def wanted(self, entries: list[_Entry]) -> list[_Entry]:
+        if self.still_wanted is None:
+            return entries
+        return [entry for entry in entries if self.still_wanted(entry)]
+
+
+class _Pause:
+    """The pauses between rounds of a batched write: jittered, doubling up to a cap."""
+
+    def __init__(self) -> None:
+        self._delay = _ROUND_PAUSE_FIRST
+
+    def wait(self) -> None:
+        _sleep(random.uniform(self._delay / 2, self._delay))
+        self._delay = min(_ROUND_PAUSE_MAX, self._delay * 2)
+
+
+def _denied(code: str | None) -> bool:
+    """An IAM refusal (of PartiQL: the statement actions are authorised apart)."""
+    return code is not None and code.startswith("AccessDenied")
+
+
+@dataclasses.dataclass(slots=True)
 class _Runs:
     starts: dict[str, int]  # group -> first place of its run
     by_group: dict[str, list[EventRecord]]  # group -> its run's records
 
 
 _EVENT_SK = "EVENT"
+#: the most bytes a new event's item may take (the rest is delivery's: DELIVERY_ROOM)
+_EVENT_ROOM = codec.DYNAMODB_ITEM_LIMIT - DELIVERY_ROOM
 _PENDING = EventStatus.PENDING.value
 #: the characters of a pending event's item that do not depend on the event: its attribute
 #: names, the sort key and the status

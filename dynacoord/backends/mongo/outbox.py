@@ -66,7 +66,6 @@ import pymongo
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from ... import codec
 from ...errors import NotSupportedError, OutboxError
 from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ...outbox import (
@@ -79,6 +78,7 @@ from ...outbox import (
     pending_fields,
 )
 from ...outbox._runs import group_runs
+from ...outbox.event import check_event_size
 from ._collection import MongoCollection, translate_errors
 
 __all__ = ["MongoOutboxStore"]
@@ -133,7 +133,7 @@ class MongoOutboxStore:
         if event.ordered:
             doc["published_ms"] = now_ms
         # Same size limit as the DynamoDB item, so an event fits every backend.
-        codec.check_item_size(doc, key=event.id)
+        check_event_size(doc, key=event.id)
         return doc
 
     # -- publishing ------------------------------------------------------------------------------

@@ -41,7 +41,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ... import codec
 from ...errors import NotSupportedError
 from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
 from ...outbox import (
@@ -54,6 +53,7 @@ from ...outbox import (
     pending_fields,
 )
 from ...outbox._runs import group_runs
+from ...outbox.event import check_event_size
 from ._conn import (
     LUA_LIVE,
     LUA_REPLY,
@@ -374,7 +374,7 @@ class RedisOutboxStore:
         fields = {name: str(value) for name, value in pending_fields(event, due_ms, seq).items()}
         fields["gsi1sk"] = outbox_index_sk(due_ms, event.id)
         # Same size limit as the DynamoDB item, so an event fits every backend.
-        codec.check_item_size({**k.as_dict(), **fields}, key=event.id)
+        check_event_size({**k.as_dict(), **fields}, key=event.id)
         fields.pop("seq", None)
         return fields
 
