@@ -829,6 +829,59 @@ def _writecost(s: dict[str, Any]) -> list[str]:
                 for r in policies
             ],
         )
+    writers = s.get("writers") or []
+    if writers:
+        shapes = {
+            "threads": "threads of one process, writing at once",
+            "processes": "processes (a slot pool each)",
+            "thread_per_request": "a new thread per request",
+        }
+        lines += [
+            "",
+            "Writers: WCU per write against the number of writers (100 writes/s on the "
+            "ManualClock); a slot per call in flight (~19 bytes), so the item grows with the "
+            "calls in flight and the processes in the window, never with the threads created",
+            "",
+        ]
+        lines += _table(
+            ["op", "writers", "shape", "writes", "WCU / write", "index WCU", "slots", "item B"],
+            [
+                [
+                    f"`{'counters.increment' if r['op'] == 'increment' else 'cache.incr'}`",
+                    r["writers"],
+                    shapes.get(r["shape"], r["shape"]),
+                    r["writes"],
+                    f"**{_fmt(r['wcu_per_write'])}**",
+                    _fmt(r["index_wcu_per_write"]),
+                    r["slots"],
+                    r["item_bytes"],
+                ]
+                for r in writers
+            ],
+        )
+    by_process = s.get("breaker_processes") or []
+    if by_process:
+        lines += [
+            "",
+            "Breakers from many processes: 100 calls/s round-robin over N processes (a breaker "
+            "and a slot pool each), one call in ten failing; FailureRate flushes after every "
+            "call (the end of a Lambda invocation)",
+            "",
+        ]
+        lines += _table(
+            ["policy", "processes", "requests / call", "RCU / call", "WCU / call", "item B"],
+            [
+                [
+                    r["policy"],
+                    r["processes"],
+                    _fmt(r["requests_per_call"]),
+                    _fmt(r["rcu_per_call"]),
+                    f"**{_fmt(r['wcu_per_call'])}**",
+                    r["item_bytes"],
+                ]
+                for r in by_process
+            ],
+        )
     pt = s.get("powertools") or {}
     if pt.get("status") == "ok":
         lines += [
@@ -868,7 +921,14 @@ def _writecost(s: dict[str, Any]) -> list[str]:
         "",
         f"Join: the last arrival of a {j['members']}-member join cost **{j['last_arrival_wcu']} "
         f"WCU** in {j['last_arrival_requests']} requests (largest item written "
-        f"{j['item_bytes']} B; fired: {j['fired']}).",
+        f"{j['item_bytes']} B; fired: {j['fired']})"
+        + (
+            f"; with {s['join_60_byte_ids']['id_bytes']}-byte member ids "
+            f"**{s['join_60_byte_ids']['last_arrival_wcu']} WCU** (largest item "
+            f"{s['join_60_byte_ids']['item_bytes']} B)."
+            if s.get("join_60_byte_ids")
+            else "."
+        ),
     ]
     return lines
 

@@ -19,6 +19,14 @@ sizes read around every write (bench/_units.py; DynamoDB Local does not bill):
   all calls succeeding or one in ten failing (never enough to trip): requests, RCU and WCU per
   call over the second half of the calls, and the item's size.
 
+* the **writers table**: WCU per write and the item's size against the number of writers (1,
+  10, 50, 200) of ``counters.increment`` and ``cache.incr``, as threads of one process writing
+  at once, as processes (each with its own slot pool: a process id of its own, as a real
+  process has), and as a new thread per request (threads that never overlap); and both breaker
+  policies' cost per protected call from 1, 10 and 50 processes at 100 calls/s with one call in
+  ten failing, with ``flush()`` after every call for ``FailureRate`` (what breaker.md advises at
+  the end of a Lambda invocation).
+
 Calls per rate are capped (``calls``): one writer's item holds one slot whatever the number of
 calls, so the cap changes nothing for dynacoord; the simulated seconds are reported.
 """
@@ -308,20 +316,26 @@ def _policy_rows(env: BenchEnv, tiny: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def _join_row(env: BenchEnv, members: int) -> dict[str, Any]:
+def _join_row(env: BenchEnv, members: int, id_bytes: int = 12) -> dict[str, Any]:
+    """The last arrival of a ``members``-member join whose member ids are ``id_bytes`` long."""
     client = env.new_client(counted=False)
     peek = env.new_client(counted=False)
     backend = env.backend(namespace=unique("wj"), client=client)
     counters = backend.counters
+
+    def member(i: int) -> str:
+        return f"member-{i:05d}".ljust(id_bytes, "x")
+
     for i in range(members - 1):
-        counters.join("fan", f"member-{i:05d}", expected=members)
+        counters.join("fan", member(i), expected=members)
     meter = UnitMeter(client, peek, env.table)
     try:
-        result = counters.join("fan", f"member-{members - 1:05d}", expected=members)
+        result = counters.join("fan", member(members - 1), expected=members)
     finally:
         meter.close()
     return {
         "members": members,
+        "id_bytes": id_bytes,
         "fired": result.fired,
         "last_arrival_wcu": meter.wcu,
         "last_arrival_requests": sum(meter.requests.values()),
@@ -433,6 +447,203 @@ def _powertools_row(env: BenchEnv) -> dict[str, Any]:
     }
 
 
+WRITERS = (1, 10, 50, 100, 200)
+
+
+class _Process:
+    """A simulated process: its own slot pool (dynacoord._writers), swapped in for its calls."""
+
+    def __init__(self) -> None:
+        from dynacoord import _writers
+
+        self._writers = _writers
+        self.pool = _writers._Pool()
+
+    @contextlib.contextmanager
+    def active(self) -> Any:
+        saved = self._writers._pool[0]
+        self._writers._pool[0] = self.pool
+        try:
+            yield
+        finally:
+            self._writers._pool[0] = saved
+
+
+def _writers_row(env: BenchEnv, op: str, shape: str, writers: int, rounds: int) -> dict[str, Any]:
+    """WCU per write of ``op`` (``increment`` or ``incr``) by ``writers`` writers of ``shape``:
+    every writer writes once (so the item holds what they leave), then ``rounds`` more writes
+    each, measured; the clock advances 10 ms per write (100/s)."""
+    import threading
+
+    from botocore.config import Config
+
+    # DynamoDB Local's test client, with a connection per writer thread
+    config = Config(
+        retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=max(64, writers)
+    )
+    client = env.new_client(counted=False, config=config)
+    peek = env.new_client(counted=False)
+    clock = ManualClock()
+    backend = env.backend(namespace=unique("ww"), client=client, clock=clock)
+    if op == "increment":
+        counters = backend.counters
+
+        def write() -> None:
+            counters.increment("hot")
+
+        key = {"pk": {"S": f"COUNTER#{backend.namespace}#hot"}, "sk": {"S": "COUNTER"}}
+    else:
+        cache = backend.cache()
+
+        def write() -> None:
+            cache.incr("hot")
+
+        key = {"pk": {"S": f"CACHE#{backend.namespace}#hot"}, "sk": {"S": "CACHE"}}
+
+    def one_round() -> None:
+        if shape == "threads":
+            barrier = threading.Barrier(writers)
+
+            def in_thread() -> None:
+                barrier.wait()
+                write()
+
+            threads = [threading.Thread(target=in_thread) for _ in range(writers)]
+        elif shape == "processes":
+            threads = []
+            for process in processes:
+                with process.active():
+                    write()
+                clock.advance(0.01)
+            return
+        else:  # a new thread per request, one after the other
+            threads = []
+            for _ in range(writers):
+                thread = threading.Thread(target=write)
+                thread.start()
+                thread.join()
+                clock.advance(0.01)
+            return
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        clock.advance(0.01 * writers)
+
+    processes = [_Process() for _ in range(writers)] if shape == "processes" else []
+    one_round()
+    meter = UnitMeter(client, peek, env.table)
+    try:
+        for _ in range(rounds):
+            one_round()
+    finally:
+        meter.close()
+    item = peek.get_item(TableName=env.table, Key=key, ConsistentRead=True).get("Item") or {}
+    writes = writers * rounds
+    return {
+        "op": op,
+        "shape": shape,
+        "writers": writers,
+        "writes": writes,
+        "wcu_per_write": round(meter.wcu / writes, 3),
+        "index_wcu_per_write": round(meter.index_wcu / writes, 3),
+        "slots": sum(1 for name in item if name.startswith("w:")),
+        "item_bytes": item_size(item),
+    }
+
+
+def _writers_rows(env: BenchEnv, tiny: bool) -> list[dict[str, Any]]:
+    rows = []
+    for op in ("increment", "incr"):
+        for shape in ("threads", "processes", "thread_per_request"):
+            for writers in (1, 10) if tiny else WRITERS:
+                rounds = 1 if tiny else max(2, 400 // writers)
+                rows.append(_writers_row(env, op, shape, writers, rounds))
+    return rows
+
+
+def _breaker_process_row(
+    env: BenchEnv, policy: str, processes: int, calls: int, fail_every: int = 10
+) -> dict[str, Any]:
+    """Per-call units of one breaker policy at 100 calls/s spread round-robin over
+    ``processes`` simulated processes (a breaker and a slot pool each), every
+    ``fail_every``-th call failing; ``FailureRate`` flushes after every call (a Lambda
+    invocation's end)."""
+    client = env.new_client(counted=False)
+    peek = env.new_client(counted=False)
+    clock = ManualClock()
+    namespace = unique("wp")
+    members = []
+    for _ in range(processes):
+        backend = env.backend(namespace=namespace, client=client, clock=clock)
+        if policy == "consecutive":
+            breaker = backend.breaker("svc", failure_threshold=10**9, reset_timeout=60)
+        else:
+            rate_policy = FailureRate(threshold=0.5, minimum_calls=20, window=60.0)
+            breaker = backend.breaker("svc", policy=rate_policy, reset_timeout=60)
+        members.append((_Process(), breaker))
+
+    def fail() -> None:
+        raise _BoomError
+
+    meter = UnitMeter(client, peek, env.table)
+    try:
+        half = calls // 2
+        for i in range(calls):
+            if i == half:
+                start = (meter.wcu, meter.rcu, sum(meter.requests.values()))
+            process, breaker = members[i % processes]
+            with process.active():
+                if i % fail_every == fail_every - 1:
+                    with contextlib.suppress(_BoomError):
+                        breaker.call(fail)
+                else:
+                    breaker.call(lambda: None)
+                if policy == "failure_rate":
+                    breaker.flush()
+            clock.advance(0.01)
+        measured = calls - half
+        wcu = (meter.wcu - start[0]) / measured
+        rcu = (meter.rcu - start[1]) / measured
+        requests = (sum(meter.requests.values()) - start[2]) / measured
+    finally:
+        meter.close()
+    item = peek.get_item(
+        TableName=env.table,
+        Key={"pk": {"S": f"CB#{namespace}#svc"}, "sk": {"S": "CB"}},
+        ConsistentRead=True,
+    ).get("Item")
+    return {
+        "policy": policy,
+        "processes": processes,
+        "rate": 100,
+        "failing": round(1 / fail_every, 3),
+        "flush_every_call": policy == "failure_rate",
+        "calls": calls,
+        "requests_per_call": round(requests, 4),
+        "wcu_per_call": round(wcu, 4),
+        "rcu_per_call": round(rcu, 4),
+        "item_bytes": item_size(item),
+    }
+
+
+def _breaker_process_rows(env: BenchEnv, tiny: bool) -> list[dict[str, Any]]:
+    return [
+        _breaker_process_row(env, policy, processes, 40 if tiny else 1000)
+        for policy in ("consecutive", "failure_rate")
+        for processes in ((1, 4) if tiny else (1, 10, 50))
+    ]
+
+
+def run_writers(env: BenchEnv) -> dict[str, Any]:
+    """The writers table alone (``python -m bench --only writecost`` runs all of section 9)."""
+    tiny = env.scale.name == "tiny"
+    return {
+        "writers": _writers_rows(env, tiny),
+        "breaker_processes": _breaker_process_rows(env, tiny),
+    }
+
+
 def run(env: BenchEnv) -> dict[str, Any]:
     tiny = env.scale.name == "tiny"
     calls = 40 if tiny else 1200
@@ -442,5 +653,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "breaker": _breaker_rows(env, 40 if tiny else 0),
         "breaker_policies": _policy_rows(env, tiny),
         "join": _join_row(env, 20 if tiny else 2000),
+        "join_60_byte_ids": _join_row(env, 20 if tiny else 2000, id_bytes=60),
         "powertools": _powertools_row(env),
+        **run_writers(env),
     }
