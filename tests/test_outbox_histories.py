@@ -15,8 +15,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from dynacoord import DynamoDBBackend, Event, ManualClock, codec
-from dynacoord.backends.dynamodb import _partiql
-from dynacoord.backends.dynamodb import outbox as ddb_outbox
+from dynacoord.backends.dynamodb import _batch, _partiql
 from dynacoord.backends.dynamodb._table import unmarshal
 from dynacoord.errors import ValueTooLargeError
 from dynacoord.outbox import DELIVERY_ROOM, EventStatus
@@ -295,7 +294,7 @@ def test_outcomes_in_a_conflict_storm_are_stored_not_reported_lost(
     """An ordered event's outcome travels with its group's gate in one transaction. Eight
     TransactionConflicts in a row (a hot gate) make the store pause and try again; the lease
     is never reported lost and the event is never delivered twice."""
-    monkeypatch.setattr(ddb_outbox, "_sleep", lambda _: None)
+    monkeypatch.setattr(_batch, "_sleep", lambda _: None)
     clock = ManualClock()
     outbox = make(namespace=unique_name("h5"), clock=clock).outbox
     outbox.publish(Event("t", {}, id="e1", group="G", ordered=True))

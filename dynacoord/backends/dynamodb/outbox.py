@@ -26,14 +26,12 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from zlib import crc32
 
 from ... import codec
 from ...errors import (
-    BackendError,
-    DynacoordError,
     InvalidKeyError,
     NotSupportedError,
     TransactionCancelledError,
@@ -62,7 +60,7 @@ from ...outbox import (
 )
 from ...outbox._runs import group_runs
 from ...outbox.event import DELIVERY_ROOM, _new_event, _status, check_event_size, new_record
-from . import _partiql
+from ._batch import Answers, BatchWriter, Entry, no_closure
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
     MAX_TRANSACTION_BYTES,
@@ -86,15 +84,6 @@ _PUBLISH_BACKOFF_FIRST = 0.008
 _PUBLISH_BACKOFF_MAX = 0.25
 #: How the backoff waits (a module attribute, so a test can replace it).
 _sleep = time.sleep
-#: Rounds of a batched write (claims, outcomes, lease extensions): a cancelled transaction is
-#: sent again without the items that refused, throttled statements again; after this many
-#: rounds of the whole rest, each group of tied items goes alone for _LAST_ROUNDS more. Between
-#: rounds a jittered pause from _ROUND_PAUSE_FIRST seconds, doubling up to _ROUND_PAUSE_MAX:
-#: without it, writers conflicting on a hot gate retried in lockstep and gave up together.
-_BATCH_ROUNDS = 3
-_LAST_ROUNDS = 8
-_ROUND_PAUSE_FIRST = 0.01
-_ROUND_PAUSE_MAX = 1.0
 #: At most this many events of one ordered group are claimed in one batch (the group's gate and
 #: its events' outcomes must fit one transaction).
 _MAX_RUN = 50
@@ -163,6 +152,13 @@ class DynamoDBOutboxStore:
         self._pending_pks = [
             outbox_index_pk(namespace, EventStatus.PENDING.value, shard) for shard in range(shards)
         ]
+        self._batch = BatchWriter(
+            table,
+            probe_key=marshal({"pk": f"{Kind.OUTBOX.value}#{namespace}#~", "sk": "PARTIQL-PROBE"}),
+            # bound methods: a subclass (a table layout's store) renames the statements
+            statement_op=self._statement_op,
+            statement_refusal=self._statement_refusal,
+        )
 
     # -- the namespace's shard count ----------------------------------------------------------------
     # Publishers record the most shards they use on one item; workers read it and poll that many,
@@ -712,10 +708,10 @@ class DynamoDBOutboxStore:
             got = self._claim_one(record, token, lease_until_ms, now_ms)
             return [] if got is None else [got]
         # Items: one claim per event, one gate check per ordered group, a group's with its run.
-        entries: list[_Entry] = []
+        entries: list[Entry] = []
         for record, token in claimable:
             entries.append(
-                _Entry(
+                Entry(
                     {"Update": self._claim_op(record, token, lease_until_ms, now_ms)},
                     record=record,
                     token=token,
@@ -723,7 +719,7 @@ class DynamoDBOutboxStore:
             )
         for group, start in runs.starts.items():
             entries.append(
-                _Entry(
+                Entry(
                     {
                         "ConditionCheck": {
                             "TableName": self._table.name,
@@ -741,7 +737,7 @@ class DynamoDBOutboxStore:
 
         contended: set[str] = set()  # ordered groups of which someone else holds a member
 
-        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+        def refused(entry: Entry, item: dict[str, Any] | None) -> None:
             if entry.group is not None:
                 blocked[entry.group] = item or {}
             elif item is not None and item.get("lease_token") == entry.token:
@@ -756,18 +752,18 @@ class DynamoDBOutboxStore:
                     # later event before it. The group waits for the next poll.
                     contended.add(group)
 
-        def written(entry: _Entry) -> None:
+        def written(entry: Entry) -> None:
             if entry.record is not None:
                 claimed[entry.record.id] = _as_claimed(entry.record, entry.token, lease_until_ms)
 
-        def still_wanted(entry: _Entry) -> bool:
+        def still_wanted(entry: Entry) -> bool:
             # A group whose gate or member refused is not claimed at all, not in a later round.
             group = _group_closure(entry)
             return group not in blocked and group not in contended
 
         unclaimable: list[tuple[EventRecord, str]] = []
 
-        def rejected(entry: _Entry, message: str) -> None:
+        def rejected(entry: Entry, message: str) -> None:
             # The store refused the claim for the event's own item (too large to take the
             # claim's attributes): that event's answer, never the batch's.
             if entry.record is not None:
@@ -776,9 +772,9 @@ class DynamoDBOutboxStore:
             if group is not None:
                 contended.add(group)  # its group waits: the event keeps its place
 
-        answers = _Answers(refused, written, rejected, still_wanted)
+        answers = Answers(refused, written, rejected, still_wanted)
         try:
-            self._transact(entries, answers, _group_closure, must_write=False)
+            self._batch.write(entries, answers, _group_closure, must_write=False)
         except BaseException:
             # A later transaction of the batch raised (throttling, a network error, an
             # interrupt): the earlier ones' claims hold events no worker will handle. Give them
@@ -854,98 +850,7 @@ class DynamoDBOutboxStore:
             )
 
     def _statements_supported(self) -> bool:
-        """Whether this endpoint runs conditional PartiQL batches (DynamoDB and DynamoDB Local
-        do, moto does not); asked once per client and table."""
-        key = marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#~", "sk": "PARTIQL-PROBE"})
-        return _partiql.supported(self._table.client, self._table.name, key, self._statement_op)
-
-    def _transact(
-        self,
-        entries: list[_Entry],
-        answers: _Answers,
-        closure: Callable[[_Entry], str | None],
-        *,
-        must_write: bool = True,
-    ) -> None:
-        """Send ``entries``: the ones no other ties (``closure`` None) as independent
-        conditional writes, up to 25 a request at plain-write prices (``BatchExecuteStatement``,
-        where the endpoint runs it); the rest in transactions of at most 100 items (the items
-        ``closure`` ties together stay in one). ``answers`` hears what became of each entry.
-
-        Entries that came back throttled or in another transaction's way (no fault of theirs)
-        are sent again after a jittered pause that doubles each round: ``_BATCH_ROUNDS`` rounds
-        of the whole rest, then ``_LAST_ROUNDS`` more for each group of tied entries alone.
-        What is still unsent then raises :class:`BackendError` when ``must_write`` (an outcome
-        that was not stored must never be mistaken for a lease taken over); a claim leaves it
-        unclaimed."""
-        pending = entries
-        pause = _Pause()
-        for round_ in range(_BATCH_ROUNDS):
-            pending = answers.wanted(pending)
-            if not pending:
-                return
-            if round_:
-                pause.wait()
-            again: list[_Entry] = []
-            tied = pending
-            alone = [e for e in pending if closure(e) is None]
-            if len(alone) > 1 and self._statements_supported():
-                statements = self._statement_entries(alone)
-                sent: set[int] = set()
-                try:
-                    for start in range(0, len(statements), _partiql.MAX_STATEMENTS):
-                        batch = statements[start : start + _partiql.MAX_STATEMENTS]
-                        again.extend(self._send_statements(batch, answers))
-                        sent.update(id(entry) for entry, _ in batch)
-                except BackendError as error:
-                    if not _denied(error.code):
-                        raise
-                    self._partiql_denied(error.code)  # the rest goes the transactional way
-                tied = [e for e in pending if id(e) not in sent]
-            for chunk in _chunks(tied, closure):
-                again.extend(self._send(chunk, answers))
-            pending = again
-        unsent = 0
-        for group in _tied(answers.wanted(pending), closure):
-            leftover = list(group)
-            for _ in range(_LAST_ROUNDS):
-                leftover = answers.wanted(leftover)
-                if not leftover:
-                    break
-                pause.wait()
-                leftover = self._send(leftover, answers)
-            unsent += len(answers.wanted(leftover))
-        if unsent and must_write:
-            raise BackendError(
-                f"outbox: {unsent} conditional write(s) kept meeting throttling or other "
-                f"transactions after {_BATCH_ROUNDS + _LAST_ROUNDS} rounds and were not written; "
-                "the events stay as they were (held ones until their lease ends)",
-                code="TransactionConflict",
-            )
-
-    def _partiql_denied(self, code: str | None) -> None:
-        """PartiQL was denied after the probe said yes (a policy or SCP changed): transactions
-        from now on, the endpoint asked again later (see ``_partiql.supported``)."""
-        logger.warning(
-            "outbox: DynamoDB denied PartiQL on table %r (%s); sending the batch's conditional "
-            "writes as transactions (twice the write units) and asking again in %d s: grant "
-            "dynamodb:PartiQLUpdate and dynamodb:PartiQLDelete (see `dynacoord iam-policy`)",
-            self._table.name,
-            code,
-            int(_partiql.ASK_AGAIN_AFTER),
-        )
-        _partiql.refused(self._table.client, self._table.name)
-
-    def _statement_entries(self, entries: list[_Entry]) -> list[tuple[_Entry, dict[str, Any]]]:
-        """The entries that translate to PartiQL statements, each with its statement."""
-        out: list[tuple[_Entry, dict[str, Any]]] = []
-        for entry in entries:
-            ((action, op),) = entry.item.items()
-            try:
-                out.append((entry, _partiql.statement(action, self._statement_op(op))))
-            except _partiql.NotTranslatableError:
-                continue  # sent the transactional way
-        return out
+        return self._batch.statements_supported()
 
     def _statement_op(self, op: dict[str, Any]) -> dict[str, Any]:
         """The operation as the table names it (a table layout renames; here: as it is)."""
@@ -954,92 +859,6 @@ class DynamoDBOutboxStore:
     def _statement_refusal(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
         """A statement's refused item (``ALL_OLD``) in this store's names."""
         return unmarshal(raw) if raw else None
-
-    def _send_statements(
-        self, chunk: list[tuple[_Entry, dict[str, Any]]], answers: _Answers
-    ) -> list[_Entry]:
-        """One ``BatchExecuteStatement`` of independent conditional writes; the entries to send
-        again (throttled or in another transaction's way, no fault of theirs). Every statement's
-        answer is heard before anything is raised: a statement refused for its own item (too
-        large, say) is that entry's, never the batch's."""
-        if len(chunk) == 1:
-            return self._send([chunk[0][0]], answers)
-        answer = self._table.call(
-            "batch_execute_statement", Statements=[statement for _, statement in chunk]
-        )
-        responses = answer.get("Responses", [])
-        if len(responses) != len(chunk):
-            raise DynacoordError(
-                f"BatchExecuteStatement answered {len(responses)} of {len(chunk)} statements"
-            )
-        again: list[_Entry] = []
-        denied: str | None = None
-        for (entry, _), response in zip(chunk, responses, strict=True):
-            error = response.get("Error")
-            if not error:
-                answers.written(entry)
-                continue
-            code = error.get("Code")
-            if code == "ConditionalCheckFailed":
-                answers.refused(entry, self._statement_refusal(error.get("Item")))
-            elif code in _STATEMENT_AGAIN:
-                again.append(entry)
-            elif _denied(code):
-                denied = code
-                again.append(entry)  # the next round sends it as a transaction
-            else:
-                answers.rejected(entry, f"{code}: {error.get('Message', '')}")
-        if denied is not None:
-            self._partiql_denied(denied)
-        return again
-
-    def _send(self, chunk: list[_Entry], answers: _Answers) -> list[_Entry]:
-        """One request for ``chunk``; the entries to send again (cancelled, no fault of theirs)."""
-        if not chunk:
-            return []
-        single = _SINGLE_OPERATIONS.keys() & chunk[0].item.keys() if len(chunk) == 1 else None
-        if single:
-            # One item: the plain write (half the write units of a transaction).
-            (action,) = single
-            op = dict(chunk[0].item[action])
-            op.pop("TableName", None)
-            try:
-                self._table.call(_SINGLE_OPERATIONS[action], **op)
-            except ConditionFailedError as failed:
-                answers.refused(chunk[0], failed.item)
-                return []
-            except ValueTooLargeError as too_large:
-                answers.rejected(chunk[0], str(too_large))
-                return []
-            answers.written(chunk[0])
-            return []
-        try:
-            self._table.call("transact_write_items", TransactItems=[e.item for e in chunk])
-        except TransactionCancelledError as cancelled:
-            again = []
-            reasons = cancelled.reasons
-            if len(reasons) != len(chunk):
-                raise
-            failed_any = False
-            for entry, reason in zip(chunk, reasons, strict=True):
-                code = reason.get("Code")
-                if code == "ConditionalCheckFailed":
-                    raw = reason.get("Item")
-                    answers.refused(entry, unmarshal(raw) if raw else None)
-                    failed_any = True
-                elif code in (None, "None", "TransactionConflict"):
-                    again.append(entry)
-                elif code == "ValidationError":  # refused for its own item (too large, say)
-                    answers.rejected(entry, f"{code}: {reason.get('Message', '')}")
-                    failed_any = True
-                else:
-                    raise
-            if not failed_any and not any(r.get("Code") == "TransactionConflict" for r in reasons):
-                raise
-            return again
-        for entry in chunk:
-            answers.written(entry)
-        return []
 
     def finish_many(
         self,
@@ -1050,10 +869,10 @@ class DynamoDBOutboxStore:
     ) -> list[bool]:
         self._record_shards()
         results: dict[int, bool] = {}
-        entries: list[_Entry] = []
+        entries: list[Entry] = []
         for index, outcome in enumerate(outcomes):
             entries.append(
-                _Entry(
+                Entry(
                     self._outcome_op(outcome, now_ms, retention_ms),
                     record=outcome.record,
                     token=outcome.token,
@@ -1064,18 +883,18 @@ class DynamoDBOutboxStore:
         for outcome in outcomes:
             if outcome.record.seq is not None and outcome.record.event.group is not None:
                 by_group.setdefault(outcome.record.event.group, []).append(outcome)
-        gates: dict[str, _Entry] = {}
+        gates: dict[str, Entry] = {}
         for group, members in by_group.items():
             gate_op = self._gate_finish(group, members)
             if gate_op is not None:
-                gates[group] = _Entry({"Update": gate_op}, group=group)
+                gates[group] = Entry({"Update": gate_op}, group=group)
                 entries.append(gates[group])
         # Indexes of the outcomes refused (not our own write): their group's gate must not move
         # past them. A group's items travel in one transaction, so a refusal cancels the gate
         # move too and the rest is sent again: with a gate move computed from the rest.
         lost: set[int] = set()
 
-        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+        def refused(entry: Entry, item: dict[str, Any] | None) -> None:
             if entry.index is None:
                 return  # a gate the group had already moved past: nothing to move
             if item is None:
@@ -1087,11 +906,11 @@ class DynamoDBOutboxStore:
             if not results[entry.index]:
                 lost.add(entry.index)
 
-        def written(entry: _Entry) -> None:
+        def written(entry: Entry) -> None:
             if entry.index is not None:
                 results[entry.index] = True
 
-        def still_wanted(entry: _Entry) -> bool:
+        def still_wanted(entry: Entry) -> bool:
             group = entry.group
             if entry.index is not None or group is None or not lost:
                 return True
@@ -1109,13 +928,15 @@ class DynamoDBOutboxStore:
 
         too_large: list[int] = []
 
-        def rejected(entry: _Entry, message: str) -> None:
+        def rejected(entry: Entry, message: str) -> None:
             # The outcome's own item refused it (too large for its error text, say): written
             # again below with a short error; a gate is never refused so.
             if entry.index is not None:
                 too_large.append(entry.index)
 
-        self._transact(entries, _Answers(refused, written, rejected, still_wanted), _group_closure)
+        self._batch.write(
+            entries, Answers(refused, written, rejected, still_wanted), _group_closure
+        )
         if too_large and not _shrunk:
             short = [
                 dataclasses.replace(outcomes[i], error=(outcomes[i].error or "")[:200] or None)
@@ -1166,7 +987,7 @@ class DynamoDBOutboxStore:
         bool each: False where a worker had claimed or finished it meanwhile. Unordered events
         only: an ordered one moves its group's gate, which takes a claim."""
         results: dict[int, bool] = {}
-        entries: list[_Entry] = []
+        entries: list[Entry] = []
         for index, (seen, outcome) in enumerate(settled):
             if seen.seq is not None or not outcome.count_attempt:
                 raise ValueError(
@@ -1174,7 +995,7 @@ class DynamoDBOutboxStore:
                     "without a claim"
                 )
             entries.append(
-                _Entry(
+                Entry(
                     self._unclaimed_op(seen, outcome, now_ms, retention_ms),
                     record=outcome.record,
                     token=outcome.token,
@@ -1182,18 +1003,18 @@ class DynamoDBOutboxStore:
                 )
             )
 
-        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+        def refused(entry: Entry, item: dict[str, Any] | None) -> None:
             assert entry.index is not None
             if item is None:
                 results[entry.index] = retention_ms is None  # deleted by this very write
             else:
                 results[entry.index] = item.get("finished_by") == entry.token
 
-        def written(entry: _Entry) -> None:
+        def written(entry: Entry) -> None:
             assert entry.index is not None
             results[entry.index] = True
 
-        def rejected(entry: _Entry, message: str) -> None:
+        def rejected(entry: Entry, message: str) -> None:
             assert entry.index is not None
             logger.error(
                 "outbox: event %r: outcome refused by the store: %s",
@@ -1202,7 +1023,7 @@ class DynamoDBOutboxStore:
             )
             results[entry.index] = False
 
-        self._transact(entries, _Answers(refused, written, rejected), _no_closure)
+        self._batch.write(entries, Answers(refused, written, rejected), no_closure)
         return [results.get(i, False) for i in range(len(settled))]
 
     def _unclaimed_op(
@@ -1346,7 +1167,7 @@ class DynamoDBOutboxStore:
             _, gsk = self._record_index(record.event, EventStatus.IN_FLIGHT, lease_until_ms)
             token = record.lease_token or ""
             entries.append(
-                _Entry(
+                Entry(
                     {
                         "Update": {
                             "TableName": self._table.name,
@@ -1372,7 +1193,7 @@ class DynamoDBOutboxStore:
                 )
             )
 
-        def refused(entry: _Entry, item: dict[str, Any] | None) -> None:
+        def refused(entry: Entry, item: dict[str, Any] | None) -> None:
             assert entry.index is not None
             # A retry whose first attempt applied shows our own token and lease: still ours.
             results[entry.index] = (
@@ -1381,15 +1202,15 @@ class DynamoDBOutboxStore:
                 and item.get("status") == EventStatus.IN_FLIGHT.value
             )
 
-        def written(entry: _Entry) -> None:
+        def written(entry: Entry) -> None:
             assert entry.index is not None
             results[entry.index] = True
 
-        def rejected(entry: _Entry, message: str) -> None:
+        def rejected(entry: Entry, message: str) -> None:
             assert entry.index is not None
             results[entry.index] = False  # not extended: the worker does not start it
 
-        self._transact(entries, _Answers(refused, written, rejected), _no_closure)
+        self._batch.write(entries, Answers(refused, written, rejected), no_closure)
         return [results.get(i, False) for i in range(len(held))]
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
@@ -1594,51 +1415,6 @@ class DynamoDBOutboxStore:
 
 
 @dataclasses.dataclass(slots=True)
-class _Entry:
-    """One item of a batched request and what it stands for."""
-
-    item: dict[str, Any]
-    record: EventRecord | None = None
-    token: str = ""
-    group: str | None = None
-    index: int | None = None
-
-
-@dataclasses.dataclass(slots=True)
-class _Answers:
-    """What became of each entry of a batched write, told as soon as it is known."""
-
-    #: its condition was false; the item as it was (``ALL_OLD``), or None where it is gone
-    refused: Callable[[_Entry, dict[str, Any] | None], None]
-    written: Callable[[_Entry], None]
-    #: refused for its own item, not for its condition (too large, say): that entry's answer
-    rejected: Callable[[_Entry, str], None]
-    #: entries sent again only while this says so (None: always)
-    still_wanted: Callable[[_Entry], bool] | None = None
-
-    def wanted(self, entries: list[_Entry]) -> list[_Entry]:
-        if self.still_wanted is None:
-            return entries
-        return [entry for entry in entries if self.still_wanted(entry)]
-
-
-class _Pause:
-    """The pauses between rounds of a batched write: jittered, doubling up to a cap."""
-
-    def __init__(self) -> None:
-        self._delay = _ROUND_PAUSE_FIRST
-
-    def wait(self) -> None:
-        _sleep(random.uniform(self._delay / 2, self._delay))
-        self._delay = min(_ROUND_PAUSE_MAX, self._delay * 2)
-
-
-def _denied(code: str | None) -> bool:
-    """An IAM refusal (of PartiQL: the statement actions are authorised apart)."""
-    return code is not None and code.startswith("AccessDenied")
-
-
-@dataclasses.dataclass(slots=True)
 class _Runs:
     starts: dict[str, int]  # group -> first place of its run
     by_group: dict[str, list[EventRecord]]  # group -> its run's records
@@ -1658,20 +1434,6 @@ _PENDING_CHARS = (
 )
 #: An upper bound on the bytes of one number-valued expression value (name and number).
 _EXPRESSION_VALUE_BOUND = 64
-#: A transaction item's action and the plain request that writes it alone.
-_SINGLE_OPERATIONS = {"Update": "update_item", "Delete": "delete_item"}
-
-
-#: statement errors of a BatchExecuteStatement that are no fault of the write: send it again
-_STATEMENT_AGAIN = frozenset(
-    {
-        "TransactionConflict",
-        "ThrottlingError",
-        "ProvisionedThroughputExceeded",
-        "RequestLimitExceeded",
-        "InternalServerError",
-    }
-)
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
@@ -1686,7 +1448,7 @@ def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventReco
     )
 
 
-def _group_closure(entry: _Entry) -> str | None:
+def _group_closure(entry: Entry) -> str | None:
     """Items of one ordered group (its events and its gate) go in one transaction."""
     if entry.group is not None:
         return entry.group
@@ -1694,37 +1456,3 @@ def _group_closure(entry: _Entry) -> str | None:
     if record is not None and record.seq is not None:
         return record.event.group
     return None
-
-
-def _no_closure(entry: _Entry) -> str | None:
-    return None
-
-
-def _tied(entries: Iterable[_Entry], closure: Any) -> list[list[_Entry]]:
-    """``entries`` in groups that must travel together (each untied entry alone)."""
-    tied: dict[str, list[_Entry]] = {}
-    groups: list[list[_Entry]] = []
-    for entry in entries:
-        name = closure(entry)
-        if name is None:
-            groups.append([entry])
-        elif name in tied:
-            tied[name].append(entry)
-        else:
-            tied[name] = [entry]
-            groups.append(tied[name])
-    return groups
-
-
-def _chunks(entries: list[_Entry], closure: Any) -> list[list[_Entry]]:
-    """Transactions of at most 100 items, tied entries never split."""
-    chunks: list[list[_Entry]] = []
-    current: list[_Entry] = []
-    for group in _tied(entries, closure):
-        if current and len(current) + len(group) > MAX_TRANSACTION_ITEMS:
-            chunks.append(current)
-            current = []
-        current.extend(group)
-    if current:
-        chunks.append(current)
-    return chunks
