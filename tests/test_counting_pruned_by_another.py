@@ -1,31 +1,51 @@
-"""A lost-answer retry of a counting write counts once, whoever dropped the stale writer slots.
+"""A lost-answer retry of a counting write counts once, whoever dropped the stale slots.
 
-DynamoDB keeps one slot per writer on a counted item (dynacoord._writers); a write drops the
-slots another write of its process saw stale, each only while it still holds the token seen
-(``#rpN = :rpN``). The timeline that condition closes, with the pruning done by a *different*
-writer (in another process) than the one that came back::
+DynamoDB keeps one slot per call in flight on a counted item (dynacoord._writers: a call leases a
+slot from its process's pool, the one given back last). A write drops the slots its process saw
+stale, each only while it still holds the token seen (``#rpN = :rpN``). The timeline that
+condition closes, with the dropping done by *another process* than the one whose slot it is::
 
-    W: increment (slot[W] = t1) ... quiet for more than a window
-    X: increment, sees slot[W] = t1 stale (with more than PRUNE_AT slots on the item)
-    W: increment (slot[W] = t2)  -> applied, its answer lost
-    X: increment, drops slot[W] if it still holds t1 -> refused (it holds t2), sent again
-       without the drop
-    W: (botocore) the same request again  -> refused: slot[W] == t2, so "applied": counted once
+    W: increment in slot s (s = t1) ... then quiet for longer than a retry window
+    X: increment, sees s = t1 stale (with more than PRUNE_AT slots on the item)
+    W: increment, leases s again (s = t2)  -> applied, its answer lost
+    X: increment, drops s if it still holds t1 -> refused (it holds t2), sent again without
+       the drop
+    W: (botocore) the same request again  -> refused: s == t2, so "applied": counted once
 
 Without the condition X drops W's slot and W's retry counts a second time.
+
+Each process here is its own slot pool and its own memory of stale slots (what a process keeps
+in ``dynacoord._writers`` and ``backends/dynamodb/_table.py``), swapped in around its calls.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from dynacoord import ManualClock
-from dynacoord._writers import PRUNE_AT, WINDOW_MS
+from dynacoord import ManualClock, _writers
+from dynacoord._writers import PRUNE_AT
 from dynacoord.backends.dynamodb import _table
+
+
+class _Process:
+    """What one process keeps for counting writes: its slot pool and the stale slots seen."""
+
+    def __init__(self) -> None:
+        self.pool = _writers._Pool()
+        self.stale: dict[str, tuple[tuple[str, str | None], ...]] = {}
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        saved = _writers._pool[0], _table._stale
+        _writers._pool[0], _table._stale = self.pool, self.stale
+        try:
+            yield
+        finally:
+            _writers._pool[0], _table._stale = saved
 
 
 def _slots(backend: Any, key: str) -> dict[str, str]:
@@ -38,32 +58,31 @@ def _slots(backend: Any, key: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
-def test_a_retry_counts_once_when_another_writer_dropped_the_stale_slots(lossy: Any) -> None:
+def test_a_retry_counts_once_when_another_process_dropped_the_stale_slots(lossy: Any) -> None:
     clock = ManualClock()
     backend = lossy.backend(clock=clock)
     counters = backend.counters
     pk = f"COUNTER#{backend.namespace}#k"
-    # One thread is one writer: W and X each keep theirs for the whole test.
-    with ThreadPoolExecutor(1) as w, ThreadPoolExecutor(1) as x:
-        w.submit(counters.increment, "k").result()
-        [w_slot] = _slots(backend, "k")
-        for _ in range(PRUNE_AT):  # more slots than PRUNE_AT: stale ones are worth dropping
-            other = threading.Thread(target=counters.increment, args=("k",))
-            other.start()
-            other.join()
-        clock.advance(WINDOW_MS / 1000 + 1)
-        x.submit(counters.increment, "k").result()  # X sees the stale slots, W's among them
-        # What X saw is X's process's memory; W is another process and has seen nothing.
-        seen_by_x = _table._stale.pop(pk)
-        assert w_slot in {name for name, _ in seen_by_x}
+    w, x = _Process(), _Process()
+    with w.running():
+        counters.increment("k")
+    [w_slot] = _slots(backend, "k")
+    for _ in range(PRUNE_AT):  # more slots than PRUNE_AT: stale ones are worth dropping
+        with _Process().running():
+            counters.increment("k")
+    clock.advance(_table.client_window_ms(backend.client) / 1000 + 1)  # all of them stale
+    with x.running():
+        counters.increment("k")  # X sees the stale slots, W's among them
+    assert w_slot in {name for name, _ in x.stale[pk]}
 
-        def x_writes_in_the_gap() -> None:
-            _table._stale[pk] = seen_by_x
-            x.submit(counters.increment, "k").result()
+    def x_writes_in_the_gap() -> None:
+        with x.running():
+            counters.increment("k")
 
-        lossy.lose_next(operation="UpdateItem", then=x_writes_in_the_gap)
-        w.submit(counters.increment, "k").result()  # W comes back; its answer is lost
+    lossy.lose_next(operation="UpdateItem", then=x_writes_in_the_gap)
+    with w.running():
+        counters.increment("k")  # W comes back in the same slot; its answer is lost
     assert lossy.lost == 1
     # W twice, PRUNE_AT others once, X twice: W's retry was recognised as applied
     assert counters.get("k") == 2 + PRUNE_AT + 2
-    assert w_slot in _slots(backend, "k"), "the writer that came back keeps its slot"
+    assert w_slot in _slots(backend, "k"), "the slot written again is kept"
