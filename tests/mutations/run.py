@@ -200,10 +200,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", help="a commit to copy instead of the working tree")
     parser.add_argument("--baseline", action="store_true", help="run the tests without mutants")
     parser.add_argument("--list", action="store_true", help="list the entries and stop")
-    parser.add_argument("--guards", type=Path, default=GUARDS, help="another list (a draft)")
+    parser.add_argument("--guards", type=Path, help="another list (default: the copied tree's)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show every pytest tail")
     args = parser.parse_args(argv)
-    guards = load(args.guards)
+    with tempfile.TemporaryDirectory(prefix="dynacoord-mutate-") as tmp:
+        tree = Path(tmp) / "tree"
+        if not args.list:
+            _copy_tree(tree, args.ref)
+        # the list of the tree that runs (with --ref, the commit's own list)
+        default = tree / GUARDS.relative_to(ROOT) if not args.list else GUARDS
+        guards = _select(parser, args, load(args.guards or default))
+        if guards is None:
+            return 0
+        problems = run(guards, tree, baseline=args.baseline, verbose=args.verbose)
+    if problems:
+        print("\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _select(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, guards: list[Guard]
+) -> list[Guard] | None:
+    """The entries chosen by ``--only`` and ``--backend``; None when ``--list`` printed them."""
     if args.only:
         unknown = set(args.only) - {g.id for g in guards}
         if unknown:
@@ -214,15 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for guard in guards:
             print(f"{guard.id:40} {guard.backend:9} {guard.file}: {guard.guarantee}")
-        return 0
-    with tempfile.TemporaryDirectory(prefix="dynacoord-mutate-") as tmp:
-        tree = Path(tmp) / "tree"
-        _copy_tree(tree, args.ref)
-        problems = run(guards, tree, baseline=args.baseline, verbose=args.verbose)
-    if problems:
-        print("\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
-        return 1
-    return 0
+        return None
+    return guards
 
 
 if __name__ == "__main__":
