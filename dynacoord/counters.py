@@ -323,7 +323,10 @@ class Counters:
                     self._refuse_other_kind(key, outcome.current, COUNTER)
                     continue
                 logger.debug("counter %r restarted after expiry", key)
-            assert outcome.item is not None
+            if outcome.item is None:
+                # a retry recognised as applied after another call deleted the counter in the
+                # gap (Redis keeps the slots beside the item): the value read then is absent
+                return 0
             return int(outcome.item.value)
         raise BackendError(  # pragma: no cover - needs an item expiring again on every attempt
             f"counter {key!r} kept expiring while being incremented ({_MAX_RESTARTS} attempts)"
