@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -156,7 +157,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+class _WarningLines(logging.Formatter):
+    """A library log record as a ``dynacoord: warning:`` line: ``dynacoord: error:`` stays the
+    one line of the command's own failure (an event that failed in ``outbox work`` is logged at
+    ERROR by the worker, and the command then says what it means for its exit)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"dynacoord: warning: {record.getMessage()}"
+
+
+def _show_library_warnings() -> None:
+    """The library's warnings (a table whose TTL never sweeps its items, a handler that failed)
+    as ``dynacoord: warning: ...`` lines on stderr, unless the process set up logging itself
+    (then they go where it says). Without this, logging's last resort prints them unprefixed."""
+    library = logging.getLogger("dynacoord")
+    if logging.getLogger().handlers or library.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_WarningLines())
+    library.addHandler(handler)
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    _show_library_warnings()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
