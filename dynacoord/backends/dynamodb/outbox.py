@@ -23,14 +23,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-from zlib import crc32
 
-from ... import codec
 from ...errors import (
     InvalidKeyError,
     NotSupportedError,
@@ -38,14 +35,8 @@ from ...errors import (
     ValueTooLargeError,
 )
 from ...keys import (
-    MAX_PARTITION_KEY_BYTES,
-    MAX_SORT_KEY_BYTES,
     Kind,
     outbox_index_pk,
-    outbox_index_sk,
-    outbox_key,
-    outbox_pk,
-    shard_of,
     time_sk_bound,
     validate_key,
 )
@@ -56,11 +47,11 @@ from ...outbox import (
     EventStatus,
     Outcome,
     RetryOutcome,
-    order_key,
 )
 from ...outbox._runs import group_runs
-from ...outbox.event import DELIVERY_ROOM, _new_event, _status, check_event_size, new_record
 from ._batch import Answers, BatchWriter, Entry, no_closure
+from ._outbox_items import OutboxItems, event_record
+from ._outbox_requests import HOLDS_LEASE, NAMES, OutboxRequests
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
     MAX_TRANSACTION_BYTES,
@@ -72,7 +63,8 @@ __all__ = ["DynamoDBOutboxStore"]
 
 logger = logging.getLogger(__name__)
 
-_NAMES = {"#status": "status"}
+#: An upper bound on the bytes of one number-valued expression value (name and number).
+_EXPRESSION_VALUE_BOUND = 64
 #: Transaction cancellation codes worth sending the request again for.
 _RETRY_CODES = ("ConditionalCheckFailed", "TransactionConflict")
 #: How often an ordered publish reads its groups again when racing publishers moved them, and
@@ -90,52 +82,6 @@ _MAX_RUN = 50
 #: At most this many events of a group move in one ``retry(group=...)`` transaction (with the
 #: group's gate: 100 items, the TransactWriteItems limit).
 _REDRIVE_CHUNK = MAX_TRANSACTION_ITEMS - 1
-# Fresh items only; an expired (retention over, not yet swept) completed event counts as absent.
-_HOLDS_LEASE = "#status = :in_flight AND lease_token = :token"
-
-
-def _event_record(raw: Mapping[str, Any] | None, now_ms: int) -> EventRecord | None:
-    """``EventRecord.from_item(unmarshal(raw), now_ms)`` read straight from the attribute values
-    (no Decimal for each number, no dict of Python values per item). An attribute of another
-    type than the store writes takes the general path, which decides (or raises) alike."""
-    if not raw or "event_id" not in raw:
-        return None
-    try:
-        get = raw.get
-        expires = get("expires_at_ms")
-        if expires is not None and int(expires["N"]) <= now_ms:
-            return None
-        metadata, group, token, error = (
-            get("metadata"),
-            get("event_group"),
-            get("lease_token"),
-            get("last_error"),
-        )
-        updated, seq = get("updated_ms"), get("seq")
-        attempts = int(raw["attempts"]["N"]) if "attempts" in raw else 0
-        due = get("due_ms") or get("completed_ms")
-        event = _new_event(
-            raw["event_type"]["S"],
-            codec.decode(raw["payload"]["S"]),
-            raw["event_id"]["S"],
-            int(raw["occurred_at_ms"]["N"]) / 1000,
-            codec.decode(metadata["S"]) if metadata is not None else {},
-            None if group is None else group["S"],
-            attempts,
-            seq is not None,
-        )
-        return new_record(
-            event,
-            _status(raw["status"]["S"]),
-            attempts,
-            0 if due is None else int(due["N"]),
-            (token["S"] or None) if token is not None else None,
-            (error["S"] or None) if error is not None else None,
-            None if updated is None else int(updated["N"]),
-            None if seq is None else int(seq["N"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return EventRecord.from_item(unmarshal(raw), now_ms)
 
 
 class DynamoDBOutboxStore:
@@ -145,13 +91,8 @@ class DynamoDBOutboxStore:
         self._own_shards = shards
         self._recorded_shards: int | None = None  # the namespace's count, once read
         self._shards_written = shards <= 1  # one shard needs no record: every worker reads it
-        self._index_pks: dict[tuple[EventStatus, int], str] = {}  # (status, shard) -> gsi1pk
-        # what outbox_pk puts before an event id (taken from it, so the two cannot differ)
-        self._pk_prefix = outbox_pk(namespace, "x")[:-1]
-        # the pending queue's partition of each shard: where every new event goes
-        self._pending_pks = [
-            outbox_index_pk(namespace, EventStatus.PENDING.value, shard) for shard in range(shards)
-        ]
+        self._items = OutboxItems(namespace, shards)
+        self._requests = OutboxRequests(table.name, self._items)
         self._batch = BatchWriter(
             table,
             probe_key=marshal({"pk": f"{Kind.OUTBOX.value}#{namespace}#~", "sk": "PARTIQL-PROBE"}),
@@ -164,11 +105,6 @@ class DynamoDBOutboxStore:
     # Publishers record the most shards they use on one item; workers read it and poll that many,
     # so a publisher with more shards than a worker can never strand events.
 
-    def _meta_key(self) -> dict[str, Any]:
-        # "OUTBOX#ns#" (an empty event id, which no event can have): inside the namespace's
-        # dynamodb:LeadingKeys pattern "OUTBOX#ns#*" of the scoped IAM policies.
-        return marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#", "sk": "SHARDS"})
-
     @property
     def shards(self) -> int:
         if self._recorded_shards is None:
@@ -176,7 +112,7 @@ class DynamoDBOutboxStore:
         return max(self._own_shards, self._recorded_shards)
 
     def refresh_shards(self) -> int:
-        response = self._table.call("get_item", Key=self._meta_key(), ConsistentRead=True)
+        response = self._table.call("get_item", Key=self._items.meta_key(), ConsistentRead=True)
         raw = response.get("Item")
         self._recorded_shards = int(unmarshal(raw)["shards"]) if raw else 0
         return max(self._own_shards, self._recorded_shards)
@@ -198,108 +134,14 @@ class DynamoDBOutboxStore:
         with contextlib.suppress(ConditionFailedError):  # already as many or more
             self._table.call(
                 "update_item",
-                Key=self._meta_key(),
+                Key=self._items.meta_key(),
                 UpdateExpression="SET shards = :n",
                 ConditionExpression="attribute_not_exists(shards) OR shards < :n",
                 ExpressionAttributeValues=values(n=self._own_shards),
             )
         self._shards_written = True
 
-    def _gate_key(self, group: str) -> dict[str, Any]:
-        return marshal({"pk": f"{Kind.OUTBOX.value}#{self._ns}#{group}", "sk": "GROUP"})
-
     # -- items -----------------------------------------------------------------------------------
-
-    def _index(self, event_id: str, status: EventStatus, due_ms: int) -> tuple[str, str]:
-        k = outbox_key(
-            self._ns, event_id, status=status.value, due_ms=due_ms, shards=self._own_shards
-        )
-        assert k.gsi1pk is not None and k.gsi1sk is not None
-        return k.gsi1pk, k.gsi1sk
-
-    def _record_index(self, event: Event, status: EventStatus, due_ms: int) -> tuple[str, str]:
-        """The index entry of ``event`` in ``status``: its partition and sort key."""
-        return self._index_pk(event, status), outbox_index_sk(due_ms, event.id)
-
-    def _index_pk(self, event: Event, status: EventStatus) -> str:
-        """The gsi1 partition of ``event`` in ``status``: ordered events are sharded by their
-        group, so the events of a group share one queue and one worker sees them together."""
-        shard = 0 if self._own_shards <= 1 else shard_of(order_key(event), self._own_shards)
-        # each partition is built (and its namespace checked) once: a few statuses and shards
-        gpk = self._index_pks.get((status, shard))
-        if gpk is None:
-            gpk = self._index_pks[(status, shard)] = outbox_index_pk(self._ns, status.value, shard)
-        return gpk
-
-    def _item(
-        self, event: Event, now_ms: int, seq: int | None = None
-    ) -> tuple[dict[str, Any], int]:
-        """The stored item of a new event, marshalled, and a bound on its size (bytes): 4 a
-        character of a name or string, 21 a number (every field is a str or a small int).
-
-        The event is due when it occurred, never later than ``now_ms``: the stored item then
-        depends only on the event, not on the moment of publishing, so a retried
-        TransactWriteItems with the same ClientRequestToken is the identical request DynamoDB
-        recognises. The fields are :func:`pending_fields`' (same names, same order), built here
-        straight as attribute values: this runs once per published event."""
-        event_id = event.id  # a valid key: an Event checks its id when made
-        occurred_ms = int(event.occurred_at * 1000)  # Event.occurred_at_ms
-        due_ms = occurred_ms if occurred_ms < now_ms else now_ms
-        pk = self._pk_prefix + event_id
-        gsk = f"{due_ms:015d}#{event_id}"  # outbox_index_sk's, checked below with the pk
-        if not (
-            pk.isascii() and len(pk) <= MAX_PARTITION_KEY_BYTES and len(gsk) <= MAX_SORT_KEY_BYTES
-        ):
-            pk, gsk = outbox_pk(self._ns, event_id), outbox_index_sk(due_ms, event_id)
-        shards = self._own_shards
-        if shards <= 1:
-            gpk = self._pending_pks[0]
-        elif event.ordered:
-            gpk = self._index_pk(event, EventStatus.PENDING)
-        else:
-            # shard_of(event_id, shards), the shard _index_pk gives an unordered event
-            gpk = self._pending_pks[crc32(event_id.encode("utf-8", "surrogatepass")) % shards]
-        event_type = event.type
-        payload = codec.encode(event.payload)
-        item: dict[str, Any] = {
-            "pk": {"S": pk},
-            "sk": {"S": _EVENT_SK},
-            "gsi1pk": {"S": gpk},
-            "gsi1sk": {"S": gsk},
-            "event_id": {"S": event_id},
-            "event_type": {"S": event_type},
-            "payload": {"S": payload},
-            "occurred_at_ms": {"N": str(occurred_ms)},
-            "status": {"S": _PENDING},
-            "attempts": {"N": "0"},
-            "due_ms": {"N": str(due_ms)},
-        }
-        chars = (
-            _PENDING_CHARS
-            + len(pk)
-            + len(gpk)
-            + len(gsk)
-            + len(event_id)
-            + len(event_type)
-            + len(payload)
-        )
-        numbers = 3
-        if event.metadata:
-            metadata = codec.encode(dict(event.metadata))
-            item["metadata"] = {"S": metadata}
-            chars += len("metadata") + len(metadata)
-        group = event.group
-        if group is not None:
-            item["event_group"] = {"S": group}
-            chars += len("event_group") + len(group)
-        if event.ordered:
-            assert seq is not None, "the store assigns an ordered event its place in the group"
-            item["seq"] = {"N": str(seq)}
-            numbers += 1
-        bound = 4 * chars + 21 * numbers
-        if bound > _EVENT_ROOM:  # else it fits for certain: no estimate needed
-            check_event_size(unmarshal(item), key=event_id)
-        return item, bound
 
     def _put(
         self, event: Event, now_ms: int, *, stable: bool = False, seq: int | None = None
@@ -310,7 +152,7 @@ class DynamoDBOutboxStore:
     def _put_and_bound(
         self, event: Event, now_ms: int, *, stable: bool = False, seq: int | None = None
     ) -> tuple[dict[str, Any], int]:
-        item, bound = self._item(event, now_ms, seq)
+        item, bound = self._items.item(event, now_ms, seq)
         return {
             "TableName": self._table.name,
             "Item": item,
@@ -326,9 +168,8 @@ class DynamoDBOutboxStore:
         }, bound + _EXPRESSION_VALUE_BOUND  # the item's bound, plus ":now" (a number)
 
     def _key(self, event_id: str) -> dict[str, Any]:
-        pk = outbox_pk(self._ns, event_id)
-        outbox_index_sk(0, event_id)  # refuses an id no event can have, as publishing would
-        return {"pk": {"S": pk}, "sk": {"S": _EVENT_SK}}
+        """The key of event ``event_id``'s item."""
+        return self._items.key(event_id)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -350,11 +191,11 @@ class DynamoDBOutboxStore:
     def _publish_one(self, event: Event, now_ms: int) -> dict[str, EventRecord | None]:
         """One unordered event: a plain conditional PutItem (half the write cost of a
         transaction), the Put of :meth:`_put_and_bound`."""
-        item, _ = self._item(event, now_ms)
+        item, _ = self._items.item(event, now_ms)
         try:
             self._table.put_free(item, now_ms)
         except ConditionFailedError as failed:
-            return {event.id: _event_record(failed.raw, now_ms)}
+            return {event.id: event_record(failed.raw, now_ms)}
         return {}
 
     def _write_puts(
@@ -414,7 +255,11 @@ class DynamoDBOutboxStore:
             ]
             for group in groups:
                 items.append(
-                    {"Update": self._gate_publish(group, published[group], places[group], now_ms)}
+                    {
+                        "Update": self._requests.gate_publish(
+                            group, published[group], places[group], now_ms
+                        )
+                    }
                 )
             try:
                 return self._write_puts(events, items, now_ms)
@@ -431,26 +276,11 @@ class DynamoDBOutboxStore:
         )
 
     def _gate(self, group: str) -> dict[str, Any]:
-        response = self._table.call("get_item", Key=self._gate_key(group), ConsistentRead=True)
+        response = self._table.call(
+            "get_item", Key=self._items.gate_key(group), ConsistentRead=True
+        )
         raw = response.get("Item")
         return unmarshal(raw) if raw else {}
-
-    def _gate_publish(self, group: str, seen: int, published: int, now_ms: int) -> dict[str, Any]:
-        args: dict[str, Any] = {"published": published, "one": 1, "now": now_ms}
-        if seen:
-            args["seen"] = seen
-        return {
-            "TableName": self._table.name,
-            "Key": self._gate_key(group),
-            "UpdateExpression": (
-                "SET published = :published, next_seq = if_not_exists(next_seq, :one), "
-                "published_ms = :now"
-            ),
-            "ConditionExpression": "published = :seen"
-            if seen
-            else "attribute_not_exists(published)",
-            "ExpressionAttributeValues": values(**args),
-        }
 
     def transaction_entry(self, event: Event, now_ms: int) -> tuple[dict[str, Any], int]:
         if event.ordered:
@@ -467,7 +297,7 @@ class DynamoDBOutboxStore:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
-        return _event_record(self._table.get_raw(self._key(event_id)), now_ms)
+        return event_record(self._table.get_raw(self._items.key(event_id)), now_ms)
 
     def _query_args(
         self, status: EventStatus, shard: int, due_before_ms: int | None, cursor: Any
@@ -503,7 +333,7 @@ class DynamoDBOutboxStore:
         for raw in page.get("Items", []):
             # The index is eventually consistent: it may still list an event in its old status.
             # Claims re-check the item itself, so a stale entry costs one failed condition.
-            record = _event_record(raw, 0)
+            record = event_record(raw, 0)
             if record is not None:
                 records.append(record)
         return records, page.get("LastEvaluatedKey")
@@ -534,7 +364,7 @@ class DynamoDBOutboxStore:
         if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
             return None
         self._record_shards()
-        gpk, gsk = self._index(seen.id, EventStatus.IN_FLIGHT, lease_until_ms)
+        gpk, gsk = self._items.index(seen.id, EventStatus.IN_FLIGHT, lease_until_ms)
         # Still as we saw it (status and lease token) and due: a pending event whose next attempt
         # has come, or an in-flight one whose lease has run out (its worker died or overran).
         # Two workers racing for it: the first write changes the token/status, the second fails.
@@ -558,14 +388,14 @@ class DynamoDBOutboxStore:
         try:
             response = self._table.call(
                 "update_item",
-                Key=self._key(seen.id),
+                Key=self._items.key(seen.id),
                 ConditionExpression=condition,
                 UpdateExpression=(
                     "SET #status = :in_flight, lease_token = :token, due_ms = :until, "
                     "attempts = if_not_exists(attempts, :zero) + :one, gsi1pk = :gpk, "
                     "gsi1sk = :gsk, updated_ms = :now"
                 ),
-                ExpressionAttributeNames=_NAMES,
+                ExpressionAttributeNames=NAMES,
                 ExpressionAttributeValues=values(**args),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -579,7 +409,7 @@ class DynamoDBOutboxStore:
         except ValueTooLargeError as too_large:
             self._fail_unclaimable(seen, str(too_large), now_ms)
             return None
-        return _event_record(response["Attributes"], now_ms)
+        return event_record(response["Attributes"], now_ms)
 
     def _fail_unclaimable(self, seen: EventRecord, message: str, now_ms: int) -> None:
         """Store ``seen`` as failed when the store refuses to claim it for its own item (it
@@ -597,7 +427,7 @@ class DynamoDBOutboxStore:
                 seen.event.group,
             )
             return
-        gpk, gsk = self._record_index(seen.event, EventStatus.FAILED, now_ms)
+        gpk, gsk = self._items.record_index(seen.event, EventStatus.FAILED, now_ms)
         args: dict[str, Any] = {
             "expected": seen.status.value,
             "failed": EventStatus.FAILED.value,
@@ -624,10 +454,10 @@ class DynamoDBOutboxStore:
             try:
                 self._table.call(
                     "update_item",
-                    Key=self._key(seen.id),
+                    Key=self._items.key(seen.id),
                     ConditionExpression=condition,
                     UpdateExpression=update + (" REMOVE lease_token" if seen.lease_token else ""),
-                    ExpressionAttributeNames=_NAMES,
+                    ExpressionAttributeNames=NAMES,
                     ExpressionAttributeValues=values(**args, **extra),
                 )
             except ConditionFailedError:
@@ -639,50 +469,6 @@ class DynamoDBOutboxStore:
         logger.error("outbox: event %r cannot be claimed nor marked failed: %s", seen.id, message)
 
     # -- batches ----------------------------------------------------------------------------------
-
-    def _claim_op(
-        self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
-    ) -> dict[str, Any]:
-        """The conditional update that claims ``seen`` (still as seen: status, lease token and
-        attempts; and due) as a transaction item."""
-        gpk, gsk = self._record_index(seen.event, EventStatus.IN_FLIGHT, lease_until_ms)
-        condition = "#status = :expected AND due_ms <= :now AND "
-        args: dict[str, Any] = {
-            "expected": seen.status.value,
-            "now": now_ms,
-            "in_flight": EventStatus.IN_FLIGHT.value,
-            "token": token,
-            "until": lease_until_ms,
-            "gpk": gpk,
-            "gsk": gsk,
-            "attempts": seen.attempts,
-            "one": 1,
-        }
-        if seen.lease_token is None:
-            condition += "attribute_not_exists(lease_token)"
-        else:
-            condition += "lease_token = :seen"
-            args["seen"] = seen.lease_token
-        # The attempts seen are the ones this claim counts: the returned record is built here.
-        condition += " AND attempts = :attempts"
-        if seen.seq is not None:
-            # Still at the place seen: the gate check is for that place. A redriven event took
-            # a new place at its group's tail; an old image of it (a replayed stream record,
-            # a stale index entry) must not claim it ahead of the places before its new one.
-            condition += " AND seq = :seq"
-            args["seq"] = seen.seq
-        return {
-            "TableName": self._table.name,
-            "Key": self._key(seen.id),
-            "ConditionExpression": condition,
-            "UpdateExpression": (
-                "SET #status = :in_flight, lease_token = :token, due_ms = :until, "
-                "attempts = :attempts + :one, gsi1pk = :gpk, gsi1sk = :gsk, updated_ms = :now"
-            ),
-            "ExpressionAttributeNames": _NAMES,
-            "ExpressionAttributeValues": values(**args),
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
 
     def claim_many(
         self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
@@ -712,7 +498,7 @@ class DynamoDBOutboxStore:
         for record, token in claimable:
             entries.append(
                 Entry(
-                    {"Update": self._claim_op(record, token, lease_until_ms, now_ms)},
+                    {"Update": self._requests.claim(record, token, lease_until_ms, now_ms)},
                     record=record,
                     token=token,
                 )
@@ -723,7 +509,7 @@ class DynamoDBOutboxStore:
                     {
                         "ConditionCheck": {
                             "TableName": self._table.name,
-                            "Key": self._gate_key(group),
+                            "Key": self._items.gate_key(group),
                             "ConditionExpression": "next_seq >= :start",
                             "ExpressionAttributeValues": values(start=start),
                             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
@@ -820,7 +606,7 @@ class DynamoDBOutboxStore:
         blocked followers found by the expired-lease scan stayed at the front of the in-flight
         queue, and a scan full of them found nothing else, poll after poll (issue 28, case 1)."""
         self._record_shards()
-        gpk, gsk = self._record_index(seen.event, EventStatus.PENDING, due_ms)
+        gpk, gsk = self._items.record_index(seen.event, EventStatus.PENDING, due_ms)
         args: dict[str, Any] = {
             "pending": EventStatus.PENDING.value,
             "now": now_ms,
@@ -842,10 +628,10 @@ class DynamoDBOutboxStore:
         with contextlib.suppress(ConditionFailedError):  # claimed or moved meanwhile
             self._table.call(
                 "update_item",
-                Key=self._key(seen.id),
+                Key=self._items.key(seen.id),
                 ConditionExpression=condition,
                 UpdateExpression=update,
-                ExpressionAttributeNames=_NAMES,
+                ExpressionAttributeNames=NAMES,
                 ExpressionAttributeValues=values(**args),
             )
 
@@ -873,7 +659,7 @@ class DynamoDBOutboxStore:
         for index, outcome in enumerate(outcomes):
             entries.append(
                 Entry(
-                    self._outcome_op(outcome, now_ms, retention_ms),
+                    self._requests.outcome(outcome, now_ms, retention_ms),
                     record=outcome.record,
                     token=outcome.token,
                     index=index,
@@ -885,7 +671,7 @@ class DynamoDBOutboxStore:
                 by_group.setdefault(outcome.record.event.group, []).append(outcome)
         gates: dict[str, Entry] = {}
         for group, members in by_group.items():
-            gate_op = self._gate_finish(group, members)
+            gate_op = self._requests.gate_finish(group, members)
             if gate_op is not None:
                 gates[group] = Entry({"Update": gate_op}, group=group)
                 entries.append(gates[group])
@@ -920,7 +706,7 @@ class DynamoDBOutboxStore:
             members = [
                 o for o in kept if o.record.seq is not None and o.record.event.group == group
             ]
-            gate_op = self._gate_finish(group, members) if members else None
+            gate_op = self._requests.gate_finish(group, members) if members else None
             if gate_op is None:
                 return False
             entry.item = {"Update": gate_op}
@@ -958,7 +744,7 @@ class DynamoDBOutboxStore:
         found: dict[str, EventRecord] = {}
         ids = list(dict.fromkeys(event_ids))
         for start in range(0, len(ids), 100):
-            keys: list[dict[str, Any]] = [self._key(i) for i in ids[start : start + 100]]
+            keys: list[dict[str, Any]] = [self._items.key(i) for i in ids[start : start + 100]]
             rounds = 0
             while keys:
                 answer = self._table.call(
@@ -966,7 +752,7 @@ class DynamoDBOutboxStore:
                     RequestItems={self._table.name: {"Keys": keys, "ConsistentRead": True}},
                 )
                 for raw in answer.get("Responses", {}).get(self._table.name, []):
-                    record = _event_record(raw, now_ms)
+                    record = event_record(raw, now_ms)
                     if record is not None:
                         found[record.id] = record
                 keys = answer.get("UnprocessedKeys", {}).get(self._table.name, {}).get("Keys", [])
@@ -996,7 +782,7 @@ class DynamoDBOutboxStore:
                 )
             entries.append(
                 Entry(
-                    self._unclaimed_op(seen, outcome, now_ms, retention_ms),
+                    self._requests.unclaimed(seen, outcome, now_ms, retention_ms),
                     record=outcome.record,
                     token=outcome.token,
                     index=index,
@@ -1026,137 +812,6 @@ class DynamoDBOutboxStore:
         self._batch.write(entries, Answers(refused, written, rejected), no_closure)
         return [results.get(i, False) for i in range(len(settled))]
 
-    def _unclaimed_op(
-        self, seen: EventRecord, outcome: Outcome, now_ms: int, retention_ms: int | None
-    ) -> dict[str, Any]:
-        """:meth:`_outcome_op`'s write, conditional on the event being still as ``seen`` instead
-        of on a claim, and counting the attempt."""
-        ((action, op),) = self._outcome_op(outcome, now_ms, retention_ms).items()
-        op = dict(op)
-        vals = dict(op["ExpressionAttributeValues"])
-        vals.pop(":in_flight", None)
-        vals.update(
-            values(
-                seen_status=EventStatus.PENDING.value,
-                seen_attempts=seen.attempts,
-                seen_due=seen.due_at_ms,
-            )
-        )
-        op["ConditionExpression"] = (
-            "#status = :seen_status AND attribute_not_exists(lease_token) "
-            "AND attempts = :seen_attempts AND due_ms = :seen_due"
-        )
-        if action == "Update":
-            vals.update(values(attempts_next=seen.attempts + 1))
-            update = op["UpdateExpression"]
-            assert update.startswith("SET ")
-            op["UpdateExpression"] = "SET attempts = :attempts_next, " + update[4:]
-        else:
-            vals.pop(":token", None)  # a deletion leaves no trace to recognise
-        op["ExpressionAttributeValues"] = vals
-        return {action: op}
-
-    def _outcome_op(
-        self, outcome: Outcome, now_ms: int, retention_ms: int | None
-    ) -> dict[str, Any]:
-        record = outcome.record
-        base: dict[str, Any] = {
-            "TableName": self._table.name,
-            "Key": self._key(record.id),
-            "ConditionExpression": _HOLDS_LEASE,
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-        args: dict[str, Any] = {
-            "in_flight": EventStatus.IN_FLIGHT.value,
-            "token": outcome.token,
-            "now": now_ms,
-        }
-        names = dict(_NAMES)
-        if outcome.kind == "completed":
-            if retention_ms is None:
-                del args["now"]
-                return {
-                    "Delete": {
-                        **base,
-                        "ExpressionAttributeNames": names,
-                        "ExpressionAttributeValues": values(**args),
-                    }
-                }
-            expires = now_ms + retention_ms
-            names["#ttl"] = "ttl"
-            args.update(
-                completed=EventStatus.COMPLETED.value, exp=expires, ttl=math.ceil(expires / 1000)
-            )
-            update = (
-                "SET #status = :completed, completed_ms = :now, updated_ms = :now, "
-                "expires_at_ms = :exp, #ttl = :ttl, finished_by = :token "
-                "REMOVE gsi1pk, gsi1sk, lease_token, due_ms"
-            )
-        elif outcome.kind == "failed":
-            gpk, gsk = self._record_index(record.event, EventStatus.FAILED, now_ms)
-            args.update(failed=EventStatus.FAILED.value, gpk=gpk, gsk=gsk, err=outcome.error or "")
-            update = (
-                "SET #status = :failed, due_ms = :now, gsi1pk = :gpk, gsi1sk = :gsk, "
-                "updated_ms = :now, failed_ms = :now, last_error = :err, finished_by = :token "
-                "REMOVE lease_token"
-            )
-        else:
-            gpk, gsk = self._record_index(record.event, EventStatus.PENDING, outcome.due_ms)
-            args.update(pending=EventStatus.PENDING.value, due=outcome.due_ms, gpk=gpk, gsk=gsk)
-            update = (
-                "SET #status = :pending, due_ms = :due, gsi1pk = :gpk, gsi1sk = :gsk, "
-                "updated_ms = :now, finished_by = :token"
-            )
-            if outcome.error is not None:
-                update += ", last_error = :err"
-                args["err"] = outcome.error
-            if not outcome.count_attempt:
-                update += ", attempts = attempts - :one"
-                args["one"] = 1
-            update += " REMOVE lease_token"
-        return {
-            "Update": {
-                **base,
-                "UpdateExpression": update,
-                "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": values(**args),
-            }
-        }
-
-    def _gate_finish(self, group: str, outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
-        """The gate update for a group's outcomes in one batch: ``next_seq`` moves past the
-        finished (completed or failed) events, never back; a retry of the head sets when the
-        group may move again."""
-        members = sorted(outcomes, key=lambda o: o.record.seq or 0)
-        finished = [o.record.seq or 0 for o in members if o.kind != "pending"]
-        retry = next((o for o in members if o.kind == "pending" and o.count_attempt), None)
-        key = self._gate_key(group)
-        if finished:
-            after = max(finished) + 1
-            op: dict[str, Any] = {
-                "TableName": self._table.name,
-                "Key": key,
-                "ConditionExpression": "next_seq < :after",
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-            }
-            if retry is not None and (retry.record.seq or 0) == after:
-                op["UpdateExpression"] = "SET next_seq = :after, retry_due_ms = :due"
-                op["ExpressionAttributeValues"] = values(after=after, due=retry.due_ms)
-            else:
-                op["UpdateExpression"] = "SET next_seq = :after REMOVE retry_due_ms"
-                op["ExpressionAttributeValues"] = values(after=after)
-            return op
-        if retry is not None:
-            return {
-                "TableName": self._table.name,
-                "Key": key,
-                "ConditionExpression": "next_seq = :head",
-                "UpdateExpression": "SET retry_due_ms = :due",
-                "ExpressionAttributeValues": values(head=retry.record.seq or 0, due=retry.due_ms),
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-            }
-        return None
-
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
     ) -> list[bool]:
@@ -1164,19 +819,19 @@ class DynamoDBOutboxStore:
         results: dict[int, bool] = {}
         entries = []
         for index, record in enumerate(held):
-            _, gsk = self._record_index(record.event, EventStatus.IN_FLIGHT, lease_until_ms)
+            _, gsk = self._items.record_index(record.event, EventStatus.IN_FLIGHT, lease_until_ms)
             token = record.lease_token or ""
             entries.append(
                 Entry(
                     {
                         "Update": {
                             "TableName": self._table.name,
-                            "Key": self._key(record.id),
-                            "ConditionExpression": _HOLDS_LEASE,
+                            "Key": self._items.key(record.id),
+                            "ConditionExpression": HOLDS_LEASE,
                             "UpdateExpression": (
                                 "SET due_ms = :until, gsi1sk = :gsk, updated_ms = :now"
                             ),
-                            "ExpressionAttributeNames": _NAMES,
+                            "ExpressionAttributeNames": NAMES,
                             "ExpressionAttributeValues": values(
                                 in_flight=EventStatus.IN_FLIGHT.value,
                                 token=token,
@@ -1215,7 +870,7 @@ class DynamoDBOutboxStore:
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
         self._record_shards()
-        gpk, gsk = self._index(event_id, EventStatus.PENDING, now_ms)
+        gpk, gsk = self._items.index(event_id, EventStatus.PENDING, now_ms)
         # Sharded, an ordered event goes back to its group's partition, which only the stored
         # item names: the first try moves an unordered event (one request), and its refusal shows
         # an ordered one's group for a second try. One shard: any failed event, at once.
@@ -1223,7 +878,7 @@ class DynamoDBOutboxStore:
         outcome = self._retry_failed(event_id, now_ms, token, gpk, gsk, None if sharded else "")
         if isinstance(outcome, str):
             return outcome
-        group_pk = self._index_pk(outcome, EventStatus.PENDING)
+        group_pk = self._items.index_pk(outcome, EventStatus.PENDING)
         retried = self._retry_failed(event_id, now_ms, token, group_pk, gsk, outcome.group)
         return retried if isinstance(retried, str) else "not_failed"  # its group changed: never
 
@@ -1254,7 +909,7 @@ class DynamoDBOutboxStore:
         try:
             self._table.call(
                 "update_item",
-                Key=self._key(event_id),
+                Key=self._items.key(event_id),
                 # Never creates: an unknown id fails attribute_exists; only failed events move.
                 ConditionExpression=condition,
                 UpdateExpression=(
@@ -1262,7 +917,7 @@ class DynamoDBOutboxStore:
                     "gsi1sk = :gsk, updated_ms = :now, retried_by = :token, manual_retries = "
                     "if_not_exists(manual_retries, :zero) + :one"
                 ),
-                ExpressionAttributeNames=_NAMES,
+                ExpressionAttributeNames=NAMES,
                 ExpressionAttributeValues=values(
                     failed=EventStatus.FAILED.value,
                     pending=EventStatus.PENDING.value,
@@ -1317,10 +972,10 @@ class DynamoDBOutboxStore:
                 delay = min(_PUBLISH_BACKOFF_MAX, delay * 2)
             seen = int(self._gate(group).get("published", 0))
             items: list[dict[str, Any]] = [
-                {"Update": self._redrive_op(record, seen + n, now_ms, token)}
+                {"Update": self._requests.redrive(record, seen + n, now_ms, token)}
                 for n, record in enumerate(left, start=1)
             ]
-            gate = self._gate_publish(group, seen, seen + len(left), now_ms)
+            gate = self._requests.gate_publish(group, seen, seen + len(left), now_ms)
             gate["UpdateExpression"] += ", retried_by = :token"
             gate["ExpressionAttributeValues"] = {
                 **gate["ExpressionAttributeValues"],
@@ -1362,39 +1017,6 @@ class DynamoDBOutboxStore:
             reasons=[],
         )
 
-    def _redrive_op(self, record: EventRecord, seq: int, now_ms: int, token: str) -> dict[str, Any]:
-        """Back to pending at place ``seq``, while still failed in its group at its old place
-        and not moved by this very retry already."""
-        gpk, gsk = self._record_index(record.event, EventStatus.PENDING, now_ms)
-        return {
-            "TableName": self._table.name,
-            "Key": self._key(record.id),
-            "ConditionExpression": (
-                "#status = :failed AND event_group = :group AND seq = :old AND "
-                "(attribute_not_exists(retried_by) OR retried_by <> :token)"
-            ),
-            "UpdateExpression": (
-                "SET #status = :pending, attempts = :zero, due_ms = :now, seq = :seq, "
-                "gsi1pk = :gpk, gsi1sk = :gsk, updated_ms = :now, retried_by = :token, "
-                "manual_retries = if_not_exists(manual_retries, :zero) + :one"
-            ),
-            "ExpressionAttributeNames": _NAMES,
-            "ExpressionAttributeValues": values(
-                failed=EventStatus.FAILED.value,
-                pending=EventStatus.PENDING.value,
-                group=record.event.group or "",
-                old=record.seq or 0,
-                seq=seq,
-                zero=0,
-                one=1,
-                now=now_ms,
-                gpk=gpk,
-                gsk=gsk,
-                token=token,
-            ),
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-
     # -- stream images (issue 15: the stream relay) -----------------------------------------------
 
     def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:
@@ -1406,34 +1028,18 @@ class DynamoDBOutboxStore:
         if not isinstance(event_id, str):
             return None
         try:
-            key = self._key(event_id)
+            key = self._items.key(event_id)
         except InvalidKeyError:
             return None
         if image.get("pk") != key["pk"] or image.get("sk") != key["sk"]:
             return None  # another namespace, or not an outbox item
-        return _event_record(image, now_ms)
+        return event_record(image, now_ms)
 
 
 @dataclasses.dataclass(slots=True)
 class _Runs:
     starts: dict[str, int]  # group -> first place of its run
     by_group: dict[str, list[EventRecord]]  # group -> its run's records
-
-
-_EVENT_SK = "EVENT"
-#: the most bytes a new event's item may take (the rest is delivery's: DELIVERY_ROOM)
-_EVENT_ROOM = codec.DYNAMODB_ITEM_LIMIT - DELIVERY_ROOM
-_PENDING = EventStatus.PENDING.value
-#: the characters of a pending event's item that do not depend on the event: its attribute
-#: names, the sort key and the status
-_PENDING_CHARS = (
-    sum(map(len, ("pk", "sk", "gsi1pk", "gsi1sk", "event_id", "event_type", "payload")))
-    + sum(map(len, ("occurred_at_ms", "status", "attempts", "due_ms")))
-    + len(_EVENT_SK)
-    + len(_PENDING)
-)
-#: An upper bound on the bytes of one number-valued expression value (name and number).
-_EXPRESSION_VALUE_BOUND = 64
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:
