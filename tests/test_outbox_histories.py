@@ -17,7 +17,7 @@ from botocore.awsrequest import AWSResponse
 from dynacoord import DynamoDBBackend, Event, ManualClock, codec
 from dynacoord.backends.dynamodb import _batch, _partiql
 from dynacoord.backends.dynamodb._table import unmarshal
-from dynacoord.errors import ValueTooLargeError
+from dynacoord.errors import BackendError, ValueTooLargeError
 from dynacoord.outbox import DELIVERY_ROOM, EventStatus
 from dynacoord.testing import DynamoDBLocal, unique_name
 
@@ -320,6 +320,37 @@ def test_outcomes_in_a_conflict_storm_are_stored_not_reported_lost(
     clock.advance(2 * LEASE)
     worker.run_once()
     assert runs == ["e1"]
+
+
+def test_outcomes_that_cannot_be_stored_raise_and_are_not_reported_lost(
+    make: Any, own_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the rounds run out (conflicts without end), the outcome is not written: the worker
+    raises (a store failure, as botocore's own retries running out) instead of taking the
+    event for a lease taken over; the event stays held until its lease ends."""
+    monkeypatch.setattr(_batch, "_sleep", lambda _: None)
+    clock = ManualClock()
+    outbox = make(namespace=unique_name("h5b"), clock=clock).outbox
+    outbox.publish(Event("t", {}, id="e1", group="G", ordered=True))
+    conflict = {
+        "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
+        "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
+    }
+    stop: list[Callable[[], None]] = []
+
+    def handler(event: Event) -> None:
+        stop.append(_inject(own_client, "TransactWriteItems", [dict(conflict)] * 100))
+
+    worker = outbox.worker(handler, lease=LEASE)
+    try:
+        with pytest.raises(BackendError, match="kept meeting throttling or other transactions"):
+            worker.run_once()
+    finally:
+        for unregister in stop:
+            unregister()
+    assert worker.lost == 0
+    record = outbox.get("e1")
+    assert record is not None and record.status is EventStatus.IN_FLIGHT
 
 
 # -- 6. PartiQL: a probe's answer and a permission taken away ------------------------------------
