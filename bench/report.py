@@ -865,14 +865,21 @@ def _writecost(s: dict[str, Any]) -> list[str]:
             "",
             "Breakers from many processes: 100 calls/s round-robin over N processes (a breaker "
             "and a slot pool each), one call in ten failing; FailureRate flushes after every "
-            "call (the end of a Lambda invocation)",
+            "call (the end of a Lambda invocation), or with flush_interval=20 s and no flush()",
             "",
         ]
         lines += _table(
             ["policy", "processes", "requests / call", "RCU / call", "WCU / call", "item B"],
             [
                 [
-                    r["policy"],
+                    r["policy"]
+                    + (
+                        ", flush() every call"
+                        if r.get("flush_every_call")
+                        else f", flush_interval={r['flush_interval']:g} s, no flush()"
+                        if r.get("flush_interval")
+                        else ""
+                    ),
                     r["processes"],
                     _fmt(r["requests_per_call"]),
                     _fmt(r["rcu_per_call"]),

@@ -563,12 +563,20 @@ def _writers_rows(env: BenchEnv, tiny: bool) -> list[dict[str, Any]]:
 
 
 def _breaker_process_row(
-    env: BenchEnv, policy: str, processes: int, calls: int, fail_every: int = 10
+    env: BenchEnv,
+    policy: str,
+    processes: int,
+    calls: int,
+    fail_every: int = 10,
+    *,
+    flush_interval: float | None = None,
 ) -> dict[str, Any]:
     """Per-call units of one breaker policy at 100 calls/s spread round-robin over
     ``processes`` simulated processes (a breaker and a slot pool each), every
-    ``fail_every``-th call failing; ``FailureRate`` flushes after every call (a Lambda
-    invocation's end)."""
+    ``fail_every``-th call failing. ``FailureRate`` flushes after every call (a Lambda
+    invocation's end), or, with ``flush_interval`` given, writes only as its calls end once
+    per interval (no ``flush()``)."""
+    flush_every_call = policy == "failure_rate" and flush_interval is None
     client = env.new_client(counted=False)
     peek = env.new_client(counted=False)
     clock = ManualClock()
@@ -579,7 +587,12 @@ def _breaker_process_row(
         if policy == "consecutive":
             breaker = backend.breaker("svc", failure_threshold=10**9, reset_timeout=60)
         else:
-            rate_policy = FailureRate(threshold=0.5, minimum_calls=20, window=60.0)
+            rate_policy = FailureRate(
+                threshold=0.5,
+                minimum_calls=20,
+                window=60.0,
+                flush_interval=1.0 if flush_interval is None else flush_interval,
+            )
             breaker = backend.breaker("svc", policy=rate_policy, reset_timeout=60)
         members.append((_Process(), breaker))
 
@@ -594,12 +607,13 @@ def _breaker_process_row(
                 start = (meter.wcu, meter.rcu, sum(meter.requests.values()))
             process, breaker = members[i % processes]
             with process.active():
-                if i % fail_every == fail_every - 1:
+                # each process fails one call in fail_every of its own
+                if (i // processes) % fail_every == fail_every - 1:
                     with contextlib.suppress(_BoomError):
                         breaker.call(fail)
                 else:
                     breaker.call(lambda: None)
-                if policy == "failure_rate":
+                if flush_every_call:
                     breaker.flush()
             clock.advance(0.01)
         measured = calls - half
@@ -618,7 +632,8 @@ def _breaker_process_row(
         "processes": processes,
         "rate": 100,
         "failing": round(1 / fail_every, 3),
-        "flush_every_call": policy == "failure_rate",
+        "flush_every_call": flush_every_call,
+        "flush_interval": flush_interval,
         "calls": calls,
         "requests_per_call": round(requests, 4),
         "wcu_per_call": round(wcu, 4),
@@ -628,11 +643,20 @@ def _breaker_process_row(
 
 
 def _breaker_process_rows(env: BenchEnv, tiny: bool) -> list[dict[str, Any]]:
-    return [
+    rows = [
         _breaker_process_row(env, policy, processes, 40 if tiny else 1000)
         for policy in ("consecutive", "failure_rate")
         for processes in ((1, 4) if tiny else (1, 10, 50))
     ]
+    # a Lambda fleet's setting: no flush() per invocation, each environment writing its counts
+    # once per 20 s as its calls end (two minutes of calls: six intervals)
+    rows += [
+        _breaker_process_row(
+            env, "failure_rate", processes, 40 if tiny else 12_000, flush_interval=20.0
+        )
+        for processes in ((4,) if tiny else (10, 50))
+    ]
+    return rows
 
 
 def run_writers(env: BenchEnv) -> dict[str, Any]:
