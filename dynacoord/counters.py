@@ -469,7 +469,7 @@ class ShardedCounter:
     counter takes grows with the shards (DynamoDB: about 1,000 increments/s per shard, each
     shard's item hashed to its own partition), at the same cost per increment as a plain counter
     (one request, 1 WCU for items under 1 KB), and exact under lost responses the same way (the
-    shard's writer slot). :meth:`value` sums every shard: ``shards`` consistent reads (DynamoDB:
+    slot of the call in flight). :meth:`value` sums every shard: ``shards`` consistent reads (DynamoDB:
     ``shards`` requests of 1 RCU each), so read it far less often than you increment it. The
     sum is not a snapshot: increments that land while it reads may or may not be in it.
     ``ttl`` applies per shard from its own first increment (each shard is a fixed window of its

@@ -3,7 +3,7 @@
 Item: ``pk=CB#{ns}#{name}``, ``sk=CB``, ``state`` (closed/open/half_open), ``failures``,
 ``successes``, ``opened_at_ms``, ``trial_round``, ``trial_calls``, ``trial_started_ms``,
 ``updated_ms``; ``req`` (the request token of the last transition) and ``req_from`` (the state
-a trip or reset left), and one slot per writer (``w:{writer}``, dynacoord._writers) for failures,
+a trip or reset left), and one slot per call in flight (``w:{slot}``, dynacoord._writers) for failures,
 trial successes and joined trial slots, so that a write retried after its answer was lost recognises itself. With the failure-rate policy, ``wgen`` (the window's
 generation: every trip and reset adds one) and one count pair per bucket of the window,
 ``c:{gen}:{bucket}`` and ``f:{gen}:{bucket}`` (calls, failures; dynacoord.breaker); a window
