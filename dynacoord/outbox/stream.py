@@ -50,16 +50,22 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .._clock import now_ms
 from .._validate import non_negative_seconds
 from ..errors import ConfigurationError, InvalidValueError, NotSupportedError
 from .event import EventRecord, EventStatus, new_event_id
-from .store import OutboxStore
+from .store import OutboxStore, Outcome
 from .worker import OutboxWorker
 
-__all__ = ["DEFAULT_CLOCK_SKEW", "OUTBOX_OPTIONS", "StreamHandler", "SweepHandler"]
+__all__ = [
+    "DEFAULT_CLOCK_SKEW",
+    "OUTBOX_OPTIONS",
+    "StreamHandler",
+    "StreamStore",
+    "SweepHandler",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +92,24 @@ DEFAULT_CLOCK_SKEW = 2.0
 BatchResponse = dict[str, list[dict[str, str]]]
 
 
-class _StreamImages(Protocol):
-    """What the relay needs of a store besides the outbox protocol: reading a stream image."""
+class StreamStore(OutboxStore, Protocol):
+    """What the stream relay needs of a store besides the outbox protocol (the DynamoDB store
+    has it): reading a stream image, reading events by id in one request, and storing the
+    outcome of an event delivered without a claim."""
 
     def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None: ...
+
+    def get_many(self, event_ids: Sequence[str], now_ms: int) -> dict[str, EventRecord]: ...
+
+    def settle_unclaimed(
+        self,
+        settled: Sequence[tuple[EventRecord, Outcome]],
+        now_ms: int,
+        retention_ms: int | None,
+    ) -> list[bool]: ...
+
+
+_STREAM_METHODS = ("stream_record", "get_many", "settle_unclaimed")
 
 
 class _Reconciler(Protocol):
@@ -145,18 +165,15 @@ class StreamHandler:
         claim: bool = False,
         clock_skew: float = DEFAULT_CLOCK_SKEW,
     ) -> None:
-        reader = getattr(store, "stream_record", None)
-        if not callable(reader):
+        if not all(callable(getattr(store, name, None)) for name in _STREAM_METHODS):
             raise NotSupportedError(
                 f"stream_handler needs a store with a DynamoDB stream (the DynamoDB backend); "
                 f"{type(store).__name__} has none: deliver with a polling worker instead"
             )
-        images: _StreamImages = store  # type: ignore[assignment]
         self.worker = worker
         self.claim = claim
         self.clock_skew_ms = int(non_negative_seconds(clock_skew, "clock_skew") * 1000)
-        self._store = store
-        self._images = images
+        self._store = cast(StreamStore, store)
         self.skipped = 0
         self.not_claimed = 0
         self.left = 0
@@ -183,7 +200,7 @@ class StreamHandler:
                 "NEW_IMAGE or NEW_AND_OLD_IMAGES"
             )
         try:
-            seen = self._images.stream_record(image, now)
+            seen = self._store.stream_record(image, now)
         except Exception:
             # An outbox item this code cannot read (written by a newer version?): the polling
             # worker meets the same item; reporting it would only stall the shard.
@@ -215,7 +232,7 @@ class StreamHandler:
             try:
                 # One consistent read for the batch (read units, no write): a stream batch
                 # Lambda retries holds events delivered already, which must not run again.
-                fresh = self._store.get_many(  # type: ignore[attr-defined]
+                fresh = self._store.get_many(
                     [seen.id for _, seen in candidates if seen.seq is None], now
                 )
             except Exception:
@@ -267,7 +284,7 @@ class StreamHandler:
         if not claimed:
             self.not_claimed += 1
             return
-        worker._process(claimed[0], token)
+        worker.deliver(claimed[0], token)
 
     def _deliver_unclaimed(self, seen: EventRecord, current: EventRecord | None) -> None:
         """Deliver a new event with one write: its outcome, stored only while the event is
@@ -287,7 +304,7 @@ class StreamHandler:
             return
         lease_end = current.due_at_ms + worker.lease_ms
         now = now_ms(worker.clock)
-        keeper = worker._new_keeper()
+        keeper = worker.lease_keeper()
         # What must be left of the lease when the handler starts: the clock skew to the
         # sweeper (whose clock may run ahead), the outcome's write, and one beat of the keeper,
         # which claims the event if the handler is still running then.
@@ -317,18 +334,19 @@ class StreamHandler:
             keeper.hold_unclaimed(current, record, lease_end)
             keeper.start()
         try:
-            outcome = worker._handle(record)
+            outcome = worker.handle(record)
         finally:
             if keeper is not None:
                 keeper.stop()
         if keeper is not None and record.id in keeper.lost:
-            worker._record(outcome, False)  # taken over: the outcome is not ours to store
+            worker.count(outcome, False)  # taken over: the outcome is not ours to store
         elif keeper is not None and record.id in keeper.claimed:
-            worker._finish([outcome], None)  # claimed while it ran: stored under the claim
+            worker.store_outcomes([outcome])  # claimed while it ran: stored under the claim
         else:
-            settle = self._store.settle_unclaimed  # type: ignore[attr-defined]
-            (ok,) = settle([(current, outcome)], now_ms(worker.clock), worker.retention_ms)
-            worker._record(outcome, ok)
+            (ok,) = self._store.settle_unclaimed(
+                [(current, outcome)], now_ms(worker.clock), worker.retention_ms
+            )
+            worker.count(outcome, ok)
 
     def __repr__(self) -> str:
         return f"StreamHandler(worker={self.worker!r}, claim={self.claim})"

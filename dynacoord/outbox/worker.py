@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .. import tracing as _tracing
 from .._clock import Clock, now_ms
 from .._validate import (
     check_bool,
@@ -724,6 +725,37 @@ class OutboxWorker:
         """The lease keeper of one batch (not started), or None without ``heartbeat``."""
         return _LeaseKeeper(self, self.lease_ms / 3000) if self.heartbeat else None
 
+    # -- delivery steps, for engines that deliver outside a poll (the stream relay) ---------------
+
+    @property
+    def store(self) -> OutboxStore:
+        """The outbox store this worker delivers from."""
+        return self._store
+
+    def deliver(self, record: EventRecord, token: str) -> None:
+        """Handle one event claimed under ``token`` and store its outcome at once, its lease kept
+        alive meanwhile (as a poll does for a batch of one)."""
+        self._process(record, token)
+
+    def handle(self, record: EventRecord) -> Outcome:
+        """Run ``record``'s handler (its attempts counted as in ``record``) and decide the
+        outcome; nothing is written."""
+        return self._handle(record)
+
+    def store_outcomes(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """Store ``outcomes`` of claimed events (each under its claim) and count them; one bool
+        each, False where the claim had been taken over."""
+        return self._finish(outcomes, None)
+
+    def count(self, outcome: Outcome, stored: bool) -> None:
+        """Count an outcome stored (or refused: ``stored`` False) elsewhere, and call the
+        hooks."""
+        self._record(outcome, stored)
+
+    def lease_keeper(self) -> _LeaseKeeper | None:
+        """A lease keeper of this worker's (not started), or None without ``heartbeat``."""
+        return self._new_keeper()
+
     # -- one event --------------------------------------------------------------------------------
 
     def _handler_for(self, event_type: str) -> Handler | None:
@@ -763,7 +795,10 @@ class OutboxWorker:
             self._log_missing_handler(record)
             return self._decide(record, NO_HANDLER)
         try:
-            handler(event)
+            if _tracing.spanning:  # in a span linked to the publisher's (dynacoord.tracing)
+                _tracing.run_handler(handler, event)
+            else:
+                handler(event)
         except Exception as exc:
             logger.warning(
                 "%s: handler for event %r (%s) failed on attempt %d: %s",
