@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import tracing as _tracing
 from .._clock import Clock, now_ms
 from .._validate import (
     check_bool,
@@ -795,10 +794,7 @@ class OutboxWorker:
             self._log_missing_handler(record)
             return self._decide(record, NO_HANDLER)
         try:
-            if _tracing.spanning:  # in a span linked to the publisher's (dynacoord.tracing)
-                _tracing.run_handler(handler, event)
-            else:
-                handler(event)
+            handler(event)
         except Exception as exc:
             logger.warning(
                 "%s: handler for event %r (%s) failed on attempt %d: %s",
