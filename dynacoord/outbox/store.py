@@ -1,5 +1,5 @@
-"""The storage protocol a backend implements for the outbox (one request per method), and the
-small result types of the management calls."""
+"""The storage protocol a backend implements for the outbox (the fewest requests each method's
+semantics allow), and the small result types of the management calls."""
 
 from __future__ import annotations
 
@@ -115,7 +115,12 @@ class RetryReport:
 
 
 class OutboxStore(Protocol):
-    """Storage for outbox events. Every method is one request to the store.
+    """Storage for outbox events. A method sends the fewest requests its semantics allow: one
+    for a single-event call or a query page; the batch calls (``claim_many``, ``finish_many``,
+    ``extend_many``) one per batch where the store takes the batch whole (a Redis script, a
+    MongoDB bulk write), on DynamoDB one per 25 statements or 100 transaction items plus the
+    rounds that send again what came back throttled or conflicting; an ordered publish reads its
+    groups' gates and tries again when racing publishers moved them.
 
     ``now_ms`` is passed in so that time is decided by the caller's injected clock. Index queries
     return ``(records, cursor)``; pass the cursor back for the next page, None means no more.
