@@ -306,7 +306,7 @@ class Outbox:
     def _shards(self) -> int:
         """The namespace's shard count, read again for every listing and count: a publisher (or
         a worker) with more shards may have started since this process last read it, and a
-        count kept from then misses the events on the newer shards (issue 28, case 5). One
+        count kept from then misses the events on the newer shards. One
         GetItem on DynamoDB (none on Redis and MongoDB), against one Query per shard and status
         that the listing costs anyway."""
         return max(1, self._store.refresh_shards())

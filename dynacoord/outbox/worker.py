@@ -281,8 +281,7 @@ class OutboxWorker:
     of the batch are written together in one request (sooner when a third of the lease has
     passed since the first unwritten outcome). A crash mid-batch loses nothing: events whose
     outcome was not written are claimed again after their lease. ``batch_claim=False`` claims
-    and completes one event per request (the previous design: fewer write units per event on
-    DynamoDB, where a transactional write costs twice a plain one, at more requests).
+    and completes one event per request (the same write units per event, more requests).
 
     ``leave_new_for`` (seconds): unordered pending events with no attempt yet are not claimed
     until they have been due that long: they belong to the stream relay meanwhile

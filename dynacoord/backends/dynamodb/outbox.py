@@ -70,7 +70,7 @@ _RETRY_CODES = ("ConditionalCheckFailed", "TransactionConflict")
 #: How often an ordered publish reads its groups again when racing publishers moved them, and
 #: the backoff between rounds (seconds; full jitter, doubling up to the cap): without it, racing
 #: publishers of one group read and write in lockstep and the same ones lose every round (8
-#: rounds, no pause: 16 of 120 publishes of 8 threads to one group gave up; issue 28, case 8).
+#: rounds without a pause: 16 of 120 publishes of 8 threads to one group gave up).
 _PUBLISH_ROUNDS = 40
 _PUBLISH_BACKOFF_FIRST = 0.008
 _PUBLISH_BACKOFF_MAX = 0.25
@@ -124,7 +124,7 @@ class DynamoDBOutboxStore:
         lease extension, a retry, a postpone): an entry on a shard beyond the recorded count is
         on a partition no reader with fewer shards polls, so a worker configured with more
         shards than the namespace's publishers would strand the events it claims and dies with,
-        gives back or fails (issue 28, case 4). No request when the count read already covers
+        gives back or fails. No request when the count read already covers
         this store's (the count never goes down)."""
         if self._shards_written:
             return
@@ -564,7 +564,7 @@ class DynamoDBOutboxStore:
         except BaseException:
             # A later transaction of the batch raised (throttling, a network error, an
             # interrupt): the earlier ones' claims hold events no worker will handle. Give them
-            # back, due now and their attempt not counted, then raise (issue 28, case 9b);
+            # back, due now and their attempt not counted, then raise;
             # without this they waited a whole lease with an attempt counted.
             if claimed:
                 back = [
@@ -604,7 +604,7 @@ class DynamoDBOutboxStore:
         ``due_ms``: a pending event is pushed back; an in-flight one whose lease ran out (its
         worker died or overran) goes back to pending, its counted attempts kept. Left in flight,
         blocked followers found by the expired-lease scan stayed at the front of the in-flight
-        queue, and a scan full of them found nothing else, poll after poll (issue 28, case 1)."""
+        queue, and a scan full of them found nothing else, poll after poll."""
         self._record_shards()
         gpk, gsk = self._items.record_index(seen.event, EventStatus.PENDING, due_ms)
         args: dict[str, Any] = {
@@ -1017,7 +1017,7 @@ class DynamoDBOutboxStore:
             reasons=[],
         )
 
-    # -- stream images (issue 15: the stream relay) -----------------------------------------------
+    # -- stream images (the stream relay) ------------------------------------------------------------
 
     def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:
         """The event a DynamoDB stream image (DynamoDB JSON, as Lambda delivers it) holds if it
