@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dynacoord import DynamoDBBackend, TableLayout
+from dynacoord.backends.dynamodb._verify import wait_for_ttl_checks
 from dynacoord.errors import TableNotReadyError
 from dynacoord.provision import create_table, ensure_table, verify_table
 from dynacoord.testing import DUMMY_CREDENTIALS
@@ -82,6 +83,7 @@ def test_a_backend_on_a_table_without_its_ttl_warns_once(
     backend.cache().set("a", 1)
     backend.cache().set("b", 2)
     DynamoDBBackend(ddb, table_name="apptable", namespace="other").cache().set("c", 3)
+    wait_for_ttl_checks()  # the TTL is read on a thread of its own
     warnings = [r for r in caplog.records if r.name == VERIFY_LOGGER]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     text = warnings[0].getMessage()
@@ -95,6 +97,7 @@ def test_a_backend_on_a_complete_table_says_nothing(
     create_table(_other_client(), "complete")
     caplog.set_level(logging.WARNING, logger=VERIFY_LOGGER)
     DynamoDBBackend(ddb, table_name="complete").cache().set("a", 1)
+    wait_for_ttl_checks()
     assert [r for r in caplog.records if r.name == VERIFY_LOGGER] == []
 
 

@@ -1,17 +1,30 @@
 """The DynamoDB backend's checks of what it was given: the client at construction, the table on
 first use.
 
-Why on first use: a table keyed on ``pk`` alone (or on ``id``, or with a numeric ``sk``) takes a
-PutItem of a dynacoord item without complaint, and then every read of it fails with DynamoDB's
-``The number of conditions on the keys is invalid`` or ``Type mismatch for key``, naming neither
-the table nor the fix. One DescribeTable before the first request finds it while nothing is
-written yet. It is made at first use, not in the constructor, because tests and scripts commonly
-build the backend first and create the table after; it is made once per client and table (a
-process that builds a backend per request pays it once), and never with ``verify=False`` (an IAM
-policy without ``dynamodb:DescribeTable``).
+Why a check: a table keyed on ``pk`` alone takes a PutItem of a dynacoord item without complaint
+(``sk`` is just one more attribute there), and a table without ``gsi1`` (or with an index keyed on
+other attributes) takes every write; the damage shows later, as reads that fail with DynamoDB's
+``The number of conditions on the keys is invalid`` or listings that never find an item, naming
+neither the table nor the fix. Only a DescribeTable sees the index, so no write can be its own
+check: one DescribeTable before the **first write** of each client and table finds a wrong shape
+while nothing is written yet.
 
-After the first request the check costs nothing: :class:`VerifiedTable` puts its checking
-``call`` on the instance, and removes it once the table passed, so later requests find
+Reads go first without it. A read cannot damage a table, and DynamoDB refuses every read of a
+table that could not answer it (``ResourceNotFoundException`` for a missing table or index,
+``ValidationException`` for a key schema the request does not match); such a refusal runs the
+check, which names the table and the fix. A read that succeeds leaves the check to the first
+write. So a process whose first request is a read pays nothing before it; one whose first
+request is a write pays one DescribeTable, once per process. It is made at first use, not in the
+constructor, because tests and scripts commonly build the backend first and create the table
+after; it is made once per client and table (a process that builds a backend per request pays it
+once), and never with ``verify=False`` (an IAM policy without ``dynamodb:DescribeTable``).
+
+The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive after a
+passing check, on a thread of its own: its finding is a logged warning, never a refusal, so the
+first write does not wait for it.
+
+After the check passed the gate costs nothing: :class:`VerifiedTable` puts its checking ``call``
+on the instance, and removes it once the table passed, so later requests find
 :meth:`DynamoTable.call` itself (no extra frame, no flag to test).
 """
 
@@ -34,7 +47,13 @@ from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
 from ._table import DynamoTable
 
-__all__ = ["TableConfigurationError", "VerifiedTable", "check_client", "check_table"]
+__all__ = [
+    "TableConfigurationError",
+    "VerifiedTable",
+    "check_client",
+    "check_table",
+    "wait_for_ttl_checks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +144,9 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
 
     A table or index still being created passes (its key schema is final). TTL off or on
     another attribute does not fail the check (reads treat expired items as absent; they are
-    just never swept): one DescribeTimeToLive after a passing schema logs a warning with the fix,
-    and a refused one (a role without ``dynamodb:DescribeTimeToLive``) is passed over.
+    just never swept): one DescribeTimeToLive after a passing schema, on a thread of its own,
+    logs a warning with the fix, and a refused one (a role without
+    ``dynamodb:DescribeTimeToLive``) is passed over.
     """
     if is_verified(client, table_name, layout):
         return
@@ -172,8 +192,35 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
             table_name=table_name,
             problems=problems,
         )
-    _warn_about_ttl(client, table_name, layout)
     mark_verified(client, table_name, layout)
+    _start_ttl_check(client, table_name, layout)
+
+
+#: the TTL checks started by this process and not finished (see :func:`wait_for_ttl_checks`)
+_ttl_checks: list[threading.Thread] = []
+
+
+def _start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
+    """Read the table's TTL on a thread of its own: the first write does not wait for it.
+
+    Not a daemon: a short process (a CLI command) still logs its warning before it exits."""
+    thread = threading.Thread(
+        target=_warn_about_ttl,
+        args=(client, table_name, layout),
+        name=f"dynacoord-ttl-check-{table_name}",
+    )
+    with _first_checks_guard:
+        _ttl_checks[:] = [t for t in _ttl_checks if t.is_alive()]
+        _ttl_checks.append(thread)
+    thread.start()
+
+
+def wait_for_ttl_checks(timeout: float | None = None) -> None:
+    """Wait until the TTL checks started so far have logged what they found."""
+    with _first_checks_guard:
+        running = list(_ttl_checks)
+    for thread in running:
+        thread.join(timeout)
 
 
 def _warn_about_ttl(client: Any, table_name: str, layout: TableLayout) -> None:
@@ -190,8 +237,26 @@ def _warn_about_ttl(client: Any, table_name: str, layout: TableLayout) -> None:
         logger.warning("DynamoDB table %r%s: %s", table_name, _where(client), problem)
 
 
+#: the operations that read: sent before the check (DynamoDB refuses a read the table cannot
+#: answer, and that refusal runs the check); every other operation writes, and waits for it
+_READS = frozenset({"get_item", "query", "scan", "batch_get_item", "transact_get_items"})
+#: the error codes with which DynamoDB refuses a request the table's shape cannot take
+_SHAPE_CODES = frozenset({"ResourceNotFoundException", "ValidationException"})
+
+
+def _shape_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` (translated by :meth:`DynamoTable.call`) is DynamoDB refusing a request
+    for the table's shape: no such table or index, or keys that do not match its key schema."""
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return False
+    return response.get("Error", {}).get("Code") in _SHAPE_CODES
+
+
 class VerifiedTable(DynamoTable):
-    """A :class:`DynamoTable` that runs :func:`check_table` before its first request.
+    """A :class:`DynamoTable` that runs :func:`check_table` before its first write, and after a
+    read DynamoDB refused for the table's shape.
 
     With a ``layout``, ``client`` may be the layout's wrapper: ``raw_client`` is then the
     client the check describes the table with (and remembers it for)."""
@@ -214,10 +279,21 @@ class VerifiedTable(DynamoTable):
             self.__dict__["call"] = self._first_call
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        # Threads making their first calls at once (concurrent invocations) wait for one
+        if operation in _READS:
+            try:
+                return DynamoTable.call(self, operation, **kwargs)
+            except Exception as exc:
+                if not _shape_refusal(exc):
+                    raise
+                self._check()  # a wrong table: TableConfigurationError, naming the fix
+                raise  # a right one: the refusal was the request's own
+        self._check()
+        return DynamoTable.call(self, operation, **kwargs)
+
+    def _check(self) -> None:
+        # Threads making their first writes at once (concurrent invocations) wait for one
         # check instead of each sending its own DescribeTable.
         with _first_check_lock(self._raw_client, self.name):
             if not is_verified(self._raw_client, self.name, self.layout):
                 check_table(self._raw_client, self.name, self.layout)
         self.__dict__.pop("call", None)
-        return DynamoTable.call(self, operation, **kwargs)
