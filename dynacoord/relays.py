@@ -14,6 +14,14 @@ What is sent (all three): the event envelope as JSON text, ``{"id", "type", "occ
 and the deduplication id is the event id, so a redelivered event is dropped by the service within
 its 5-minute deduplication window. EventBridge entries use ``DetailType = event.type``.
 
+Trace context (see :mod:`dynacoord.tracing`): each relay forwards the publisher's context
+recorded in the event, the way its service expects, so the message's consumer joins the
+publisher's trace: SQS messages carry the X-Ray header as the ``AWSTraceHeader`` system
+attribute and W3C ``traceparent`` (and ``tracestate``) message attributes; SNS messages carry
+``traceparent``, ``tracestate`` and ``X-Amzn-Trace-Id`` message attributes; EventBridge entries
+carry the X-Ray header as ``TraceHeader``. Where only one format was recorded, the other is
+made from it (the same ids). The envelope's ``metadata`` holds the recorded keys too.
+
 Clients are injected (``boto3.client("sqs")`` ...); this module imports no AWS SDK itself.
 """
 
@@ -28,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import codec
+from . import codec, tracing
 from ._validate import check_bool, check_int, check_iterable, non_negative_seconds
 from .errors import ConfigurationError, RelayError
 from .outbox import Event
@@ -177,11 +185,23 @@ class _MessageRelay(_BatchRelay):
                 self.body_field: self._body(event),
                 "MessageAttributes": self._attributes(event),
             }
+            if event.metadata:
+                self._trace(entry, *tracing.forwarded(event.metadata))
             if self.fifo:
                 entry["MessageGroupId"] = _fifo_id(event.group or self.default_group)
                 entry["MessageDeduplicationId"] = _fifo_id(event.id)
             batch.append(entry)
         return batch
+
+    def _trace(
+        self, entry: dict[str, Any], traceparent: str | None, state: str | None, xray: str | None
+    ) -> None:
+        """Add the trace context to a batch entry, as the service expects it."""
+        attributes = entry["MessageAttributes"]
+        if traceparent is not None:
+            attributes[tracing.TRACEPARENT] = {"DataType": "String", "StringValue": traceparent}
+        if state is not None:
+            attributes[tracing.TRACESTATE] = {"DataType": "String", "StringValue": state}
 
     @staticmethod
     def _failures(response: dict[str, Any]) -> list[_Failure]:
@@ -229,6 +249,15 @@ class SQSRelay(_MessageRelay):
         )
         self.queue_url = queue_url
 
+    def _trace(
+        self, entry: dict[str, Any], traceparent: str | None, state: str | None, xray: str | None
+    ) -> None:
+        super()._trace(entry, traceparent, state, xray)
+        if xray is not None:  # the system attribute SQS, Lambda and X-Ray read
+            entry["MessageSystemAttributes"] = {
+                "AWSTraceHeader": {"DataType": "String", "StringValue": xray}
+            }
+
     def _send(self, entries: list[tuple[str, Event]]) -> list[_Failure]:
         response = self.client.send_message_batch(
             QueueUrl=self.queue_url, Entries=self._batch(entries)
@@ -271,6 +300,16 @@ class SNSRelay(_MessageRelay):
         )
         self.topic_arn = topic_arn
 
+    def _trace(
+        self, entry: dict[str, Any], traceparent: str | None, state: str | None, xray: str | None
+    ) -> None:
+        super()._trace(entry, traceparent, state, xray)
+        if xray is not None:  # PublishBatch has no trace header field: a message attribute
+            entry["MessageAttributes"][tracing.XRAY_TRACE_HEADER] = {
+                "DataType": "String",
+                "StringValue": xray,
+            }
+
     def _send(self, entries: list[tuple[str, Event]]) -> list[_Failure]:
         response = self.client.publish_batch(
             TopicArn=self.topic_arn, PublishBatchRequestEntries=self._batch(entries)
@@ -310,8 +349,9 @@ class EventBridgeRelay(_BatchRelay):
         self.source = source
 
     def _send(self, entries: list[tuple[str, Event]]) -> list[_Failure]:
-        batch = [
-            {
+        batch = []
+        for _, event in entries:
+            entry: dict[str, Any] = {
                 "Source": self.source,
                 "DetailType": event.type,
                 "Detail": self._body(event),
@@ -320,8 +360,11 @@ class EventBridgeRelay(_BatchRelay):
                     event.occurred_at, tz=datetime.timezone.utc
                 ),
             }
-            for _, event in entries
-        ]
+            if event.metadata:
+                xray = tracing.forwarded(event.metadata)[2]
+                if xray is not None:  # PutEvents' field for the X-Ray header
+                    entry["TraceHeader"] = xray
+            batch.append(entry)
         response = self.client.put_events(Entries=batch)
         if not response.get("FailedEntryCount"):
             return []

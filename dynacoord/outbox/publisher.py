@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import keys
+from .. import keys, tracing
 from .._clock import Clock, SystemClock, now_ms
 from .._validate import (
     check_bool,
@@ -19,6 +19,7 @@ from ..errors import (
     DuplicateEventError,
     InvalidValueError,
     TransactionTooLargeError,
+    ValueTooLargeError,
 )
 from ..metrics import NO_SCOPE, MetricsScope
 from .event import Event, EventRecord, EventStatus, new_event_id
@@ -57,6 +58,41 @@ def _as_events(events: Event | Iterable[Event]) -> list[Event]:
     return items
 
 
+def _traced(event: Event, carrier: Mapping[str, str]) -> Event:
+    """``event`` with the trace context ``carrier`` in its metadata (see :mod:`dynacoord.tracing`),
+    or ``event`` itself when its metadata already holds a trace context of the caller's own."""
+    metadata = event.metadata
+    if metadata and tracing.has_trace(metadata):
+        return event
+    return Event._restore(
+        type=event.type,
+        payload=event.payload,
+        id=event.id,
+        occurred_at=event.occurred_at,
+        metadata={**metadata, **carrier},
+        group=event.group,
+        attempt=event.attempt,
+        ordered=event.ordered,
+    )
+
+
+def _untraced(event: Event) -> Event:
+    """``event`` without the trace keys in its metadata: what a clash compares (a publish
+    retried under another trace is the same event)."""
+    if not event.metadata or not tracing.has_trace(event.metadata):
+        return event
+    return Event._restore(
+        type=event.type,
+        payload=event.payload,
+        id=event.id,
+        occurred_at=event.occurred_at,
+        metadata=tracing.without_trace(event.metadata),
+        group=event.group,
+        attempt=event.attempt,
+        ordered=event.ordered,
+    )
+
+
 class Outbox:
     """The outbox of one namespace. Reached as ``backend.outbox``."""
 
@@ -83,9 +119,13 @@ class Outbox:
 
         With ``tx`` (from ``backend.transaction()``): the events are added to that transaction and
         written when it commits, together with the caller's own writes.
+
+        Both ways record the caller's trace context in each event's metadata (see
+        :mod:`dynacoord.tracing`; with tracing off or unavailable, nothing).
         """
+        carrier = tracing.capture() if tracing.capturing else None
         if tx is not None:
-            if type(events) is Event:  # one event, the usual: added in the fewest steps
+            if type(events) is Event and carrier is None:  # the usual: in the fewest steps
                 event_id = events.id
                 # now_ms(self.clock), inline
                 entry, bound = self._store.transaction_entry(events, int(self.clock.time() * 1000))
@@ -95,10 +135,7 @@ class Outbox:
                 items = _as_events(events)
                 now = now_ms(self.clock)
                 tx._add_entries(
-                    [
-                        (("publish event", e.id), e.id, *self._store.transaction_entry(e, now))
-                        for e in items
-                    ]
+                    [(("publish event", e.id), e.id, *self._entry(e, carrier, now)) for e in items]
                 )
                 ids = [e.id for e in items]
             if self._metrics.enabled and ids:  # counted once written, as a direct publish is
@@ -129,9 +166,45 @@ class Outbox:
             )
         if not items:
             return []
-        self._publish(items)
+        if carrier is None:
+            self._publish(items)
+        else:
+            self._publish_traced(items, carrier)
         self._metrics.count("OutboxPublished", len(items))
         return [e.id for e in items]
+
+    def _entry(self, event: Event, carrier: Mapping[str, str] | None, now: int) -> tuple[Any, int]:
+        """The transaction entry of ``event``, with the trace context when it fits."""
+        if carrier is not None:
+            traced = _traced(event, carrier)
+            if traced is not event:
+                try:
+                    return self._store.transaction_entry(traced, now)
+                except ValueTooLargeError:
+                    logger.debug("event %r stored without its trace context: no room", event.id)
+        return self._store.transaction_entry(event, now)
+
+    def _publish_traced(self, items: list[Event], carrier: Mapping[str, str]) -> None:
+        """:meth:`_publish` of ``items`` with the trace context; an event that fits only
+        without it is stored without it (every store checks sizes before writing anything)."""
+        traced = [_traced(e, carrier) for e in items]
+        while True:
+            try:
+                self._publish(traced)
+                return
+            except ValueTooLargeError as exc:
+                index = next(
+                    (
+                        i
+                        for i, (e, t) in enumerate(zip(items, traced, strict=True))
+                        if e.id == exc.key and t is not e
+                    ),
+                    None,
+                )
+                if index is None:
+                    raise  # too large without the trace context too
+                logger.debug("event %r stored without its trace context: no room", exc.key)
+                traced[index] = items[index]
 
     def _publish(self, items: list[Event]) -> None:
         clashes = self._store.publish(items, now_ms(self.clock))
@@ -141,7 +214,8 @@ class Outbox:
         conflicting = [
             event_id
             for event_id, stored in clashes.items()
-            if stored is None or not by_id[event_id].same_content(stored.event)
+            if stored is None
+            or not _untraced(by_id[event_id]).same_content(_untraced(stored.event))
         ]
         if conflicting:
             raise DuplicateEventError(

@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .. import tracing as _tracing
 from .._clock import Clock, now_ms
 from .._validate import (
     check_bool,
@@ -793,7 +794,10 @@ class OutboxWorker:
             self._log_missing_handler(record)
             return self._decide(record, NO_HANDLER)
         try:
-            handler(event)
+            if _tracing.spanning:  # in a span linked to the publisher's (dynacoord.tracing)
+                _tracing.run_handler(handler, event)
+            else:
+                handler(event)
         except Exception as exc:
             logger.warning(
                 "%s: handler for event %r (%s) failed on attempt %d: %s",
