@@ -619,7 +619,14 @@ def _counter_ops(env: BenchEnv, reps: int) -> list[Op]:
             "the bucket refuses (member in it), the carry refuses and returns the state (it "
             "repairs a count a crash left uncarried)",
         ),
-        Op("counters", "delete", lambda i: counters.delete(f"del{i}"), 1, "one DeleteItem"),
+        Op(
+            "counters",
+            "delete",
+            lambda i: counters.delete(f"del{i}"),
+            1,
+            "one UpdateItem: a counter or flag is deleted in place, keeping its counting slots "
+            "until the TTL sweeper removes it (a join: DeleteItem after it)",
+        ),
     ]
 
 

@@ -93,6 +93,8 @@ _KEEP_EXPIRY = (
 )
 _JOIN_LIVE = "#kind = :kind AND #expected = :expected AND " + LIVE
 _EXTEND_CONDITION = f"attribute_exists(pk) AND {LIVE}"
+#: a counter or a flag (anything but a join) is deleted in place, keeping its counting slots
+_DELETE_IN_PLACE = "attribute_exists(pk) AND (attribute_not_exists(#kind) OR #kind <> :join)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +393,43 @@ class DynamoDBCounterStore:
         return found
 
     def delete(self, key: str, now_ms: int) -> bool:
+        """A counter or a flag is deleted *in place*: its value goes and it expires now, but the
+        item keeps its counting slots until the TTL sweeper removes it (two retry windows
+        later), so an increment applied before the delete and retried after it finds its token
+        and is not applied again (the timeline: dynacoord._writers). Every read and write
+        already treats the expired item as absent. A join (no slots: its arrivals are not
+        counting writes) is deleted with its buckets. One request; two for a join."""
+        expires = now_ms + 2 * self._table.count_window_ms
+        try:
+            response = self._table.call(
+                "update_item",
+                Key=self._key(key),
+                ConditionExpression=_DELETE_IN_PLACE,
+                UpdateExpression=(
+                    "SET expires_at_ms = :now, #ttl = :ttl REMOVE #n, #value, #last, gen"
+                ),
+                ExpressionAttributeNames={
+                    "#kind": "kind",
+                    "#n": "n",
+                    "#value": "value",
+                    "#last": "last",
+                    "#ttl": "ttl",
+                },
+                ExpressionAttributeValues={
+                    ":now": {"N": str(now_ms)},
+                    ":ttl": {"N": str(_ttl_s(expires))},
+                    ":join": {"S": JOIN},
+                },
+                ReturnValues="ALL_OLD",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            if failed.raw is None:
+                return False  # nothing there
+            return self._delete_item(key, now_ms)  # a join
+        return _read(response.get("Attributes"), now_ms) is not None
+
+    def _delete_item(self, key: str, now_ms: int) -> bool:
         response = self._table.call("delete_item", Key=self._key(key), ReturnValues="ALL_OLD")
         old = response.get("Attributes")
         if old and "gen" in old:
