@@ -12,7 +12,11 @@ that the default costs nothing measurable and what a real listener costs, on Dyn
   it: the cost of timing and reporting) and against ``EMFMetrics`` writing to ``/dev/null``
   (buffering, JSON at each flush; flushed every 50 operations as a Lambda would per invocation),
   and against a listener with ``consumed_capacity = True`` (every request asks DynamoDB for
-  ``ReturnConsumedCapacity``).
+  ``ReturnConsumedCapacity``);
+* **tracing** (dynacoord.tracing): the flag a publish and a delivery check when tracing is off
+  or OpenTelemetry absent, in nanoseconds, what recording the context and opening the consumer
+  span cost without a server, and an outbox publish + delivery of one event inside an active
+  span, tracing on (the OpenTelemetry SDK recording spans, no exporter) against off.
 """
 
 from __future__ import annotations
@@ -52,6 +56,95 @@ def _hook_ns(n: int = 200_000) -> dict[str, float]:
         "noop_report_ns": round(max(0.0, scope_ns - loop_ns), 1),
         "enabled_check_ns": round(max(0.0, check_ns - loop_ns), 1),
     }
+
+
+def _tracing_ns(n: int = 100_000) -> dict[str, float]:
+    """The off check, and what capture/run_handler cost on, without a server (ns per call)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from dynacoord import Event, tracing
+
+    def per_call(fn: Any, count: int) -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            fn()
+        return (time.perf_counter() - start) / count * 1e9
+
+    tracing.disable()
+    start = time.perf_counter()
+    for _ in range(n):
+        if tracing.capturing:  # pragma: no cover - off
+            break
+    check_ns = (time.perf_counter() - start) / n * 1e9
+    start = time.perf_counter()
+    for _ in range(n):
+        pass
+    loop_ns = (time.perf_counter() - start) / n * 1e9
+    provider = TracerProvider()  # records spans; no processor, no exporter
+    tracing.enable(tracer_provider=provider)
+    app = provider.get_tracer("app")
+    event = Event("order.placed", {}, attempt=1)
+    try:
+        no_span_ns = per_call(tracing.capture, n // 10)
+        with app.start_as_current_span("request"):
+            capture_ns = per_call(tracing.capture, n // 10)
+            traced = Event("order.placed", {}, metadata=tracing.capture(), attempt=1)
+        span_ns = per_call(lambda: tracing.run_handler(_nothing, traced), n // 10)
+        bare_ns = per_call(lambda: tracing.run_handler(_nothing, event), n // 10)
+    finally:
+        tracing.enable()
+    return {
+        "off_check_ns": round(max(0.0, check_ns - loop_ns), 1),
+        "capture_no_span_ns": round(no_span_ns, 1),
+        "capture_ns": round(capture_ns, 1),
+        "consumer_span_linked_ns": round(span_ns, 1),
+        "consumer_span_unlinked_ns": round(bare_ns, 1),
+    }
+
+
+def _nothing(event: Any) -> None:
+    return None
+
+
+def _tracing_rows(env: BenchEnv, client: Any, n: int, warmup: int) -> list[dict[str, Any]]:
+    """One event published in an active span and delivered by a worker: tracing on vs off."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from dynacoord import Event, tracing
+
+    provider = TracerProvider()
+    tracing.enable(tracer_provider=provider)
+    tracing.is_enabled()
+    app = provider.get_tracer("app")
+
+    def cycle(on: bool) -> Any:
+        outbox = env.backend(namespace=unique("mtr"), client=client).outbox
+        worker = outbox.worker(_nothing, batch_size=1, heartbeat=False)
+
+        def run(i: int) -> None:
+            tracing.capturing = tracing.spanning = on
+            with app.start_as_current_span("request"):
+                outbox.publish(Event("order.placed", {"order": i}))
+            worker.run_once()
+
+        return run
+
+    try:
+        a, b = interleaved(cycle(True), cycle(False), n, warmup)
+    finally:
+        tracing.enable()
+    low, high = paired_ratio_ci(a, b)
+    return [
+        {
+            "operation": "outbox publish + delivery",
+            "listener": "tracing on vs off (in a span)",
+            "median_ms": round(stats(a).median_ms, 3),
+            "default_median_ms": round(stats(b).median_ms, 3),
+            "ratio": paired_ratio(a, b),
+            "ci_low": low,
+            "ci_high": high,
+        }
+    ]
 
 
 def run(env: BenchEnv) -> dict[str, Any]:
@@ -117,7 +210,9 @@ def run(env: BenchEnv) -> dict[str, Any]:
                         "ci_high": high,
                     }
                 )
+        rows += _tracing_rows(env, client, n, warmup)
         results["rows"] = rows
+        results["tracing"] = _tracing_ns()
         lock_ms = statistics.median(
             r["default_median_ms"] for r in rows if r["operation"] == "lock acquire+release"
         )

@@ -82,6 +82,7 @@ _turned_off = False
 _in_lambda = False
 _trace: Any = None  # the opentelemetry.trace module, once imported
 _tracer: Any = None
+_provider: Any = None  # the tracer provider given to enable(), else the global one
 _make_state: Any = None  # TraceState.from_header
 _span_kind: Any = None  # SpanKind.CONSUMER
 _error_status: Callable[[str], Any] | None = None
@@ -100,12 +101,15 @@ def disable() -> None:
     _decided = _turned_off = True
 
 
-def enable() -> None:
+def enable(*, tracer_provider: Any = None) -> None:
     """Turn tracing back on (the default): the next publish or delivery looks again for
-    OpenTelemetry and the environment (``DYNACOORD_TRACING`` still applies)."""
-    global capturing, spanning, _decided, _turned_off
+    OpenTelemetry and the environment (``DYNACOORD_TRACING`` still applies). Delivery spans come
+    from ``tracer_provider`` when given, else from the global provider
+    (``opentelemetry.trace.set_tracer_provider``)."""
+    global capturing, spanning, _decided, _turned_off, _provider
     capturing = spanning = True
     _decided = _turned_off = False
+    _provider = tracer_provider
 
 
 def is_enabled() -> bool:
@@ -135,8 +139,9 @@ def _decide() -> None:
         trace = otel_trace
     _trace = trace
     if trace is not None:
-        # A proxy until the application sets its provider, then the provider's tracer.
-        _tracer = trace.get_tracer("dynacoord")
+        # The global one: a proxy until the application sets its provider, then its tracer.
+        provider = _provider if _provider is not None else trace.get_tracer_provider()
+        _tracer = provider.get_tracer("dynacoord")
         _make_state = TraceState.from_header
         _span_kind = SpanKind.CONSUMER
         _error_status = lambda text: Status(StatusCode.ERROR, text)  # noqa: E731

@@ -39,15 +39,14 @@ XRAY = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled
 
 
 class Spans:
-    """The in-memory exporter of a provider of the test's own, installed as dynacoord's tracer
-    (no global provider is set: other tests are left alone)."""
+    """The in-memory exporter of a provider of the test's own, given to ``tracing.enable`` (no
+    global provider is set: other tests are left alone)."""
 
     def __init__(self) -> None:
         self.exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.tracer = provider.get_tracer("app")
-        self.dynacoord_tracer = provider.get_tracer("dynacoord")
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = self.provider.get_tracer("app")
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.exporter.get_finished_spans())
@@ -60,10 +59,9 @@ class Spans:
 def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spans]:
     monkeypatch.delenv("DYNACOORD_TRACING", raising=False)
     monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
-    tracing.enable()
-    assert tracing.is_enabled()
     recorded = Spans()
-    monkeypatch.setattr(tracing, "_tracer", recorded.dynacoord_tracer)
+    tracing.enable(tracer_provider=recorded.provider)
+    assert tracing.is_enabled()
     yield recorded
     tracing.enable()  # the next test decides again
 
@@ -257,10 +255,7 @@ def test_in_lambda_without_a_span_the_xray_header_is_recorded_and_linked(
 ) -> None:
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "orders")
     monkeypatch.setenv("_X_AMZN_TRACE_ID", XRAY)
-    tracing.enable()
-    monkeypatch.setattr(tracing, "_decided", False)
-    tracing.is_enabled()
-    monkeypatch.setattr(tracing, "_tracer", spans.dynacoord_tracer)
+    tracing.enable(tracer_provider=spans.provider)  # decided again, in Lambda
     client, table = moto_table
     outbox = DynamoDBBackend(client, table_name=table, namespace=unique_name("xr")).outbox
     (event_id,) = outbox.publish(Event("order.placed", {}))
@@ -483,7 +478,6 @@ def test_without_opentelemetry_publish_and_delivery_work(
     for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:
         monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
     monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
-    monkeypatch.setattr(tracing, "_trace", None)
     tracing.enable()
     try:
         client, table = moto_table
