@@ -105,16 +105,38 @@ def query_units(sizes: list[int], *, consistent: bool) -> float:
 
 @dataclass(frozen=True, slots=True)
 class IndexSpec:
-    """A global secondary index: its name and key attributes (partition key first)."""
+    """A global secondary index: its name, key attributes (partition key first) and projection.
+
+    ``projection`` is DynamoDB's ``ProjectionType``: ``ALL`` (the index entry is the whole
+    item), ``KEYS_ONLY`` (the table's and the index's keys: ``table_keys`` and ``keys``) or
+    ``INCLUDE`` (those and ``include``)."""
 
     name: str
     keys: tuple[str, ...]
+    projection: str = "ALL"
+    table_keys: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+
+    def entry(self, item: Item) -> Item:
+        """The index entry of ``item`` (an item in the index): what the projection copies."""
+        if self.projection == "ALL":
+            return item
+        names = set(self.keys) | set(self.table_keys)
+        if self.projection == "INCLUDE":
+            names |= set(self.include)
+        return {k: v for k, v in item.items() if k in names}
 
 
 def index_writes(
     before: Item | None, after: Item | None, index: IndexSpec
 ) -> list[tuple[str, int]]:
-    """The index writes one table write causes: ``[(index partition key, WCU), ...]``."""
+    """The index writes one table write causes: ``[(index partition key, WCU), ...]``.
+
+    By AWS's rules: an item that enters the index puts its entry, one that leaves it deletes
+    it, one whose index key changes does both; one that stays under the same key writes its
+    entry only if the entry changed (an attribute the projection copies), and nothing if only
+    attributes outside the projection changed. Each costs 1 WCU per started KB of the entry
+    (the larger of before and after for an update in place)."""
 
     def entry(item: Item | None) -> tuple[Any, ...] | None:
         if not item or any(k not in item for k in index.keys):
@@ -130,19 +152,22 @@ def index_writes(
         return []
     if new is None:
         assert before is not None
-        return [(partition(before), write_units(item_size(before), 0))]  # leaves the index
+        gone = index.entry(before)
+        return [(partition(before), write_units(item_size(gone), 0))]  # leaves the index
     if old is None:
         assert after is not None
-        return [(partition(after), write_units(0, item_size(after)))]  # enters it
+        put = index.entry(after)
+        return [(partition(after), write_units(0, item_size(put)))]  # enters it
     assert before is not None and after is not None
+    was, now = index.entry(before), index.entry(after)
     if old == new:
-        if dict(before) == dict(after):
-            return []  # nothing changed (a refused write): nothing to replicate
-        return [(partition(after), write_units(item_size(before), item_size(after)))]
+        if dict(was) == dict(now):
+            return []  # the entry is unchanged (a refused write, or outside the projection)
+        return [(partition(after), write_units(item_size(was), item_size(now)))]
     # The index key changed: the old entry is deleted and the new one put.
     return [
-        (partition(before), write_units(item_size(before), 0)),
-        (partition(after), write_units(0, item_size(after))),
+        (partition(before), write_units(item_size(was), 0)),
+        (partition(after), write_units(0, item_size(now))),
     ]
 
 
@@ -342,6 +367,9 @@ class UnitMeter:
                         k["AttributeName"]
                         for k in sorted(gsi["KeySchema"], key=lambda k: k["KeyType"] != "HASH")
                     ),
+                    projection=gsi.get("Projection", {}).get("ProjectionType", "ALL"),
+                    table_keys=keys,
+                    include=tuple(gsi.get("Projection", {}).get("NonKeyAttributes", ())),
                 )
                 for gsi in desc.get("GlobalSecondaryIndexes", ())
             )

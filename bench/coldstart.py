@@ -8,7 +8,17 @@ First-operation latency is measured in a fresh subprocess too: import, client cr
 lock acquire (which pays botocore's lazy loading of the service model) and a second one, against
 the same steps done with raw boto3 (``update_item`` of the same shape).
 
-Both sides run as a deployed Lambda would: dynacoord from a compiled, non-editable copy (``.pyc``
+dynacoord runs twice: with its first-use table check (the default: one DescribeTable before the
+first write of a process, see ``backends/dynamodb/_verify.py``) and with ``verify=False``, so the
+check's own cost is read off the difference.
+
+The section runs on a table of its own, created empty when it starts and kept empty (the items
+each process wrote are deleted after it): DynamoDB Local's DescribeTable slows as a table fills
+(3.4 ms empty, 12.9 ms at 10,000 items, 30.2 ms at 30,000), so on the bench's shared table, after
+the sections that fill it, the server's slowness would be counted as the check's, and a
+regression of the check could hide behind a table that happened to be small.
+
+All sides run as a deployed Lambda would: dynacoord from a compiled, non-editable copy (``.pyc``
 present, as in a wheel install; an editable install under ``PYTHONDONTWRITEBYTECODE`` would
 compile dynacoord from source on every start), and the time spent in the garbage collector is
 reported apart (``gc.callbacks``).
@@ -139,7 +149,7 @@ mode, endpoint, table, ns, pad = sys.argv[1:6]
 _handler_objects = [{} for _ in range(int(pad))]
 t0 = time.perf_counter()
 creds = dict(aws_access_key_id="dynacoord", aws_secret_access_key="dynacoord", region_name="us-east-1")
-if mode == "dynacoord":
+if mode != "raw":
     import boto3
     import dynacoord
     from dynacoord import DynamoDBBackend
@@ -148,8 +158,8 @@ else:
     import boto3
 t1 = time.perf_counter()
 client = boto3.client("dynamodb", endpoint_url=endpoint, **creds)
-if mode == "dynacoord":
-    locks = DynamoDBBackend(client, table_name=table, namespace=ns).locks
+if mode != "raw":
+    locks = DynamoDBBackend(client, table_name=table, namespace=ns, verify=mode == "dynacoord").locks
     def op(key):
         assert locks.acquire(key, ttl=60) is not None
 else:
@@ -225,11 +235,23 @@ def gc_period() -> int:
     return (t0 + 1) * (t1 + 1) * (t2 + 1)
 
 
-class _Children:
-    """Runs the child script in fresh processes, dynacoord from a compiled copy."""
+#: each side: (its name in the report, the child's mode)
+SIDES = (
+    ("dynacoord", "dynacoord"),
+    ("dynacoord, verify=False", "noverify"),
+    ("raw boto3", "raw"),
+)
+WITH_CHECK, WITHOUT_CHECK, RAW = (name for name, _ in SIDES)
 
-    def __init__(self, env: BenchEnv) -> None:
+
+class _Children:
+    """Runs the child script in fresh processes, dynacoord from a compiled copy, on ``table``
+    (kept empty: each child's two lock items are deleted after it)."""
+
+    def __init__(self, env: BenchEnv, table: str) -> None:
         self.env = env
+        self.table = table
+        self.cleaner = env.new_client(counted=False)
         self.child_env = dict(os.environ)
         self.child_env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.child_env["PYTHONPATH"] = _compiled_copy()  # ahead of the editable install's finder
@@ -237,18 +259,19 @@ class _Children:
     def pair(self, pad: int, dynacoord_first: bool) -> dict[str, dict[str, float]]:
         """One run of each side at the same padding; the order alternates between calls so that
         a warmer page cache does not favour one side."""
-        order = ["dynacoord", "raw boto3"] if dynacoord_first else ["raw boto3", "dynacoord"]
+        order = list(SIDES) if dynacoord_first else list(reversed(SIDES))
         out = {}
-        for mode in order:
+        for name, mode in order:
+            ns = unique("cold")
             done = subprocess.run(
                 [
                     sys.executable,
                     "-c",
                     _CHILD,
-                    "dynacoord" if mode == "dynacoord" else "raw",
+                    mode,
                     self.env.ddb.endpoint_url,
-                    self.env.table,
-                    unique("cold"),
+                    self.table,
+                    ns,
                     str(pad),
                 ],
                 capture_output=True,
@@ -258,8 +281,17 @@ class _Children:
                 env=self.child_env,
                 cwd=self.child_env["PYTHONPATH"],  # `-c` puts the cwd first on sys.path
             )
-            out[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+            out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            for key in ("first", "second"):
+                self.cleaner.delete_item(
+                    TableName=self.table,
+                    Key={"pk": {"S": f"LOCK#{ns}#{key}"}, "sk": {"S": "LOCK"}},
+                )
         return out
+
+    def items(self) -> int:
+        """Items in the table (0 while the cleaning works)."""
+        return int(self.cleaner.scan(TableName=self.table, Select="COUNT")["Count"])
 
 
 def _medians(samples: list[dict[str, float]]) -> dict[str, float]:
@@ -268,7 +300,7 @@ def _medians(samples: list[dict[str, float]]) -> dict[str, float]:
 
 def _first_op(children: _Children, runs: int) -> list[dict[str, Any]]:
     """The bare pair (no padding), median of ``runs`` pairs."""
-    results: dict[str, list[dict[str, float]]] = {"dynacoord": [], "raw boto3": []}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in SIDES}
     for i in range(runs):
         for mode, sample in children.pair(0, dynacoord_first=i % 2 == 0).items():
             results[mode].append(sample)
@@ -284,9 +316,9 @@ def _over_gc_phase(children: _Children, phases: int, runs: int) -> dict[str, Any
     """Each side's cold start as a mean over the GC cycle (see the module docstring)."""
     period = gc_period()
     pads = [j * period // phases for j in range(phases)]
-    per_pad: dict[str, list[dict[str, float]]] = {"dynacoord": [], "raw boto3": []}
+    per_pad: dict[str, list[dict[str, float]]] = {name: [] for name, _ in SIDES}
     for j, pad in enumerate(pads):
-        samples: dict[str, list[dict[str, float]]] = {"dynacoord": [], "raw boto3": []}
+        samples: dict[str, list[dict[str, float]]] = {name: [] for name, _ in SIDES}
         for i in range(runs):
             for mode, sample in children.pair(pad, dynacoord_first=(i + j) % 2 == 0).items():
                 samples[mode].append(sample)
@@ -296,7 +328,7 @@ def _over_gc_phase(children: _Children, phases: int, runs: int) -> dict[str, Any
         mode: {field: statistics.fmean(m[field] for m in medians) for field in _FIELDS}
         for mode, medians in per_pad.items()
     }
-    dc, raw = sides["dynacoord"], sides["raw boto3"]
+    dc, bare, raw = sides[WITH_CHECK], sides[WITHOUT_CHECK], sides[RAW]
     return {
         "period_allocations": period,
         "paddings": pads,
@@ -310,24 +342,58 @@ def _over_gc_phase(children: _Children, phases: int, runs: int) -> dict[str, Any
             (dc["to_first_result_ms"] - dc["gc_ms"]) / (raw["to_first_result_ms"] - raw["gc_ms"]),
             3,
         ),
+        "ratio_without_check": round(bare["to_first_result_ms"] / raw["to_first_result_ms"], 3),
+        "ratio_without_check_without_gc": round(
+            (bare["to_first_result_ms"] - bare["gc_ms"])
+            / (raw["to_first_result_ms"] - raw["gc_ms"]),
+            3,
+        ),
+        "check_ms": round(dc["first_op_ms"] - bare["first_op_ms"], 2),
         "per_padding_ratio": [
             round(d["to_first_result_ms"] / r["to_first_result_ms"], 3)
-            for d, r in zip(per_pad["dynacoord"], per_pad["raw boto3"], strict=True)
+            for d, r in zip(per_pad[WITH_CHECK], per_pad[RAW], strict=True)
+        ],
+        "per_padding_ratio_without_check": [
+            round(d["to_first_result_ms"] / r["to_first_result_ms"], 3)
+            for d, r in zip(per_pad[WITHOUT_CHECK], per_pad[RAW], strict=True)
         ],
     }
 
 
 def run(env: BenchEnv) -> dict[str, Any]:
+    from dynacoord.provision import create_table
+
     imports = _import_times(env.scale.import_runs)
-    children = _Children(env)
-    children.pair(0, dynacoord_first=True)  # warm-up: the server's first requests of a run are slow
-    first = _first_op(children, env.scale.first_op_runs)
-    phase = _over_gc_phase(children, env.scale.gc_phases, env.scale.gc_phase_runs)
+    setup = env.new_client(counted=False)
+    table = unique("cold")
+    create_table(setup, table)  # empty, and kept empty (see the module docstring)
+    try:
+        children = _Children(env, table)
+        children.pair(0, dynacoord_first=True)  # warm-up: the server's first requests are slow
+        first = _first_op(children, env.scale.first_op_runs)
+        phase = _over_gc_phase(children, env.scale.gc_phases, env.scale.gc_phase_runs)
+        items_left = children.items()
+    finally:
+        setup.delete_table(TableName=table)
     by_case = {r["case"]: r["median_ms"] for r in imports}
     by_mode = {r["mode"]: r for r in first}
     boto3_ms = by_case.get("import boto3") or float("nan")
+
+    def bare_ratio(side: str, *, gc: bool) -> float:
+        a, b = by_mode[side], by_mode[RAW]
+        if gc:
+            return round(a["to_first_result_ms"] / b["to_first_result_ms"], 3)
+        return round(
+            (a["to_first_result_ms"] - a["gc_ms"]) / (b["to_first_result_ms"] - b["gc_ms"]), 3
+        )
+
     return {
         "status": "ok",
+        "table": {
+            "fresh": True,
+            "items_when_done": items_left,
+            "note": "a table of the section's own, created empty and kept empty",
+        },
         "imports": imports,
         "first_operation": first,
         "import_ratio_dynacoord_vs_boto3": round(by_case["import dynacoord"] / boto3_ms, 3),
@@ -337,15 +403,14 @@ def run(env: BenchEnv) -> dict[str, Any]:
         # the headline: over the GC cycle, as a handler with imports of its own would see it
         "first_result_ratio": phase["ratio"],
         "first_result_ratio_without_gc": phase["ratio_without_gc"],
+        # the same without the first-use table check (verify=False)
+        "first_result_ratio_without_check": phase["ratio_without_check"],
+        "first_result_ratio_without_check_without_gc": phase["ratio_without_check_without_gc"],
+        # the check's cost: dynacoord's first operation with it minus without it
+        "check_ms": phase["check_ms"],
         "over_gc_phase": phase,
         # the bare pair, on whatever edge of the cycle a bare script happens to stand
-        "bare_first_result_ratio": round(
-            by_mode["dynacoord"]["to_first_result_ms"] / by_mode["raw boto3"]["to_first_result_ms"],
-            3,
-        ),
-        "bare_first_result_ratio_without_gc": round(
-            (by_mode["dynacoord"]["to_first_result_ms"] - by_mode["dynacoord"]["gc_ms"])
-            / (by_mode["raw boto3"]["to_first_result_ms"] - by_mode["raw boto3"]["gc_ms"]),
-            3,
-        ),
+        "bare_first_result_ratio": bare_ratio(WITH_CHECK, gc=True),
+        "bare_first_result_ratio_without_gc": bare_ratio(WITH_CHECK, gc=False),
+        "bare_first_result_ratio_without_check": bare_ratio(WITHOUT_CHECK, gc=True),
     }

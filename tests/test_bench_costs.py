@@ -86,6 +86,33 @@ def test_index_writes_follow_the_key_and_the_projection() -> None:
     assert index_writes(None, big, GSI) == [("gsi1:Q#1", 2)]
 
 
+def test_index_writes_follow_a_narrower_projection() -> None:
+    keys_only = IndexSpec("gsi1", ("gsi1pk", "gsi1sk"), "KEYS_ONLY", ("pk", "sk"))
+    include = IndexSpec("gsi1", ("gsi1pk", "gsi1sk"), "INCLUDE", ("pk", "sk"), ("status",))
+    listed = {
+        **_item("a", 3000),  # a 3 KB item whose keys are a few bytes
+        "gsi1pk": {"S": "Q#1"},
+        "gsi1sk": {"S": "1"},
+        "status": {"S": "pending"},
+    }
+    changed = {**listed, "pad": {"S": "other"}}  # an attribute outside both projections
+    lease = {**listed, "status": {"S": "in_flight"}}
+    moved = {**listed, "gsi1sk": {"S": "2"}}
+    # entering and leaving cost the entry's size (the keys: 1 WCU), not the item's (3 WCU)
+    assert index_writes(None, listed, GSI) == [("gsi1:Q#1", 3)]
+    assert index_writes(None, listed, keys_only) == [("gsi1:Q#1", 1)]
+    assert index_writes(listed, _item("a", 3000), keys_only) == [("gsi1:Q#1", 1)]
+    # an update outside the projection writes no index; ALL writes the whole item again
+    assert index_writes(listed, changed, GSI) == [("gsi1:Q#1", 3)]
+    assert index_writes(listed, changed, keys_only) == []
+    assert index_writes(listed, changed, include) == []
+    # an update of a projected attribute rewrites the entry; of the index key, moves it
+    assert index_writes(listed, lease, keys_only) == []
+    assert index_writes(listed, lease, include) == [("gsi1:Q#1", 1)]
+    assert index_writes(listed, moved, keys_only) == [("gsi1:Q#1", 1), ("gsi1:Q#1", 1)]
+    assert keys_only.entry(listed) == {k: listed[k] for k in ("pk", "sk", "gsi1pk", "gsi1sk")}
+
+
 def test_partiql_statements_name_their_item() -> None:
     key = ({"S": "P"}, {"S": "S"})
     update = 'UPDATE "t" SET "a" = ? SET "n" = "n" + ? WHERE "pk" = ? AND "sk" = ? AND ("x" = ?)'
