@@ -481,15 +481,17 @@ def _worker_options(outbox: Any) -> set[str]:
 
 
 def _deliver(
-    m: _Metered, ids: list[str], threads: int, options: dict[str, Any]
+    m: _Metered, ids: list[str], threads: int, options: dict[str, Any], delay: float = 0.0
 ) -> tuple[Usage, float, int]:
-    """Deliver ``ids`` with ``threads`` workers of ``m.backend``'s outbox; (usage, seconds,
-    duplicates)."""
+    """Deliver ``ids`` with ``threads`` workers of ``m.backend``'s outbox, each handler call
+    taking ``delay`` seconds; (usage, seconds, duplicates)."""
     outbox = m.backend.outbox
     delivered: list[str] = []
     wanted = set(ids)
 
     def handler(event: Any) -> None:
+        if delay:
+            time.sleep(delay)
         delivered.append(event.id)
 
     stop = threading.Event()
@@ -502,7 +504,7 @@ def _deliver(
     started = time.perf_counter()
     for thread in pool:
         thread.start()
-    deadline = started + 60 + 0.1 * len(ids)
+    deadline = started + 60 + (0.1 + delay) * len(ids)
     while time.perf_counter() < deadline and not wanted <= set(delivered):
         time.sleep(0.01)
     stop.set()
@@ -604,6 +606,8 @@ def _outbox(env: BenchEnv, events: int) -> tuple[list[dict[str, Any]], dict[str,
             rows.append(row)
         finally:
             m.close()
+    rows.append(_slow_handler(env, tiny=events < 25))
+    rows += _transactional(env, events)
     m = _Metered(env)
     try:
         ids = _publish(m.plain.outbox, events, 25)
@@ -636,6 +640,203 @@ def _outbox(env: BenchEnv, events: int) -> tuple[list[dict[str, Any]], dict[str,
     finally:
         m.close()
     return rows, extra
+
+
+#: the slow-handler case: each handler call takes 1/60 of the worker's lease (0.5 s of the
+#: default 30 s), in batches of 25, so the lease keeper extends the batch's leases while it runs
+SLOW_HANDLER_LEASE_FRACTION = 1 / 60
+SLOW_BATCH = 25
+SLOW_OPERATION = "delivery per event: default worker, slow handler"
+TX_OPERATION = "publish inside backend.transaction() (a business item + 1 event), per transaction"
+TX_ALONE_OPERATION = "the same business item alone (PutItem), per write"
+TX_SHARE_OPERATION = "publish inside backend.transaction(): the event's share"
+
+
+def _slow_handler(env: BenchEnv, *, tiny: bool) -> dict[str, Any]:
+    """The default worker with a handler that takes 1/60 of the lease per event (0.5 s of the
+    default 30 s; 0.05 s of a 3 s lease on the tiny scale): one batch of 25."""
+    lease = 3.0 if tiny else 30.0
+    delay = lease * SLOW_HANDLER_LEASE_FRACTION
+    m = _Metered(env)
+    try:
+        ids = _publish(m.plain.outbox, SLOW_BATCH, 25)
+        usage, seconds, duplicates = _deliver(
+            m, ids, 1, {"lease": lease, "batch_size": SLOW_BATCH}, delay=delay
+        )
+        row = _row(
+            "outbox",
+            SLOW_OPERATION,
+            usage,
+            SLOW_BATCH,
+            namespace=m.namespace,
+            scope="namespace",
+            note=(
+                f"{SLOW_BATCH} events, handler {delay:g} s each, lease {lease:g} s (a batch "
+                f"outlives a third of its lease, so the lease keeper extends it); "
+                f"{seconds:.1f} s, duplicates {duplicates}; polls included"
+            ),
+        )
+        row["threads"] = 1
+        row["options"] = {"lease": lease, "batch_size": SLOW_BATCH, "handler_s": delay}
+        return row
+    finally:
+        m.close()
+
+
+def _order_item(pk: str) -> dict[str, Any]:
+    """A business item of ~250 bytes (an order), as the transactional publish writes it."""
+    return {"pk": pk, "sk": "ORDER", "total": "12.50", "lines": "x" * 200}
+
+
+def _transactional(env: BenchEnv, events: int) -> list[dict[str, Any]]:
+    """The transactional outbox: a business item and one event in one
+    ``backend.transaction()``, beside the business item written alone; their difference is
+    what the event adds to the business write."""
+    from dynacoord.outbox import Event
+
+    m = _Metered(env)
+    try:
+        _publish(m.backend.outbox, 1, 1)  # the namespace's shard count, recorded once
+        prefix = unique("ORDER#")
+
+        def with_event(i: int) -> None:
+            with m.backend.transaction() as tx:
+                tx.put(m.table, _order_item(f"{prefix}#{i}"), condition="attribute_not_exists(pk)")
+                tx.publish(Event("bench.cost", _payload()))
+
+        def alone(i: int) -> None:
+            item = _order_item(f"{prefix}#alone#{i}")
+            m.client.put_item(
+                TableName=m.table,
+                Item={k: {"S": v} for k, v in item.items()},
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+
+        together = m.measure(with_event, events)
+        single = m.measure(alone, events)
+        share = together - single
+        share.touches = together.touches
+        return [
+            _row(
+                "outbox", TX_OPERATION, together, events, namespace=m.namespace, scope="namespace"
+            ),
+            _row("outbox", TX_ALONE_OPERATION, single, events, note="no event: the baseline"),
+            _row(
+                "outbox",
+                TX_SHARE_OPERATION,
+                share,
+                events,
+                namespace=m.namespace,
+                scope="namespace",
+                note="the transaction minus the business item alone: what the event adds",
+            ),
+        ]
+    finally:
+        m.close()
+
+
+# -- the whole life of an event ---------------------------------------------------------------------
+
+#: the parts of an event's life: (design, its publish row, its delivery row, its peer)
+LIFE_DESIGNS: list[tuple[str, str, str, str | None]] = [
+    (
+        "polling worker (default)",
+        "publish (1 event per call)",
+        "delivery per event: default worker",
+        "polling publisher (raw boto3)",
+    ),
+    (
+        "polling worker, slow handler (lease extensions)",
+        "publish (1 event per call)",
+        SLOW_OPERATION,
+        None,
+    ),
+    (
+        "stream relay (stream_handler, claim=False)",
+        "publish (1 event per call)",
+        "delivery per event: stream relay (stream_handler)",
+        "DynamoDB Streams + Lambda, no write-back",
+    ),
+    (
+        "publish inside backend.transaction(), polling worker",
+        TX_SHARE_OPERATION,
+        "delivery per event: default worker",
+        None,
+    ),
+]
+_LIFE_FIELDS = ("table_wcu", "index_wcu", "rcu", "requests", "refusals")
+
+
+def whole_life(publish: dict[str, Any], delivery: dict[str, Any]) -> dict[str, Any]:
+    """One event's whole life from its publish row and its delivery row (both per event):
+    each part's table WCU, index WCU, RCU and requests, their sums, write units in all and
+    $ per million events at on-demand prices."""
+    parts = {
+        name: {field: row.get(field, 0.0) for field in _LIFE_FIELDS}
+        for name, row in (("publish", publish), ("delivery", delivery))
+    }
+    total = {field: round(sum(part[field] for part in parts.values()), 3) for field in _LIFE_FIELDS}
+    return {
+        **parts,
+        **total,
+        "wcu": round(total["table_wcu"] + total["index_wcu"], 3),
+        "usd_per_million": round(
+            usd_per_million(total["table_wcu"], total["index_wcu"], total["rcu"]), 3
+        ),
+    }
+
+
+def _whole_lives(
+    rows: list[dict[str, Any]], peers: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the whole-life table, its rows for the cost table, its peers' rows)."""
+    ours = {r["operation"]: r for r in rows if r["primitive"] == "outbox" and r["peer"] is None}
+    theirs: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in peers:
+        if r["primitive"] == "outbox":
+            theirs[r["peer"]][r["operation"]] = r
+    table: list[dict[str, Any]] = []
+    life_rows: list[dict[str, Any]] = []
+    peer_rows: list[dict[str, Any]] = []
+    for design, publish, delivery, peer in LIFE_DESIGNS:
+        if publish not in ours or delivery not in ours:
+            continue
+        life = whole_life(ours[publish], ours[delivery])
+        entry: dict[str, Any] = {"design": design, "parts": [publish, delivery], **life}
+        life_rows.append(_life_row(design, life, None))
+        parts = theirs.get(peer or "", {})
+        if peer is not None and {"publish (1 event per call)", "delivery per event"} <= set(parts):
+            peer_life = whole_life(parts["publish (1 event per call)"], parts["delivery per event"])
+            entry["peer"] = {"by": peer, **peer_life}
+            peer_rows.append(_life_row(design, peer_life, peer))
+        else:
+            entry["peer"] = None
+        table.append(entry)
+    return table, life_rows, peer_rows
+
+
+def _life_row(design: str, life: dict[str, Any], peer: str | None) -> dict[str, Any]:
+    """A whole life as a row of the cost table (per event)."""
+    return {
+        "primitive": "outbox",
+        "operation": f"whole life per event: {design}",
+        "peer": peer,
+        "ops": 1,
+        "requests": life["requests"],
+        "apis": {},
+        "table_wcu": life["table_wcu"],
+        "index_wcu": life["index_wcu"],
+        "rcu": life["rcu"],
+        "usd_per_million": life["usd_per_million"],
+        "refusals": life["refusals"],
+        "refused_items": 0.0,
+        "ceiling": {"per_s": None, "partition": None, "load": None},
+        "note": (
+            f"publish {life['publish']['table_wcu']:g} + {life['publish']['index_wcu']:g} "
+            f"index, delivery {life['delivery']['table_wcu']:g} + "
+            f"{life['delivery']['index_wcu']:g} index WCU; {life['wcu']:g} WCU in all"
+        ),
+    }
 
 
 def _scaled(usage: Usage, factor: float, namespace: str, to: str) -> Usage:
@@ -1135,6 +1336,9 @@ def measure(env: BenchEnv, *, reps: int, events: int) -> dict[str, Any]:
     except Exception as exc:
         errors.append(f"outbox: {type(exc).__name__}: {exc}")
     peer_rows, peer_errors = _peers(env, reps, events)
+    lives, life_rows, life_peers = _whole_lives(rows, peer_rows)
+    rows += life_rows
+    peer_rows += life_peers
     shards = env.backend().shards
     return {
         "status": "ok",
@@ -1149,6 +1353,8 @@ def measure(env: BenchEnv, *, reps: int, events: int) -> dict[str, Any]:
         "peers": peer_rows,
         "ceilings": _ceilings(rows, shards),
         "outbox": outbox_info,
+        # an event's whole life per delivery design: publish + delivery, table and index
+        "whole_life": lives,
         "errors": errors + peer_errors,
         "note": (
             "Units by AWS's rules from the requests sent and the items read around them "

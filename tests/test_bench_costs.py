@@ -113,6 +113,17 @@ def test_index_writes_follow_a_narrower_projection() -> None:
     assert keys_only.entry(listed) == {k: listed[k] for k in ("pk", "sk", "gsi1pk", "gsi1sk")}
 
 
+def test_an_events_whole_life_adds_its_publish_and_its_delivery() -> None:
+    publish = {"table_wcu": 1.0, "index_wcu": 1.0, "rcu": 0.0, "requests": 1.0, "refusals": 0.0}
+    delivery = {"table_wcu": 2.01, "index_wcu": 3.0, "rcu": 0.13, "requests": 0.33}
+    life = costs_section.whole_life(publish, delivery)
+    assert (life["table_wcu"], life["index_wcu"], life["rcu"]) == (3.01, 4.0, 0.13)
+    assert life["wcu"] == 7.01 and life["requests"] == 1.33
+    # index writes are write request units like the table's: 7.01 x $0.625 + 0.13 x $0.125
+    assert life["usd_per_million"] == pytest.approx(7.01 * 0.625 + 0.13 * 0.125, abs=0.001)
+    assert life["publish"]["index_wcu"] == 1.0 and life["delivery"]["refusals"] == 0.0
+
+
 def test_partiql_statements_name_their_item() -> None:
     key = ({"S": "P"}, {"S": "S"})
     update = 'UPDATE "t" SET "a" = ? SET "n" = "n" + ? WHERE "pk" = ? AND "sk" = ? AND ("x" = ?)'
@@ -257,6 +268,31 @@ def test_the_cost_section_makes_both_tables(dynamodb_local: DynamoDBLocal) -> No
         "polling publisher (raw boto3)",
         "DynamoDB Streams + Lambda, no write-back",
     } <= peers
+    # an event's whole life, per delivery design: its publish and its delivery added up, index
+    # writes included
+    lives = {life["design"]: life for life in section["whole_life"]}
+    assert set(lives) == {design for design, *_ in costs_section.LIFE_DESIGNS}
+    for life in lives.values():
+        publish, delivery = (rows["outbox", part] for part in life["parts"])
+        for field in ("table_wcu", "index_wcu", "rcu", "requests"):
+            assert life[field] == pytest.approx(publish[field] + delivery[field], abs=0.002)
+        assert life["wcu"] == pytest.approx(life["table_wcu"] + life["index_wcu"], abs=0.002)
+    worker = lives["polling worker (default)"]
+    assert worker["publish"]["index_wcu"] == 1  # the event enters gsi1
+    assert worker["delivery"]["index_wcu"] > 0  # delivery moves it in and out of gsi1
+    assert worker["peer"] is not None and worker["peer"]["wcu"] > 0
+    relay = lives["stream relay (stream_handler, claim=False)"]
+    assert relay["peer"]["wcu"] == 1  # a put with no index and no write-back
+    # the transactional outbox: a ~250 B business item and a ~600 B event in one transaction
+    # (2 WCU each, a transaction costs twice) and the event's entry in gsi1
+    together = rows["outbox", costs_section.TX_OPERATION]
+    assert (together["table_wcu"], together["index_wcu"]) == (4, 1)
+    share = rows["outbox", costs_section.TX_SHARE_OPERATION]
+    assert (share["table_wcu"], share["index_wcu"], share["requests"]) == (3, 1, 0)
+    slow = rows["outbox", costs_section.SLOW_OPERATION]
+    assert slow["table_wcu"] > rows["outbox", "delivery per event: default worker"]["table_wcu"]
+    text_rows = {r["operation"] for r in section["rows"]}
+    assert "whole life per event: polling worker (default)" in text_rows
     assert section["ceilings"] and all(c["per_s"] or c["processes"] for c in section["ceilings"])
     text = render({"meta": {}, "sections": {"costs": {"status": "ok", **section}}})
     assert "$0.625 per million write request units" in text
