@@ -140,11 +140,11 @@ def test_a_slot_is_kept_while_its_clients_window_is_open(lossy) -> None:
 # -- a delete or a replacement between an applied write and its retry ------------------------------
 #
 # docs/guarantees.md states each backend's answer: Redis keeps the slots in a hash beside the
-# item, which outlives a delete or a set, so the retry is recognised; DynamoDB deletes a counter
-# in place, keeping its slots, but a cache.set replaces the item; MongoDB keeps them on the
-# document, so the retry applies again to what the other write left.
+# item, which outlives a delete or a set, so the retry is recognised; DynamoDB and MongoDB
+# delete a counter in place, keeping its slots, but a cache.set replaces the item, and the retry
+# applies again to what it left.
 
-_RECOGNISED_ACROSS_A_DELETE = ("redis", "redis_cluster", "dynamodb")
+_RECOGNISED_ACROSS_A_DELETE = ("redis", "redis_cluster", "dynamodb", "mongo")
 _RECOGNISED_ACROSS_A_SET = ("redis", "redis_cluster")
 
 
@@ -152,7 +152,7 @@ def test_an_increment_retried_across_a_delete_answers_as_stated(lossy) -> None:
     counters = lossy.backend().counters
     counters.increment("n", 5)
     lossy.lose_next(then=lambda: counters.delete("n"))
-    # before: AssertionError on Redis (an applied retry, no item); 1 on DynamoDB (slots deleted)
+    # before: AssertionError on Redis (an applied retry, no item); 1 on DynamoDB and MongoDB
     value = counters.increment("n")
     assert lossy.lost == 1
     if lossy.kind in _RECOGNISED_ACROSS_A_DELETE:

@@ -29,6 +29,7 @@ from ... import codec
 from ...counters import COUNTER, JOIN, CounterItem, WriteOutcome, value_fields
 from ...keys import counter_key
 from ._collection import (
+    COUNT_WINDOW_MS,
     CountingToken,
     MongoCollection,
     literal,
@@ -159,8 +160,24 @@ class MongoCounterStore:
             return CounterItem.from_item(self._c.find_one(self._key(key)), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
+        # A counter or a flag is deleted in place: its value goes and it expires now, but the
+        # document keeps its counting slots (``w``) until the TTL monitor removes it two windows
+        # later, so an increment applied before the delete and retried after it finds its token
+        # and is not applied again. A join (no slots) is deleted.
         with translate_errors("counter delete"):
-            old = self._c.find_one_and_delete(self._key(key))
+            old = self._c.find_one_and_update(
+                {**self._key(key), "kind": {"$ne": JOIN}},
+                {
+                    "$set": {
+                        "expires_at_ms": now_ms,
+                        "expires_at": self._coll.gc_date(now_ms, now_ms, 2 * COUNT_WINDOW_MS),
+                    },
+                    "$unset": {"n": "", "value": "", "last": ""},
+                },
+                return_document=ReturnDocument.BEFORE,
+            )
+            if old is None:  # a join, or nothing there
+                old = self._c.find_one_and_delete(self._key(key))
         return CounterItem.from_item(old, now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
