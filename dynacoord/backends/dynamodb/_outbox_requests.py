@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...outbox import EventRecord, EventStatus, Outcome
+from ...outbox._gates import gate_move
 from ._outbox_items import OutboxItems
 from ._table import values
 
@@ -167,38 +168,35 @@ class OutboxRequests:
         }
 
     def gate_finish(self, group: str, outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
-        """The gate update for a group's outcomes in one batch: ``next_seq`` moves past the
-        finished (completed or failed) events, never back; a retry of the head sets when the
-        group may move again."""
-        members = sorted(outcomes, key=lambda o: o.record.seq or 0)
-        finished = [o.record.seq or 0 for o in members if o.kind != "pending"]
-        retry = next((o for o in members if o.kind == "pending" and o.count_attempt), None)
+        """The gate update for a group's outcomes in one batch (:mod:`dynacoord.outbox._gates`):
+        ``next_seq`` moves past the finished events, never back; a retry of the head sets when
+        the group may move again."""
+        move = gate_move(outcomes)
+        if move is None:
+            return None
         key = self._items.gate_key(group)
-        if finished:
-            after = max(finished) + 1
+        if move.after is not None:
             op: dict[str, Any] = {
                 "TableName": self._table_name,
                 "Key": key,
                 "ConditionExpression": "next_seq < :after",
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
-            if retry is not None and (retry.record.seq or 0) == after:
+            if move.retry_at_head:
                 op["UpdateExpression"] = "SET next_seq = :after, retry_due_ms = :due"
-                op["ExpressionAttributeValues"] = values(after=after, due=retry.due_ms)
+                op["ExpressionAttributeValues"] = values(after=move.after, due=move.retry_due_ms)
             else:
                 op["UpdateExpression"] = "SET next_seq = :after REMOVE retry_due_ms"
-                op["ExpressionAttributeValues"] = values(after=after)
+                op["ExpressionAttributeValues"] = values(after=move.after)
             return op
-        if retry is not None:
-            return {
-                "TableName": self._table_name,
-                "Key": key,
-                "ConditionExpression": "next_seq = :head",
-                "UpdateExpression": "SET retry_due_ms = :due",
-                "ExpressionAttributeValues": values(head=retry.record.seq or 0, due=retry.due_ms),
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-            }
-        return None
+        return {
+            "TableName": self._table_name,
+            "Key": key,
+            "ConditionExpression": "next_seq = :head",
+            "UpdateExpression": "SET retry_due_ms = :due",
+            "ExpressionAttributeValues": values(head=move.retry_seq, due=move.retry_due_ms),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
 
     def gate_publish(self, group: str, seen: int, published: int, now_ms: int) -> dict[str, Any]:
         args: dict[str, Any] = {"published": published, "one": 1, "now": now_ms}

@@ -48,6 +48,8 @@ from ...outbox import (
     Outcome,
     RetryOutcome,
 )
+from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS
+from ...outbox._gates import by_group as ordered_by_group
 from ...outbox._runs import group_runs
 from ._batch import Answers, BatchWriter, Entry, no_closure
 from ._outbox_items import OutboxItems, event_record
@@ -67,13 +69,6 @@ logger = logging.getLogger(__name__)
 _EXPRESSION_VALUE_BOUND = 64
 #: Transaction cancellation codes worth sending the request again for.
 _RETRY_CODES = ("ConditionalCheckFailed", "TransactionConflict")
-#: How often an ordered publish reads its groups again when racing publishers moved them, and
-#: the backoff between rounds (seconds; full jitter, doubling up to the cap): without it, racing
-#: publishers of one group read and write in lockstep and the same ones lose every round (8
-#: rounds without a pause: 16 of 120 publishes of 8 threads to one group gave up).
-_PUBLISH_ROUNDS = 40
-_PUBLISH_BACKOFF_FIRST = 0.008
-_PUBLISH_BACKOFF_MAX = 0.25
 #: How the backoff waits (a module attribute, so a test can replace it).
 _sleep = time.sleep
 #: At most this many events of one ordered group are claimed in one batch (the group's gate and
@@ -234,12 +229,12 @@ class DynamoDBOutboxStore:
         groups = sorted({e.group for e in events if e.ordered and e.group is not None})
         for group in groups:
             validate_key(group, "event group")
-        delay = _PUBLISH_BACKOFF_FIRST
-        for round_ in range(_PUBLISH_ROUNDS):
+        delay = RACE_BACKOFF_FIRST
+        for round_ in range(RACE_ROUNDS):
             if round_:
                 # Lost the race for a gate: apart from the other losers before reading again.
                 _sleep(random.uniform(0, delay))
-                delay = min(_PUBLISH_BACKOFF_MAX, delay * 2)
+                delay = min(RACE_BACKOFF_MAX, delay * 2)
             published = {group: self._gate(group).get("published", 0) for group in groups}
             places = dict(published)
             seqs: list[int | None] = []
@@ -665,10 +660,7 @@ class DynamoDBOutboxStore:
                     index=index,
                 )
             )
-        by_group: dict[str, list[Outcome]] = {}
-        for outcome in outcomes:
-            if outcome.record.seq is not None and outcome.record.event.group is not None:
-                by_group.setdefault(outcome.record.event.group, []).append(outcome)
+        by_group = ordered_by_group(outcomes)
         gates: dict[str, Entry] = {}
         for group, members in by_group.items():
             gate_op = self._requests.gate_finish(group, members)
@@ -963,13 +955,13 @@ class DynamoDBOutboxStore:
 
     def _redrive(self, group: str, chunk: list[EventRecord], now_ms: int, token: str) -> list[str]:
         left = list(chunk)
-        delay = _PUBLISH_BACKOFF_FIRST
-        for round_ in range(_PUBLISH_ROUNDS):
+        delay = RACE_BACKOFF_FIRST
+        for round_ in range(RACE_ROUNDS):
             if not left:
                 return []
             if round_:
                 _sleep(random.uniform(0, delay))  # as an ordered publish that lost a gate race
-                delay = min(_PUBLISH_BACKOFF_MAX, delay * 2)
+                delay = min(RACE_BACKOFF_MAX, delay * 2)
             seen = int(self._gate(group).get("published", 0))
             items: list[dict[str, Any]] = [
                 {"Update": self._requests.redrive(record, seen + n, now_ms, token)}

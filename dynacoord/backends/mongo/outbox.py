@@ -77,6 +77,8 @@ from ...outbox import (
     RetryOutcome,
     pending_fields,
 )
+from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS, gate_move
+from ...outbox._gates import by_group as ordered_by_group
 from ...outbox._runs import group_runs
 from ...outbox.event import check_event_size
 from ._collection import MongoCollection, translate_errors
@@ -89,11 +91,6 @@ _GATE_SK = "GROUP"
 _CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
 #: The widest place in a group the size check of a publish allows for (15 digits).
 _WIDEST_SEQ = 10**15 - 1
-#: Rounds of the compare-and-set of a group's publish counter by ``retry(group=...)`` when
-#: racing publishers move it, and the backoff between them (seconds; full jitter, doubling).
-_RETRY_ROUNDS = 40
-_RETRY_BACKOFF_FIRST = 0.008
-_RETRY_BACKOFF_MAX = 0.25
 #: A group's next place that has no event (or a finished one) is skipped once the run behind it
 #: was published this long ago: its publisher took the place earlier and has not written it.
 HOLE_WAIT_MS = 60_000
@@ -617,29 +614,25 @@ class MongoOutboxStore:
         every completed or failed one (never back); a retried head sets when the group may move
         again. One request for all groups, none without ordered events."""
         ops: list[Any] = []
-        by_group: dict[str, list[Outcome]] = {}
-        for outcome in written:
-            if outcome.record.seq is not None and outcome.record.event.group is not None:
-                by_group.setdefault(outcome.record.event.group, []).append(outcome)
-        for group, members in by_group.items():
+        for group, members in ordered_by_group(written).items():
+            move = gate_move(members)
+            if move is None:
+                continue
             key = self._gate_key(group)
-            finished = [o.record.seq or 0 for o in members if o.kind != "pending"]
-            if finished:
-                after = max(finished) + 1
+            if move.after is not None:
                 ops.append(
                     pymongo.UpdateMany(
-                        {**key, "next_seq": {"$lt": after}},
-                        {"$set": {"next_seq": after}, "$unset": {"retry_due_ms": ""}},
+                        {**key, "next_seq": {"$lt": move.after}},
+                        {"$set": {"next_seq": move.after}, "$unset": {"retry_due_ms": ""}},
                     )
                 )
-            for outcome in members:
-                if outcome.kind == "pending" and outcome.count_attempt:
-                    ops.append(
-                        pymongo.UpdateMany(
-                            {**key, "next_seq": outcome.record.seq},
-                            {"$set": {"retry_due_ms": outcome.due_ms}},
-                        )
+            if move.retry_seq is not None:
+                ops.append(
+                    pymongo.UpdateMany(
+                        {**key, "next_seq": move.retry_seq},
+                        {"$set": {"retry_due_ms": move.retry_due_ms}},
                     )
+                )
         if ops:
             self._c.bulk_write(ops, ordered=True)  # in order: a retry after the moves
 
@@ -770,11 +763,11 @@ class MongoOutboxStore:
         moved from the value read, carrying ``token`` and the first place, so that a move sent
         again after its answer was lost finds its own places instead of taking more."""
         key = self._gate_key(group)
-        delay = _RETRY_BACKOFF_FIRST
-        for round_ in range(_RETRY_ROUNDS):
+        delay = RACE_BACKOFF_FIRST
+        for round_ in range(RACE_ROUNDS):
             if round_:
                 time.sleep(random.uniform(0, delay))  # a racing publisher moved the counter
-                delay = min(_RETRY_BACKOFF_MAX, delay * 2)
+                delay = min(RACE_BACKOFF_MAX, delay * 2)
             with translate_errors("outbox retry"):
                 gate = self._c.find_one(key)
                 if gate is not None and gate.get("retried_by") == token:
