@@ -53,6 +53,8 @@ PARTITION_WCU = 1000
 PARTITION_RCU = 3000
 #: the payload of every outbox event here, JSON-encoded
 EVENT_BYTES = 384
+#: the plainest polling outbox, the floor of a design with claims (see _peer_naive)
+NAIVE_PEER = "put, claim out of the index, delete (raw boto3)"
 
 _SHARD = re.compile(r"#\d+$")
 _TABLE_SHARD = re.compile(r"#shard\d+$")
@@ -737,31 +739,31 @@ def _transactional(env: BenchEnv, events: int) -> list[dict[str, Any]]:
 
 # -- the whole life of an event ---------------------------------------------------------------------
 
-#: the parts of an event's life: (design, its publish row, its delivery row, its peer)
-LIFE_DESIGNS: list[tuple[str, str, str, str | None]] = [
+#: the parts of an event's life: (design, its publish row, its delivery row, its peers)
+LIFE_DESIGNS: list[tuple[str, str, str, tuple[str, ...]]] = [
     (
         "polling worker (default)",
         "publish (1 event per call)",
         "delivery per event: default worker",
-        "polling publisher (raw boto3)",
+        ("polling publisher (raw boto3)", NAIVE_PEER),
     ),
     (
         "polling worker, slow handler (lease extensions)",
         "publish (1 event per call)",
         SLOW_OPERATION,
-        None,
+        (),
     ),
     (
         "stream relay (stream_handler, claim=False)",
         "publish (1 event per call)",
         "delivery per event: stream relay (stream_handler)",
-        "DynamoDB Streams + Lambda, no write-back",
+        ("DynamoDB Streams + Lambda, no write-back",),
     ),
     (
         "publish inside backend.transaction(), polling worker",
         TX_SHARE_OPERATION,
         "delivery per event: default worker",
-        None,
+        (),
     ),
 ]
 _LIFE_FIELDS = ("table_wcu", "index_wcu", "rcu", "requests", "refusals")
@@ -798,19 +800,21 @@ def _whole_lives(
     table: list[dict[str, Any]] = []
     life_rows: list[dict[str, Any]] = []
     peer_rows: list[dict[str, Any]] = []
-    for design, publish, delivery, peer in LIFE_DESIGNS:
+    for design, publish, delivery, peers in LIFE_DESIGNS:
         if publish not in ours or delivery not in ours:
             continue
         life = whole_life(ours[publish], ours[delivery])
         entry: dict[str, Any] = {"design": design, "parts": [publish, delivery], **life}
         life_rows.append(_life_row(design, life, None))
-        parts = theirs.get(peer or "", {})
-        if peer is not None and {"publish (1 event per call)", "delivery per event"} <= set(parts):
-            peer_life = whole_life(parts["publish (1 event per call)"], parts["delivery per event"])
-            entry["peer"] = {"by": peer, **peer_life}
-            peer_rows.append(_life_row(design, peer_life, peer))
-        else:
-            entry["peer"] = None
+        entry["peers"] = []
+        for peer in peers:
+            parts = theirs.get(peer, {})
+            if {"publish (1 event per call)", "delivery per event"} <= set(parts):
+                peer_life = whole_life(
+                    parts["publish (1 event per call)"], parts["delivery per event"]
+                )
+                entry["peers"].append({"by": peer, **peer_life})
+                peer_rows.append(_life_row(design, peer_life, peer))
         table.append(entry)
     return table, life_rows, peer_rows
 
@@ -1080,6 +1084,90 @@ def _peer_polling(env: BenchEnv, events: int) -> list[dict[str, Any]]:
         m.close()
 
 
+def _peer_naive(env: BenchEnv, events: int) -> list[dict[str, Any]]:
+    """The plainest polling outbox on raw boto3: PutItem into a sparse pending index
+    partition; a worker Queries it (25 a page), claims each event with a conditional UpdateItem
+    that takes it out of the index, and deletes it once handled. Nothing lists a claimed event,
+    so one whose worker died is never delivered: the floor a design with recovery is set
+    against."""
+    m = _Metered(env)
+    prefix = unique("RAWOUTBOX")
+    try:
+        ids = [unique("e") for _ in range(events)]
+        publish = m.measure(
+            lambda i: m.client.put_item(
+                TableName=m.table,
+                Item=_raw_event_item(ids[i], index=f"{prefix}#pending"),
+                ConditionExpression="attribute_not_exists(pk)",
+            ),
+            events,
+        )
+        before = m.meter.usage()
+        done = 0
+        while done < events:
+            page = m.client.query(
+                TableName=m.table,
+                IndexName="gsi1",
+                KeyConditionExpression="gsi1pk = :p",
+                ExpressionAttributeValues={":p": {"S": f"{prefix}#pending"}},
+                Limit=25,
+            )["Items"]
+            if not page:
+                break
+            for item in page:
+                token = unique("t")
+                key = {"pk": item["pk"], "sk": item["sk"]}
+                try:
+                    m.client.update_item(
+                        TableName=m.table,
+                        Key=key,
+                        ConditionExpression="#s = :pending",
+                        UpdateExpression="SET #s = :in_flight, lease = :t REMOVE gsi1pk, gsi1sk",
+                        ExpressionAttributeNames={"#s": "status"},
+                        ExpressionAttributeValues={
+                            ":pending": {"S": "pending"},
+                            ":in_flight": {"S": "in_flight"},
+                            ":t": {"S": token},
+                        },
+                    )
+                except m.client.exceptions.ConditionalCheckFailedException:
+                    continue
+                m.client.delete_item(
+                    TableName=m.table,
+                    Key=key,
+                    ConditionExpression="lease = :t",
+                    ExpressionAttributeValues={":t": {"S": token}},
+                )
+                done += 1
+        delivery = m.meter.usage() - before
+        return [
+            _row(
+                "outbox",
+                "publish (1 event per call)",
+                publish,
+                events,
+                peer=NAIVE_PEER,
+                namespace=prefix,
+                scope="namespace",
+            ),
+            _row(
+                "outbox",
+                "delivery per event",
+                delivery,
+                max(1, done),
+                peer=NAIVE_PEER,
+                namespace=prefix,
+                scope="namespace",
+                note=(
+                    "Query 25 per page, a claim that leaves the index and a delete per event "
+                    "(1 thread); no lease recovery: a dead worker's events are never delivered"
+                ),
+            ),
+        ]
+    finally:
+        m.close()
+
+
 def _peer_streams(env: BenchEnv, events: int) -> list[dict[str, Any]]:
     """DynamoDB Streams + Lambda, no write-back: a PutItem of the event (no index), and the
     Lambda trigger delivers from the stream without writing to the table."""
@@ -1120,6 +1208,7 @@ def _peers(env: BenchEnv, reps: int, events: int) -> tuple[list[dict[str, Any]],
         ("python-dynamodb-lock", lambda: [_peer_lock(env, reps)]),
         ("Powertools idempotency", lambda: _peer_powertools(env, reps)),
         ("polling publisher", lambda: _peer_polling(env, events)),
+        ("put, claim, delete", lambda: _peer_naive(env, events)),
         ("DynamoDB Streams + Lambda", lambda: _peer_streams(env, events)),
     ):
         try:

@@ -266,6 +266,7 @@ def test_the_cost_section_makes_both_tables(dynamodb_local: DynamoDBLocal) -> No
     assert {
         "plain ADD (raw boto3 UpdateItem)",
         "polling publisher (raw boto3)",
+        costs_section.NAIVE_PEER,
         "DynamoDB Streams + Lambda, no write-back",
     } <= peers
     # an event's whole life, per delivery design: its publish and its delivery added up, index
@@ -280,9 +281,13 @@ def test_the_cost_section_makes_both_tables(dynamodb_local: DynamoDBLocal) -> No
     worker = lives["polling worker (default)"]
     assert worker["publish"]["index_wcu"] == 1  # the event enters gsi1
     assert worker["delivery"]["index_wcu"] > 0  # delivery moves it in and out of gsi1
-    assert worker["peer"] is not None and worker["peer"]["wcu"] > 0
+    peers = {peer["by"]: peer for peer in worker["peers"]}
+    # the plainest polling outbox: a put into the index (2), a claim that leaves it (2), a delete
+    assert peers[costs_section.NAIVE_PEER]["wcu"] == 5
+    assert peers["polling publisher (raw boto3)"]["index_wcu"] > 0
     relay = lives["stream relay (stream_handler, claim=False)"]
-    assert relay["peer"]["wcu"] == 1  # a put with no index and no write-back
+    [streams] = relay["peers"]
+    assert streams["wcu"] == 1  # a put with no index and no write-back
     # the transactional outbox: a ~250 B business item and a ~600 B event in one transaction
     # (2 WCU each, a transaction costs twice) and the event's entry in gsi1
     together = rows["outbox", costs_section.TX_OPERATION]
