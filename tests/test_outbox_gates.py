@@ -3,8 +3,11 @@ and MongoDB stores build their gate writes from."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from dynacoord import ManualClock
 from dynacoord.outbox import Event, EventStatus, Outcome
 from dynacoord.outbox._gates import GateMove, by_group, gate_move
 from dynacoord.outbox.event import new_record
@@ -50,3 +53,61 @@ def test_only_ordered_events_have_a_gate() -> None:
     record = new_record(plain, EventStatus.IN_FLIGHT, 1, 0, "token", None, None, None)
     grouped = by_group([Outcome(record, "completed"), _outcome(1, "completed", group="a")])
     assert list(grouped) == ["a"]
+
+
+# -- every store's gate against the same cases (the Redis script keeps its own copy in Lua) ------
+
+
+def _read_gate(store: Any, kind: str, group: str) -> dict[str, Any]:
+    if kind == "redis":
+        raw = store._conn.client.hgetall(store._gate_prefix + group)
+        return {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+    if kind == "mongo":
+        return store._c.find_one(store._gate_key(group)) or {}
+    return store._gate(group)
+
+
+@pytest.mark.parametrize("kind", ["moto", "redis", "mongo"])
+@pytest.mark.parametrize(("given", "expected"), CASES)
+def test_every_store_moves_its_gate_by_the_same_rules(
+    request: pytest.FixtureRequest,
+    kind: str,
+    given: list[tuple[int, str, int, bool]],
+    expected: GateMove | None,
+) -> None:
+    from tests.conftest import backend_factory
+
+    clock = ManualClock()
+    outbox = backend_factory(request, kind)(clock=clock).outbox
+    outbox.publish(
+        [
+            Event("t", {}, id=f"e{n}", group="g", ordered=True, occurred_at=clock.time())
+            for n in (1, 2, 3)
+        ]
+    )
+    store = outbox._store
+    now = int(clock.time() * 1000)
+    seen = [
+        record
+        for shard in range(store.shards)
+        for record in store.query_page(EventStatus.PENDING, shard, due_before_ms=now, limit=10)[0]
+    ]
+    claimed = {
+        r.seq: r for r in store.claim_many(seen, [f"tok{r.seq}" for r in seen], now + 30_000, now)
+    }
+    assert sorted(claimed) == [1, 2, 3]
+    outcomes = sorted(
+        (
+            Outcome(claimed[seq], kind_, due_ms=due, count_attempt=counted)  # type: ignore[arg-type]
+            for seq, kind_, due, counted in given
+        ),
+        key=lambda o: o.record.seq or 0,
+    )
+    assert all(store.finish_many(outcomes, now, 3_600_000))
+    gate = _read_gate(store, kind, "g")
+    next_seq = int(gate.get("next_seq") or 1)
+    retry = gate.get("retry_due_ms")
+    after = expected.after if expected is not None and expected.after is not None else 1
+    assert next_seq == after
+    waits = expected is not None and expected.retry_seq == next_seq
+    assert (None if retry is None else int(retry)) == (expected.retry_due_ms if waits else None)
