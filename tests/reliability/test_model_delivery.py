@@ -19,7 +19,14 @@ hypothesis, interleaved with:
 * ``outbox.retry`` of failed events, ``outbox.retry(group=...)`` of an ordered group's failed
   events (they take new places at the group's tail: the model moves them there too), publishers
   with 1, 4 or 8 shards (DynamoDB), and long-lived readers whose shard count was read at the
-  start.
+  start;
+* (issue 36, each behind a switch below) events **near the item limit** (accepted and delivered,
+  or refused up-front with ValueTooLargeError writing nothing); **contention answers** on an
+  actor's DynamoDB requests (per-request throttles botocore retries, per-statement errors inside
+  a BatchExecuteStatement for statements not applied, transactions cancelled by
+  TransactionConflict round after round: ``tests/reliability/_injected.py``); the **PartiQL
+  permission** withdrawn and granted again; actor **clocks** off by fixed offsets up to the
+  documented 2 s skew.
 
 Checked after every step (safety):
 
@@ -27,7 +34,9 @@ Checked after every step (safety):
   if a worker holding it died or froze while its lease ran out;
 * in an ordered group, no handler of place k+1 starts before place k was delivered once or
   stored as failed (a failed event lets its group go on, as documented);
-* ``stats()`` of a long-lived reader (one of them, in turn) equals the counts of the stored items.
+* ``stats()`` of a long-lived reader (one of them, in turn) equals the counts of the stored items;
+* no event is stored as failed unless a handler of it ran since it was last retried (or a worker
+  holding it died or froze past its lease).
 
 Checked at the end, once the faults stop (liveness): frozen workers go on, handlers succeed,
 and within a bounded number of polls every event is completed (its handler succeeded) or failed
@@ -50,13 +59,29 @@ from typing import Any
 import pytest
 from hypothesis import Phase
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from dynacoord import ManualClock
 from dynacoord._clock import now_ms
+from dynacoord.codec import DYNAMODB_ITEM_LIMIT
+from dynacoord.errors import ValueTooLargeError
 from dynacoord.outbox import Event, EventRecord, EventStatus, Outcome
 from dynacoord.outbox.worker import OutboxWorker, _LeaseKeeper
 from dynacoord.testing import unique_name
+from tests.reliability._injected import (
+    STATEMENT_CODES,
+    THROTTLE_CODES,
+    Injector,
+    Plan,
+    SkewedClock,
+    forget_partiql,
+)
 from tests.reliability.conftest import STRESS_SCALE, hsettings
 
 LEASE_MS = 3000
@@ -75,6 +100,43 @@ BUDGET: dict[str, tuple[int, int]] = {
     "redis_cluster": (5, 60),
     "mongo": (12, 60),
 }
+
+# -- the generators of issue 36 ---------------------------------------------------------------------
+# Each is a kind of history production brings that the model did not generate. One that fails on
+# the library as it is stays off in a commit (a missing generator first, then a fix) and is turned
+# on with the fix. ``DYNACOORD_MODEL_OFF=SIZES,CONTENTION`` turns some off for a run (while
+# developing: to look past a known failure); ``DYNACOORD_MODEL_ON=...`` turns some on.
+
+_OFF = set(os.environ.get("DYNACOORD_MODEL_OFF", "").split(","))
+_ON = set(os.environ.get("DYNACOORD_MODEL_ON", "").split(","))
+
+
+def switch(name: str, default: bool) -> bool:
+    """Whether the generator ``name`` runs: ``default``, unless the environment says."""
+    return name in _ON or (default and name not in _OFF)
+
+
+#: events whose item is near the item limit (every backend refuses items over DynamoDB's 400 KB):
+#: publish accepts them (then they are delivered, their outcome stored even with a 2 KB
+#: ``last_error``) or refuses them with ValueTooLargeError, writing nothing
+SIZES = switch("SIZES", True)
+#: per-request throttles, per-statement errors inside a BatchExecuteStatement, transactions
+#: cancelled by TransactionConflict round after round (DynamoDB: botocore hooks on the client)
+CONTENTION = switch("CONTENTION", True)
+#: the replayed history of case 5: an ordered group's outcomes and gate cancelled six rounds running
+OUTCOME_CONFLICTS = switch("OUTCOME_CONFLICTS", True)
+#: the PartiQL permission withdrawn (every BatchExecuteStatement AccessDenied) and granted again
+PERMISSION = switch("PERMISSION", True)
+#: every actor's clock is the model's plus a fixed offset; two actors differ by up to SKEW_MS
+SKEW = switch("SKEW", True)
+#: the documented clock skew (docs/guarantees.md, "Clock skew")
+SKEW_MS = 2000
+#: how much room a large event leaves under the item limit (bytes; negative: over it)
+ROOM = (-300, 0, 1500, 2600, 4000, 4100, 4200, 4600, 6000)
+#: bytes of an event's item besides its payload's padding (id, keys, type, status, due...)
+ITEM_OVERHEAD = 240
+#: at most this many large events a history (each is read at every step's checks)
+MAX_LARGE = 2
 
 
 class DiedError(BaseException):
@@ -118,7 +180,11 @@ class GatedStore:
             actor.checkpoint(name)
         elif actor.killed or actor.frozen:  # its keeper: dead or frozen with its process
             raise DiedError()
-        return getattr(self._store, name)(*args, **kwargs)
+        injector = actor.machine.injector
+        if injector is None:
+            return getattr(self._store, name)(*args, **kwargs)
+        with injector.acting(actor.plan):  # the faults armed for this actor's requests
+            return getattr(self._store, name)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
@@ -183,6 +249,8 @@ class Actor:
         self.handled = 0  # what the last poll handled
         self.held: dict[str, int] = {}  # claimed, outcome not stored: event id -> lease end
         self.keeper: ModelKeeper | None = None
+        self.plan = Plan()  # faults injected into its requests (DynamoDB)
+        self.clock: SkewedClock = backend.clock  # the model's clock, maybe off by a fixed offset
         self._go = threading.Semaphore(0)
         self._parked = threading.Event()
         self.options = options
@@ -200,7 +268,7 @@ class Actor:
         return self.worker_class(
             self.store_class(backend.outbox._store, self),  # type: ignore[arg-type]
             self.handle,
-            clock=self.machine.clock,
+            clock=self.clock,
             lease=LEASE_MS / 1000,
             max_attempts=MAX_ATTEMPTS,
             backoff=0.2,
@@ -212,7 +280,8 @@ class Actor:
 
     def __repr__(self) -> str:
         flags = "".join(f" {f}" for f in ("killed", "frozen", "done") if getattr(self, f))
-        return f"<{self.name} {self.options} at {self.at}{flags} holding {sorted(self.held)}>"
+        skew = f" clock {self.clock.offset_ms:+d} ms" if self.clock.offset_ms else ""
+        return f"<{self.name} {self.options}{skew} at {self.at}{flags} holding {sorted(self.held)}>"
 
     @property
     def live(self) -> bool:
@@ -271,7 +340,10 @@ class Actor:
         self.checkpoint(f"handler-end {event.id}")
         self.machine.in_handler.get(event.id, set()).discard(self.name)
         if self.fail_next:
-            raise HandlerFailedError(f"{event.id} refused on attempt {event.attempt}")
+            message = f"{event.id} refused on attempt {event.attempt}"
+            if "pad" in event.payload:  # a large event's outcome carries a full last_error
+                message += " " + "e" * 2100
+            raise HandlerFailedError(message)
         self.machine.delivered[event.id] = self.machine.delivered.get(event.id, 0) + 1
         self.machine.log(event.id, f"delivered by {self.name}")
 
@@ -288,7 +360,7 @@ def make_machine(
     dynamodb = kind in ("moto", "dynamodb")
     shard_choices = (1, 4, 8) if dynamodb else (None,)
 
-    def backend(clock: ManualClock, namespace: str, shards: int | None) -> Any:
+    def backend(clock: ManualClock | SkewedClock, namespace: str, shards: int | None) -> Any:
         return make(
             clock=clock, namespace=namespace, **({} if shards is None else {"shards": shards})
         )
@@ -308,7 +380,19 @@ def make_machine(
             self.history: dict[str, list[str]] = {}  # event id -> what happened to it
             self.actors: list[Actor] = []
             self.spawned = 0
+            self.started: set[str] = set()  # events whose handler started since their last retry
+            self.offsets = [0]  # the actors' clock offsets, in turn (ms)
+            self.skew_max = 0  # the fastest actor clock's offset
+            self.large = 0  # events near the item limit published
+            self.refused_large = 0  # publishes refused as too large
             self.publishers = {s: backend(self.clock, self.ns, s).outbox for s in shard_choices}
+            self.injector: Injector | None = None
+            if dynamodb:
+                client = self.publishers[shard_choices[0]]._store._table.client
+                self.injector = Injector.of(client)
+                self.injector.partiql_denied = False
+                if CONTENTION or PERMISSION:
+                    forget_partiql(client)  # a fresh process: its first batch probes
             # Readers made (and their shard counts read) before any publisher with more shards.
             self.readers = [backend(self.clock, self.ns, s).outbox for s in shard_choices]
             for reader in self.readers:
@@ -336,12 +420,16 @@ def make_machine(
         def published(self, events: list[Event], shards: int | None) -> None:
             """``events`` were just published (by the publisher with ``shards``)."""
 
+        def retried(self, event_ids: list[str]) -> None:
+            """Failed ``event_ids`` were just put back to pending (``retry``, ``retry(group=)``)."""
+
         def spawn(self, design: dict[str, Any], shards: int | None = None) -> Actor:
             if shards is None:
                 shards = shard_choices[self.spawned % len(shard_choices)]
+            clock = SkewedClock(self.clock, self.offsets[self.spawned % len(self.offsets)])
             self.spawned += 1
             actor = self.make_actor(
-                f"w{self.spawned}", backend(self.clock, self.ns, shards), dict(design)
+                f"w{self.spawned}", backend(clock, self.ns, shards), dict(design)
             )
             self.actors.append(actor)
             return actor
@@ -359,6 +447,7 @@ def make_machine(
         def handler_starts(self, actor: Actor, event: Event) -> None:
             published = self.events[event.id]
             self.log(event.id, f"handled by {actor.name}, attempt {event.attempt}")
+            self.started.add(event.id)
             inside = self.in_handler.setdefault(event.id, set())
             if inside - {actor.name} and event.id not in self.excused:
                 self.violations.append(
@@ -394,14 +483,26 @@ def make_machine(
                 max_size=4,
             ),
             lose=st.booleans(),
+            large=st.integers(-len(ROOM), 12),
         )
         def publish(
-            self, shards: int | None, batch: list[tuple[bool, str | None, int]], lose: bool
+            self,
+            shards: int | None,
+            batch: list[tuple[bool, str | None, int]],
+            lose: bool,
+            large: int = 0,
         ) -> None:
+            # The first event of the batch may be near the item limit, leaving ``room`` bytes.
+            pad = None
+            room = ROOM[-large - 1] if large < 0 else None
+            if SIZES and room is not None and self.large < MAX_LARGE:
+                pad = DYNAMODB_ITEM_LIMIT - ITEM_OVERHEAD - room
             events = [
                 Event(
                     "t",
-                    {"n": len(self.events) + i},
+                    {"n": len(self.events) + i}
+                    if i or pad is None
+                    else {"n": len(self.events), "pad": "x" * pad},
                     id=f"{rank:02d}-e{len(self.events) + i}",
                     occurred_at=self.clock.time(),  # due then: the manual clock, not the real one
                     group=group,
@@ -411,7 +512,18 @@ def make_machine(
             ]
             if lose and lose_next is not None:
                 lose_next()
-            assert self.publishers[shards].publish(events) == [e.id for e in events]
+            try:
+                assert self.publishers[shards].publish(events) == [e.id for e in events]
+            except ValueTooLargeError:
+                # Refused up-front: allowed for an event near the limit, and nothing is written.
+                assert pad is not None, "a batch of small events refused as too large"
+                written = {e.id for e in events if self.readers[0].get(e.id) is not None}
+                assert not written, f"a refused publish wrote {sorted(written)}"
+                self.refused_large += 1
+                return
+            if pad is not None:
+                self.large += 1
+                self.log(events[0].id, f"published with {room} bytes left under the item limit")
             for event in events:
                 place = None
                 if event.ordered and event.group is not None:
@@ -483,6 +595,8 @@ def make_machine(
             if lose and lose_next is not None:
                 lose_next()
             assert self.readers[0].retry(failed) == len(failed)
+            self.started.difference_update(failed)
+            self.retried(failed)
 
         @rule(group=st.sampled_from(GROUPS), lose=st.booleans())
         def retry_group(self, group: str, lose: bool) -> None:
@@ -515,9 +629,100 @@ def make_machine(
                 self.groups[group].remove(event_id)
                 self.groups[group].append(event_id)
                 self.ever_failed.discard(event_id)
+                self.started.discard(event_id)
                 self.log(event_id, f"redriven to place {len(self.groups[group])} of {group}")
             for place, event_id in enumerate(self.groups[group]):
                 self.events[event_id].place = place
+            self.retried(moved)
+
+        # -- the generators of issue 36 ----------------------------------------------------------
+
+        @initialize(
+            low=st.sampled_from((-SKEW_MS, -SKEW_MS // 2, 0)),
+            spread=st.lists(st.sampled_from((0, 500, 1000, 1500, SKEW_MS)), min_size=1, max_size=6),
+        )
+        def skew_clocks(self, low: int, spread: list[int]) -> None:
+            """Each actor's clock is off by a fixed offset in [-2 s, +2 s]; any two differ by
+            at most the documented skew (successors take the offsets in turn)."""
+            if not SKEW:
+                return
+            self.offsets = [low + s for s in spread]
+            self.skew_max = max(self.offsets)
+            for number, actor in enumerate(self.actors):
+                actor.clock.offset_ms = self.offsets[number % len(self.offsets)]
+
+        @precondition(lambda self: CONTENTION and self.injector is not None)
+        @rule(
+            index=st.integers(0, 9),
+            operation=st.sampled_from(
+                (
+                    None,
+                    "Query",
+                    "UpdateItem",
+                    "TransactWriteItems",
+                    "BatchExecuteStatement",
+                    "BatchGetItem",
+                )
+            ),
+            count=st.integers(1, 3),
+            code=st.sampled_from(THROTTLE_CODES),
+        )
+        def throttle(self, index: int, operation: str | None, count: int, code: str) -> None:
+            """The actor's next request (of ``operation``) is throttled ``count`` times; botocore
+            sends it again."""
+            actor = self.pick(index, frozen=None)
+            if actor is not None:
+                actor.plan.throttles.append([operation, count, code])
+
+        @precondition(lambda self: CONTENTION and self.injector is not None)
+        @rule(
+            index=st.integers(0, 9),
+            positions=st.lists(st.integers(0, 24), min_size=1, max_size=4),
+            code=st.sampled_from(STATEMENT_CODES),
+            times=st.integers(1, 4),
+        )
+        def refuse_statements(
+            self, index: int, positions: list[int], code: str, times: int
+        ) -> None:
+            """The actor's next ``times`` BatchExecuteStatements answer ``code`` for statements
+            DynamoDB did not apply."""
+            actor = self.pick(index, frozen=None)
+            if actor is not None:
+                actor.plan.statements.extend([(positions, code)] * times)
+
+        @precondition(lambda self: CONTENTION and self.injector is not None)
+        @rule(
+            index=st.integers(0, 9),
+            # six rounds running exhaust finish_many (case 5): only with OUTCOME_CONFLICTS
+            rounds=st.integers(1, 8 if OUTCOME_CONFLICTS else 5),
+            at=st.integers(0, 99),
+            outcomes=st.booleans(),
+        )
+        def conflict(self, index: int, rounds: int, at: int, outcomes: bool) -> None:
+            """The actor's next ``rounds`` transactions (``outcomes``: those storing outcomes)
+            are cancelled by a TransactionConflict (a hot gate: an ordered group's outcomes
+            and gate, a claim with its gate check)."""
+            actor = self.pick(index, frozen=None)
+            if actor is not None:
+                # rounds running, whatever was armed before
+                cap = 8 if OUTCOME_CONFLICTS else 5
+                actor.plan.conflicts = min(cap, actor.plan.conflicts + rounds)
+                actor.plan.conflict_at = at
+                actor.plan.conflict_outcomes = outcomes
+
+        @precondition(lambda self: PERMISSION and self.injector is not None)
+        @rule(granted=st.booleans())
+        def partiql(self, granted: bool) -> None:
+            """The PartiQL permission is withdrawn (a policy rollback, an SCP) or granted again."""
+            assert self.injector is not None
+            self.injector.partiql_denied = not granted
+
+        def faults_stop(self) -> None:
+            """No more injected answers (the clocks stay as they are)."""
+            for actor in self.actors:
+                actor.plan.clear()
+            if self.injector is not None:
+                self.injector.partiql_denied = False
 
         # -- checks -----------------------------------------------------------------------------
 
@@ -529,8 +734,9 @@ def make_machine(
                 for actor in self.live():
                     if actor.frozen:
                         # its keeper is frozen too: leases that run out now may be taken over
+                        # (by whoever's clock runs fastest)
                         for event_id, until in actor.held.items():
-                            if until <= now:
+                            if until <= now + self.skew_max:
                                 self.excused.add(event_id)
                                 self.log(event_id, f"{actor.name} frozen past its lease")
                     elif actor.keeper is not None:
@@ -570,11 +776,30 @@ def make_machine(
         def safe(self) -> None:
             assert not self.violations, self.violations
 
+        def check_failures(self, truth: dict[str, EventRecord | None]) -> None:
+            """No event fails without its handler having run (since it was last retried), or a
+            worker holding it having died or frozen past its lease."""
+            for event_id, record in truth.items():
+                if (
+                    record is not None
+                    and record.status is EventStatus.FAILED
+                    and event_id not in self.started
+                    and event_id not in self.excused
+                ):
+                    self.violations.append(
+                        f"{event_id} failed ({record.last_error!r:.300}) though no handler of it "
+                        f"ran and no holder died: {self.history.get(event_id)}; "
+                        f"workers: {self.actors}"
+                    )
+            assert not self.violations, self.violations
+
         @invariant()
         def stats_agree(self) -> None:
             reader = self.readers[self.next_reader % len(self.readers)]
             self.next_reader += 1
-            self.check_stats(reader, self.truth())
+            truth = self.truth()
+            self.check_failures(truth)
+            self.check_stats(reader, truth)
 
         def teardown(self) -> None:
             try:
@@ -586,6 +811,7 @@ def make_machine(
 
         def drain(self) -> None:
             # The faults stop: frozen workers go on and finish what they hold, then rest.
+            self.faults_stop()
             for actor in self.live():
                 actor.frozen = False
                 actor.fail_next = False
@@ -633,13 +859,16 @@ def make_machine(
                 else:
                     assert record.status is EventStatus.FAILED, record
                     assert record.attempts >= MAX_ATTEMPTS, record
+            self.check_failures(truth)
             for reader in self.readers:
                 self.check_stats(reader, truth)
             if os.environ.get("DYNACOORD_MODEL_DEBUG"):
                 print(
                     f"events {len(self.events)} handled {sum(self.delivered.values())} "
                     f"failed {len(self.ever_failed)} workers {len(self.actors)} "
-                    f"excused {len(self.excused)}"
+                    f"excused {len(self.excused)} large {self.large}/{self.refused_large} clocks {self.offsets} "
+                    f"injected {[a.plan.done for a in self.actors if a.plan.done]} "
+                    f"denied {self.injector.denials if self.injector else 0}"
                 )
 
     return DeliveryModel
@@ -802,3 +1031,37 @@ def test_replay_a_batch_runs_the_follower_before_its_heads_failure_is_stored(
     """A batch whose ordered head fails for good stores that failure before the group's next
     place runs (a worker dying in between would leave the head to an attempt after it)."""
     replay_redrive_of_a_failed_group(moto_factory, None, "moto", batch_size=25)
+
+
+def replay_conflicts_on_an_ordered_outcome(
+    make: Callable[..., Any], lose_next: Callable[[], None] | None, kind: str
+) -> None:
+    """A history the random search reaches rarely (issue 36, case 5), replayed through the same
+    machine: the transaction that stores an ordered group's outcomes with its gate is cancelled
+    by TransactionConflict six rounds in a row. The outcomes must be stored (or the worker must
+    go on holding the events): never a held lease reported lost, the events delivered again."""
+    machine = make_machine(make, lose_next, kind)()
+    try:
+        machine.publish(shards=1, batch=[(True, "g0", 10), (True, "g0", 20)], lose=False)
+        worker = machine.actors[0]
+        assert worker.options == {"batch_size": 25}
+        worker.plan.conflicts = 6
+        worker.plan.conflict_outcomes = True
+        worker.run_until_idle()
+        assert worker.plan.done.get("TransactionConflict"), worker.plan.done
+        machine.pass_time(LEASE_MS + SLICE_MS)
+        machine.safe()
+    finally:
+        machine.teardown()
+    assert machine.delivered == {"10-e0": 1, "20-e1": 1}
+
+
+@pytest.mark.skipif(not OUTCOME_CONFLICTS, reason="OUTCOME_CONFLICTS is off")
+def test_replay_conflicts_on_an_ordered_outcome_moto(moto_factory: Callable[..., Any]) -> None:
+    replay_conflicts_on_an_ordered_outcome(moto_factory, None, "moto")
+
+
+@pytest.mark.skipif(not OUTCOME_CONFLICTS, reason="OUTCOME_CONFLICTS is off")
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
+def test_replay_conflicts_on_an_ordered_outcome(lossy: Any) -> None:
+    replay_conflicts_on_an_ordered_outcome(lossy.backend, lossy.lose_next, "dynamodb")

@@ -11,11 +11,19 @@ checkpoint. Relays deliver without a claim by default (one write per event) or w
   least once), and a relay killed mid-batch has its batch handed to its successor;
 * **late streams**: a batch handed over long after its events were published (after the relay's
   lease, the event is the sweeper's);
-* events published without a stream record (the stream's filter or a gap): the sweeper's.
+* events published without a stream record (the stream's filter or a gap): the sweeper's;
+* (issue 36, behind switches) records late near and past the relay's implicit lease end, out of
+  order, MODIFY records of retried events, old INSERT/MODIFY images handed again long after (as
+  first streamed), relay handlers that run long, records the relay reports failed handed again;
+  and a backlog: young events on every shard's first page of a small-batch sweeper while an
+  event the relay never saw waits (it must be delivered within a bounded number of sweeps).
 
-Checked as in the worker model: a successful delivery is repeated only if its holder died,
-froze past its lease or (a relay without a claim: no heartbeat) ran its handler past the lease;
-ordered places in order; ``stats()`` agrees; and once the faults stop everything drains.
+Checked as in the worker model: a successful delivery is repeated only if its holder died or
+froze past its lease (with RELAY_LEASE_STRICT a relay without a claim is no exception: it must
+never run a handler past its implicit lease unprotected; its lease keeper claims the event, and
+the model's ``held`` follows that claim); ordered places in order; no event fails without a
+handler run; ``stats()`` agrees; once the faults stop everything drains; and under a backlog an
+event the relay never saw is delivered within a bounded number of sweeps.
 """
 
 from __future__ import annotations
@@ -25,25 +33,52 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import precondition, rule
 
 from dynacoord._clock import now_ms
-from dynacoord.outbox import EventRecord
+from dynacoord.keys import shard_of
+from dynacoord.outbox import Event, EventRecord, EventStatus
 from dynacoord.outbox.stream import StreamHandler
 from tests.reliability.conftest import STRESS_SCALE
 from tests.reliability.test_model_delivery import (
     LEASE_MS,
+    MAX_ATTEMPTS,
     MAX_EVENTS,
+    SKEW_MS,
+    SLICE_MS,
     Actor,
     GatedStore,
     ModelWorker,
+    Published,
     make_machine,
     moto_factory,  # noqa: F401  (a fixture)
     run_delivery_model,
+    switch,
 )
 
 #: (max_examples, steps) per backend kind
 RELAY_BUDGET: dict[str, tuple[int, int]] = {"moto": (3, 60), "dynamodb": (10, 60)}
+
+# -- the generators of issue 36 (see test_model_delivery.py) ---------------------------------------
+
+#: a relay without a claim never runs a handler past its implicit lease (due + lease) unprotected:
+#: the model no longer excuses a second delivery by a sweeper meanwhile
+RELAY_LEASE_STRICT = switch("RELAY_LEASE_STRICT", True)
+#: stream records late (near and past the relay's lease end), out of order, MODIFY records of
+#: retried events, a relay's handler that runs long
+STREAM_TIMING = switch("STREAM_TIMING", True)
+#: a sweeper of a small batch under a backlog of young events on every shard, while an event the
+#: relay never sees waits: it is delivered within a bounded number of sweeps
+BACKLOG = switch("BACKLOG", True)
+#: old INSERT and MODIFY images handed again long after (after a delivery, a retry, a redrive of
+#: the group), as first streamed; and the replayed history of case 4
+REPLAYED_INSERT = switch("REPLAYED_INSERT", True)
+#: the replayed history of case 3 (a relay's handler past its lease)
+RELAY_OVERRUN_REPLAY = switch("RELAY_OVERRUN_REPLAY", True)
+#: (shards, sweeper batch size) of a backlog: young events fill every shard's first page
+BACKLOG_SHAPES = ((4, 1), (4, 2), (8, 1))
+#: young events published during a backlog's sweeps, at most (they keep arriving)
+BACKLOG_ARRIVALS = 3
 
 
 class RelayWorker(ModelWorker):
@@ -95,7 +130,16 @@ class RelayActor(Actor):
                     continue
                 self.batch = self.batches.pop(0)
                 before = self.worker.delivered + self.worker.retried + self.worker.failed
-                relay({"Records": self.batch}, None)
+                answer = relay({"Records": self.batch}, None)
+                reported = {f["itemIdentifier"] for f in answer.get("batchItemFailures", [])}
+                if reported:
+                    # Lambda hands the batch again from the first record reported
+                    first = next(
+                        i
+                        for i, r in enumerate(self.batch)
+                        if r["dynamodb"]["SequenceNumber"] in reported
+                    )
+                    self.machine.stream[:0] = self.batch[first:]
                 after = self.worker.delivered + self.worker.retried + self.worker.failed
                 self.handled = after - before
                 self.machine.last_batch = self.batch
@@ -115,6 +159,8 @@ def make_relay_machine(make: Callable[..., Any], lose_next: Any, kind: str) -> t
     class RelayModel(base):  # type: ignore[valid-type, misc]
         def __init__(self) -> None:
             self.stream: list[dict[str, Any]] = []  # records not handed to a relay yet
+            self.streamed: list[dict[str, Any]] = []  # every record, as first streamed
+            self.backlogs = 0
             self.sequence = 0
             self.last_batch: list[dict[str, Any]] | None = None
             super().__init__()
@@ -142,27 +188,37 @@ def make_relay_machine(make: Callable[..., Any], lose_next: Any, kind: str) -> t
 
         def published(self, events: Any, shards: Any) -> None:
             """The stream's INSERT records of what was just published."""
-            publisher = self.publishers[shards]
-            store = publisher._store
+            self.images([e.id for e in events], "INSERT")
+
+        def retried(self, event_ids: list[str]) -> None:
+            """The stream's MODIFY records of failed events put back to pending."""
+            if STREAM_TIMING:
+                for record in self.streamed:
+                    if record["dynamodb"]["NewImage"]["event_id"]["S"] in event_ids:
+                        record["stale"] = True  # an image from before the retry
+                self.images(event_ids, "MODIFY")
+
+        def images(self, event_ids: list[str], name: str) -> None:
+            store = self.publishers[next(iter(self.publishers))]._store
             client = store._table.client
-            for event in events:
+            for event_id in event_ids:
                 raw = client.get_item(
-                    TableName=store._table.name, Key=store._key(event.id), ConsistentRead=True
+                    TableName=store._table.name, Key=store._key(event_id), ConsistentRead=True
                 ).get("Item")
                 if raw is None:
                     continue
                 self.sequence += 1
-                self.stream.append(
-                    {
-                        "eventName": "INSERT",
-                        "eventSource": "aws:dynamodb",
-                        "dynamodb": {
-                            "NewImage": raw,
-                            "SequenceNumber": f"{self.sequence:021d}",
-                            "StreamViewType": "NEW_IMAGE",
-                        },
-                    }
-                )
+                record = {
+                    "eventName": name,
+                    "eventSource": "aws:dynamodb",
+                    "dynamodb": {
+                        "NewImage": raw,
+                        "SequenceNumber": f"{self.sequence:021d}",
+                        "StreamViewType": "NEW_IMAGE",
+                    },
+                }
+                self.stream.append(record)
+                self.streamed.append({**record, "stale": False})
 
         def relays(self) -> list[RelayActor]:
             return [a for a in self.live() if isinstance(a, RelayActor) and not a.frozen]
@@ -225,8 +281,150 @@ def make_relay_machine(make: Callable[..., Any], lose_next: Any, kind: str) -> t
             """Records the stream never delivers (filtered out, or lost): the sweeper's."""
             del self.stream[:count]
 
+        # -- stream timing and backlogs (issue 36) ---------------------------------------------------
+
+        def hand(self, index: int, batch: list[dict[str, Any]], steps: int) -> None:
+            relays = self.relays()
+            if not relays or not batch:
+                return
+            relay = relays[index % len(relays)]
+            relay.batches.append(batch)
+            relay.fail_next = False
+            for _ in range(steps):
+                relay.step()
+                if not relay.live:
+                    break
+
+        @precondition(lambda self: STREAM_TIMING)
+        @rule(
+            index=st.integers(0, 9),
+            size=st.integers(1, 6),
+            before_end=st.sampled_from((3000, 2500, 2000, 1500, 1000, 500, 0, -1500)),
+            steps=st.integers(0, 12),
+        )
+        def late_stream(self, index: int, size: int, before_end: int, steps: int) -> None:
+            """The next records reach a relay late: ``before_end`` ms before the implicit lease
+            of their first event ends (due + lease), or after it."""
+            if not self.stream or not self.relays():
+                return
+            due = int(self.stream[0]["dynamodb"]["NewImage"].get("due_ms", {}).get("N", 0))
+            wait = due + LEASE_MS - before_end - now_ms(self.clock)
+            if wait > 0:
+                self.pass_time(wait)
+            batch, self.stream = self.stream[:size], self.stream[size:]
+            self.hand(index, batch, steps)
+
+        @precondition(lambda self: STREAM_TIMING)
+        @rule(first=st.integers(0, 20), second=st.integers(0, 20))
+        def out_of_order(self, first: int, second: int) -> None:
+            """Two records of the stream swap places (different shards of the stream, a batch
+            bisected and retried)."""
+            if len(self.stream) > 1:
+                i, j = first % len(self.stream), second % len(self.stream)
+                self.stream[i], self.stream[j] = self.stream[j], self.stream[i]
+
+        @precondition(lambda self: REPLAYED_INSERT and bool(self.streamed))
+        @rule(
+            index=st.integers(0, 9),
+            pick=st.integers(0, 99),
+            stale=st.booleans(),
+            steps=st.integers(0, 12),
+        )
+        def replay_image(self, index: int, pick: int, stale: bool, steps: int) -> None:
+            """An old INSERT or MODIFY image is handed again long after, as first streamed (the
+            mapping starts at TRIM_HORIZON; Lambda retries and bisects): after a delivery, a
+            retry, a redrive of its group (``stale``: an image older than its event's last
+            retry, when there is one)."""
+            images = self.streamed
+            if stale:
+                images = [r for r in self.streamed if r["stale"]] or images
+            record = images[pick % len(images)]
+            self.hand(index, [{k: v for k, v in record.items() if k != "stale"}], steps)
+
+        @precondition(lambda self: STREAM_TIMING)
+        @rule(
+            index=st.integers(0, 9),
+            ms=st.sampled_from((SLICE_MS, 2 * SLICE_MS, 4 * SLICE_MS, LEASE_MS)),
+            polls=st.integers(1, 2),
+        )
+        def overrun(self, index: int, ms: int, polls: int) -> None:
+            """A relay's handler runs long (a slow downstream): time passes while a relay is
+            inside a handler, then a sweeper polls."""
+            inside = [a for a in self.relays() if a.at.startswith("handler")]
+            if not inside:
+                return
+            self.pass_time(ms)
+            self.sweep_now(index, polls)
+
+        @precondition(lambda self: BACKLOG and self.backlogs < 1)
+        @rule(
+            shape=st.sampled_from(BACKLOG_SHAPES),
+            rank=st.integers(0, 99),
+            arrivals=st.integers(0, BACKLOG_ARRIVALS),
+        )
+        def backlog(self, shape: tuple[int, int], rank: int, arrivals: int) -> None:
+            """The relay lags behind a fast publisher: young events fill the first page of every
+            shard of a sweeper of a small batch, while an event whose stream record never came
+            waits. The sweeper delivers that event within a bounded number of sweeps, while
+            young events keep arriving (not only once the load stops)."""
+            shards, batch_size = shape
+            self.backlogs += 1
+            publisher = self.publishers[shards]
+            target = self.publish_on(publisher, shards, None, rank)
+            self.stream = [
+                r for r in self.stream if r["dynamodb"]["NewImage"]["event_id"]["S"] != target
+            ]
+            self.log(target, "its stream record never comes")
+            # old for every sweeper, whatever its clock
+            self.pass_time(LEASE_MS + SKEW_MS + SLICE_MS)
+            sweeper = self.spawn(
+                {"batch_size": batch_size, "leave_new_for": LEASE_MS / 1000}, shards=shards
+            )
+            truth = self.truth()
+            waiting = sum(
+                r is not None and r.status in (EventStatus.PENDING, EventStatus.IN_FLIGHT)
+                for r in truth.values()
+            )
+            polled = max(shards, sweeper.worker._store.refresh_shards())
+            for shard in range(polled):
+                for _ in range(batch_size):
+                    self.publish_on(self.publishers[polled], polled, shard, rank)
+            bound = polled + waiting + 2
+            for sweep in range(bound):
+                sweeper.run_until_idle()
+                record = self.readers[0].get(target)
+                if target in self.started or (
+                    record is not None and record.status is not EventStatus.PENDING
+                ):
+                    return
+                if sweep % 2 and arrivals:
+                    arrivals -= 1
+                    self.publish_on(self.publishers[polled], polled, sweep % polled, rank)
+                sweeper.step()  # past "idle": into the next poll
+            self.violations.append(
+                f"{target}, which the relay never saw, was not delivered in {bound} sweeps of "
+                f"{sweeper} while young events kept arriving on {polled} shards: "
+                f"{self.history.get(target)}; {self.readers[0].get(target)}"
+            )
+
+        def publish_on(self, publisher: Any, shards: int, shard: int | None, rank: int) -> str:
+            """Publish one unordered event (on ``shard`` of ``shards`` when given) and stream it;
+            its id."""
+            number = len(self.events)
+            for r in range(100):
+                event_id = f"{(rank + r) % 100:02d}-e{number}"
+                if shard is None or shard_of(event_id, shards) == shard:
+                    break
+            event = Event("t", {"n": number}, id=event_id, occurred_at=self.clock.time())
+            assert publisher.publish([event]) == [event_id]
+            self.events[event_id] = Published(None, None)
+            self.published([event], None)
+            return event_id
+
         def pass_time(self, ms: int) -> None:
             super().pass_time(ms)
+            if RELAY_LEASE_STRICT:
+                return
             now = now_ms(self.clock)
             for actor in self.live():
                 if isinstance(actor, RelayActor) and not actor.claim:
@@ -268,3 +466,93 @@ def test_relay_model(lossy: Any) -> None:
 def test_stress_relay_model(lossy: Any) -> None:
     """``make stress``: the relay model with STRESS_SCALE times the examples."""
     run_relay_model(lossy.backend, lossy.lose_next, "dynamodb", scale=STRESS_SCALE)
+
+
+def replay_old_insert_after_redrive(make: Callable[..., Any], lose_next: Any, kind: str) -> None:
+    """A history the random search reaches rarely (issue 36, case 4), replayed through the same
+    machine: ``e0`` (place 1 of g0) fails for good, ``e1`` and ``e2`` follow it, and
+    ``retry(group="g0")`` moves ``e0`` behind them; then the stream hands the relay ``e0``'s
+    original INSERT image again (the mapping starts at TRIM_HORIZON). It must not run before
+    ``e1`` and ``e2``."""
+    machine = make_relay_machine(make, lose_next, kind)()
+    try:
+        machine.publish(shards=1, batch=[(True, "g0", 10)], lose=False)
+        machine.stream.clear()  # the relay never sees it: the sweeper fails it for good
+        [sweeper] = [a for a in machine.actors if a.options.get("batch_size") == 1]
+        sweeper.fail_next = True
+        for _ in range(12 * MAX_ATTEMPTS):
+            sweeper.run_until_idle()
+            record = machine.readers[0].get("10-e0")
+            if record is not None and record.status is EventStatus.FAILED:
+                break
+            machine.pass_time(LEASE_MS)
+        else:
+            raise AssertionError(f"10-e0 did not fail: {machine.truth()}")
+        sweeper.fail_next = False
+        machine.publish(shards=1, batch=[(True, "g0", 20), (True, "g0", 30)], lose=False)
+        machine.stream.clear()
+        machine.retry_group("g0", lose=False)
+        assert machine.groups["g0"] == ["20-e1", "30-e2", "10-e0"]
+        [insert] = [
+            r
+            for r in machine.streamed
+            if r["eventName"] == "INSERT" and r["dynamodb"]["NewImage"]["event_id"]["S"] == "10-e0"
+        ]
+        machine.hand(0, [{k: v for k, v in insert.items() if k != "stale"}], 30)
+        machine.safe()
+    finally:
+        machine.teardown()
+    assert list(machine.delivered) == ["20-e1", "30-e2", "10-e0"]
+
+
+@pytest.mark.skipif(not REPLAYED_INSERT, reason="REPLAYED_INSERT is off")
+def test_replay_old_insert_after_redrive_moto(moto_factory: Callable[..., Any]) -> None:
+    replay_old_insert_after_redrive(moto_factory, None, "moto")
+
+
+@pytest.mark.skipif(not REPLAYED_INSERT, reason="REPLAYED_INSERT is off")
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
+def test_replay_old_insert_after_redrive(lossy: Any) -> None:
+    replay_old_insert_after_redrive(lossy.backend, lossy.lose_next, "dynamodb")
+
+
+def replay_relay_handler_past_its_lease(
+    make: Callable[..., Any], lose_next: Any, kind: str
+) -> None:
+    """A history the random search reaches rarely (issue 36, case 3), replayed through the same
+    machine: the stream hands a new event to a relay without a claim 1.5 s before its implicit
+    lease (due + lease) ends; the relay starts the handler, which runs 2 s; a sweeper polls. The
+    event must not be delivered twice (no crash, no freeze)."""
+    machine = make_relay_machine(make, lose_next, kind)()
+    try:
+        machine.publish(shards=1, batch=[(False, None, 10)], lose=False)
+        [relay] = [a for a in machine.relays() if not a.claim]
+        machine.pass_time(LEASE_MS - 1500)
+        relay.batches.append(machine.stream[:1])
+        del machine.stream[:1]
+        for _ in range(30):
+            relay.step()
+            if relay.at.startswith("handler") or (relay.at == "idle" and not relay.batches):
+                break
+        machine.pass_time(2000)
+        sweeper = next(a for a in machine.actors if a.options.get("batch_size") == 25)
+        sweeper.run_until_idle()
+        sweeper.step()
+        sweeper.run_until_idle()
+        machine.safe()
+        relay.run_until_idle()
+        machine.safe()
+    finally:
+        machine.teardown()
+    assert machine.delivered == {"10-e0": 1}
+
+
+@pytest.mark.skipif(not RELAY_OVERRUN_REPLAY, reason="RELAY_OVERRUN_REPLAY is off")
+def test_replay_relay_handler_past_its_lease_moto(moto_factory: Callable[..., Any]) -> None:
+    replay_relay_handler_past_its_lease(moto_factory, None, "moto")
+
+
+@pytest.mark.skipif(not RELAY_OVERRUN_REPLAY, reason="RELAY_OVERRUN_REPLAY is off")
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
+def test_replay_relay_handler_past_its_lease(lossy: Any) -> None:
+    replay_relay_handler_past_its_lease(lossy.backend, lossy.lose_next, "dynamodb")
