@@ -99,6 +99,11 @@ def _breaker_failure(backend: DynamoDBBackend) -> None:
         backend.breaker("svc", failure_threshold=1).call(_boom)
 
 
+def _transaction_publish(backend: DynamoDBBackend) -> None:
+    with backend.transaction() as tx:
+        tx.publish(Event("order.created", {"id": 1}))
+
+
 #: each primitive's first write (with the reads some of them make before it)
 FIRST_WRITES: dict[str, Callable[[DynamoDBBackend], object]] = {
     "cache.set": lambda b: b.cache().set("k", {"v": 1}),
@@ -111,6 +116,7 @@ FIRST_WRITES: dict[str, Callable[[DynamoDBBackend], object]] = {
     "counters.set_if_absent": lambda b: b.counters.set_if_absent("flag", 1),
     "checkpoints.save": lambda b: b.checkpoints.save("task", {"step": 1}),
     "breaker failure": _breaker_failure,
+    "transaction publish": _transaction_publish,
 }
 
 
@@ -174,7 +180,9 @@ def test_no_idempotent_function_runs_against_a_wrongly_shaped_table(
     assert _item_count(client, table) == 0
 
 
-@pytest.mark.parametrize("shape", ["pk only", "sk a number", "keys swapped"])
+@pytest.mark.parametrize(
+    "shape", ["pk only", "sk a number", "keys swapped", "no gsi1", "gsi1 on other keys"]
+)
 def test_a_read_refused_for_the_tables_keys_names_the_table_and_the_fix(
     dynamodb_local: DynamoDBLocal, shape: str
 ) -> None:
@@ -187,6 +195,8 @@ def test_a_read_refused_for_the_tables_keys_names_the_table_and_the_fix(
         if shape == "keys swapped":
             # a GetItem of both keys fits a table keyed the other way round: a Query does not
             backend.checkpoints.load_latest("task")
+        elif "gsi1" in shape:
+            backend.cache().keys()  # a Query of gsi1
         else:
             backend.cache().get("k")
     assert f"{table!r}" in str(raised.value)
