@@ -77,8 +77,13 @@ def test_from_env_counts_within_its_own_clients_retries(monkeypatch) -> None:
 
 def test_a_token_says_until_when_its_call_may_retry() -> None:
     now = 1_764_230_000_000  # epoch ms
-    slot, token = _writers.lease(now, 400_000)
-    _writers.release(slot)
+    saved = _writers._pool[0]
+    _writers._pool[0] = _writers._Pool()  # fresh slots: none carries a later token yet
+    try:
+        slot, token = _writers.lease(now, 400_000)
+        _writers.release(slot)
+    finally:
+        _writers._pool[0] = saved
     assert _writers.token_ms(token) == now + 400_000
     # a token of the previous design: made at its time, held for 60 s
     assert _writers.token_ms(now * 10**6 + 5) == now + 60_000
