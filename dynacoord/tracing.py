@@ -232,7 +232,11 @@ def forwarded(metadata: Mapping[str, Any]) -> tuple[str | None, str | None, str 
     header), each None when there is none; the one converted from the other where only one was
     recorded (the ids are the same 128 and 64 bits in both formats). Pure string work: no
     OpenTelemetry needed. All None when tracing was turned off."""
-    if _turned_off or not metadata:
+    if not metadata:
+        return None, None, None
+    if not _decided:
+        _decide()
+    if _turned_off:
         return None, None, None
     w3c = _w3c(metadata)
     if w3c is not None:

@@ -546,3 +546,43 @@ def test_a_traceparent_that_is_not_valid_is_neither_linked_nor_forwarded(spans: 
         tracing.run_handler(lambda e: seen.append(1), event)
     assert len(seen) == len(bad)
     assert all(not s.links and s.parent is None for s in spans.consumers())
+
+
+def test_forwarded_converts_between_the_two_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DYNACOORD_TRACING", raising=False)
+    tracing.enable()
+    w3c = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"
+    assert tracing.forwarded({"traceparent": w3c, "tracestate": "vendor=1"}) == (
+        w3c,
+        "vendor=1",
+        XRAY,
+    )
+    assert tracing.forwarded({"X-Amzn-Trace-Id": XRAY + ";Lineage=a1b2c3d4:0"}) == (
+        w3c,
+        None,
+        XRAY + ";Lineage=a1b2c3d4:0",  # forwarded as Lambda gave it
+    )
+    assert tracing.forwarded({"X-Amzn-Trace-Id": "Root=1-5759e988-bd862e3fe1be46a994272793"}) == (
+        None,
+        None,
+        None,
+    )  # no Parent: nothing to link to
+    monkeypatch.setenv("DYNACOORD_TRACING", "off")
+    tracing.enable()
+    try:
+        assert tracing.forwarded({"traceparent": w3c}) == (None, None, None)
+    finally:
+        monkeypatch.delenv("DYNACOORD_TRACING")
+        tracing.enable()
+
+
+def test_the_tracestate_travels_to_the_link(spans: Spans) -> None:
+    metadata = {
+        "traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01",
+        "tracestate": "vendor=abc,other=1",
+    }
+    tracing.run_handler(lambda e: None, Event("order.placed", {}, metadata=metadata, attempt=3))
+    (span,) = spans.consumers()
+    (link,) = span.links
+    assert link.context.trace_state.to_header() == "vendor=abc,other=1"
+    assert span.attributes is not None and span.attributes["dynacoord.outbox.attempt"] == 3
