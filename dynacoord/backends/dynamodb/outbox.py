@@ -359,42 +359,12 @@ class DynamoDBOutboxStore:
         if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
             return None
         self._record_shards()
-        gpk, gsk = self._items.index(seen.id, EventStatus.IN_FLIGHT, lease_until_ms)
-        # Still as we saw it (status and lease token) and due: a pending event whose next attempt
-        # has come, or an in-flight one whose lease has run out (its worker died or overran).
-        # Two workers racing for it: the first write changes the token/status, the second fails.
-        condition = "#status = :expected AND due_ms <= :now AND "
-        args: dict[str, Any] = {
-            "expected": seen.status.value,
-            "now": now_ms,
-            "in_flight": EventStatus.IN_FLIGHT.value,
-            "token": token,
-            "until": lease_until_ms,
-            "gpk": gpk,
-            "gsk": gsk,
-            "zero": 0,
-            "one": 1,
-        }
-        if seen.lease_token is None:
-            condition += "attribute_not_exists(lease_token)"
-        else:
-            condition += "lease_token = :seen"
-            args["seen"] = seen.lease_token
+        # The claim of a batch (still as seen: status, lease token, attempts; and due), sent
+        # alone as the plain update it is, answering the claimed item.
+        op = dict(self._requests.claim(seen, token, lease_until_ms, now_ms))
+        op.pop("TableName")
         try:
-            response = self._table.call(
-                "update_item",
-                Key=self._items.key(seen.id),
-                ConditionExpression=condition,
-                UpdateExpression=(
-                    "SET #status = :in_flight, lease_token = :token, due_ms = :until, "
-                    "attempts = if_not_exists(attempts, :zero) + :one, gsi1pk = :gpk, "
-                    "gsi1sk = :gsk, updated_ms = :now"
-                ),
-                ExpressionAttributeNames=NAMES,
-                ExpressionAttributeValues=values(**args),
-                ReturnValues="ALL_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            response = self._table.call("update_item", **op, ReturnValues="ALL_NEW")
         except ConditionFailedError as failed:
             # The lease token is this claim's request token: a refusal that shows it is a retry
             # of this very claim whose first response was lost. The claim is ours.
