@@ -19,9 +19,10 @@ constructor, because tests and scripts commonly build the backend first and crea
 after; it is made once per client and table (a process that builds a backend per request pays it
 once), and never with ``verify=False`` (an IAM policy without ``dynamodb:DescribeTable``).
 
-The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive after a
-passing check, on a thread of its own: its finding is a logged warning, never a refusal, so the
-first write does not wait for it.
+The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive on a thread
+of its own, started once the first write after a passing check is done: its finding is a logged
+warning, never a refusal, so the first write neither waits for it nor shares the connection,
+the server or the interpreter with it.
 
 After the check passed the gate costs nothing: :class:`VerifiedTable` puts its checking ``call``
 on the instance, and removes it once the table passed, so later requests find
@@ -52,6 +53,7 @@ __all__ = [
     "VerifiedTable",
     "check_client",
     "check_table",
+    "start_ttl_check",
     "wait_for_ttl_checks",
 ]
 
@@ -137,19 +139,21 @@ def _layout_option(layout: TableLayout) -> str:
     return "" if layout.is_default else f" --table-layout '{layout.to_json()}'"
 
 
-def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYOUT) -> None:
+def check_table(
+    client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYOUT, *, ttl: bool = True
+) -> bool:
     """One DescribeTable of ``table_name``: raise :class:`TableConfigurationError` if it does
     not exist or cannot hold dynacoord's items (in ``layout``'s names); remember a table that
-    passed for this client.
+    passed for this client. Return whether it was described (False: it had passed before).
 
     A table or index still being created passes (its key schema is final). TTL off or on
     another attribute does not fail the check (reads treat expired items as absent; they are
-    just never swept): one DescribeTimeToLive after a passing schema, on a thread of its own,
-    logs a warning with the fix, and a refused one (a role without
-    ``dynamodb:DescribeTimeToLive``) is passed over.
+    just never swept): with ``ttl``, one DescribeTimeToLive after a passing schema, on a thread
+    of its own (:func:`start_ttl_check`), logs a warning with the fix, and a refused one (a role
+    without ``dynamodb:DescribeTimeToLive``) is passed over.
     """
     if is_verified(client, table_name, layout):
-        return
+        return False
     option = _layout_option(layout)
     from botocore.exceptions import ClientError
 
@@ -193,15 +197,17 @@ def check_table(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYO
             problems=problems,
         )
     mark_verified(client, table_name, layout)
-    _start_ttl_check(client, table_name, layout)
+    if ttl:
+        start_ttl_check(client, table_name, layout)
+    return True
 
 
 #: the TTL checks started by this process and not finished (see :func:`wait_for_ttl_checks`)
 _ttl_checks: list[threading.Thread] = []
 
 
-def _start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
-    """Read the table's TTL on a thread of its own: the first write does not wait for it.
+def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
+    """Read the table's TTL on a thread of its own, which logs what is wrong with it.
 
     Not a daemon: a short process (a CLI command) still logs its warning before it exits."""
     thread = threading.Thread(
@@ -285,15 +291,23 @@ class VerifiedTable(DynamoTable):
             except Exception as exc:
                 if not _shape_refusal(exc):
                     raise
-                self._check()  # a wrong table: TableConfigurationError, naming the fix
+                if self._check():  # a wrong table: TableConfigurationError, naming the fix
+                    start_ttl_check(self._raw_client, self.name, self.layout)
                 raise  # a right one: the refusal was the request's own
-        self._check()
-        return DynamoTable.call(self, operation, **kwargs)
+        checked = self._check()
+        try:
+            return DynamoTable.call(self, operation, **kwargs)
+        finally:
+            # The TTL is read once the write is done, so it does not compete with it (for the
+            # connection, the server and the interpreter).
+            if checked:
+                start_ttl_check(self._raw_client, self.name, self.layout)
 
-    def _check(self) -> None:
+    def _check(self) -> bool:
+        """Check the table unless it passed before; whether it was described now."""
         # Threads making their first writes at once (concurrent invocations) wait for one
         # check instead of each sending its own DescribeTable.
         with _first_check_lock(self._raw_client, self.name):
-            if not is_verified(self._raw_client, self.name, self.layout):
-                check_table(self._raw_client, self.name, self.layout)
+            checked = check_table(self._raw_client, self.name, self.layout, ttl=False)
         self.__dict__.pop("call", None)
+        return checked
