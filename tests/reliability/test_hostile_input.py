@@ -620,7 +620,9 @@ def test_unusual_but_valid_keys_are_stored_under_their_own_key(
 
 # no "#" or "|" (delimiters) nor "*", "?", "$" (IAM wildcards: refused as namespaces)
 namespaces = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="#|*?$"), min_size=1, max_size=20
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="#|*?$"),
+    min_size=1,
+    max_size=20,
 )
 user_keys = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
 
