@@ -49,7 +49,7 @@ def test_the_metrics_section_measures_the_no_op_and_each_listener(
         (operation, listener)
         for operation in ("lock acquire+release", "cache get")
         for listener in ("Metrics() listener", "EMFMetrics", "Metrics(), consumed_capacity")
-    }
+    } | {("outbox publish + delivery", "tracing on vs off (in a span)")}
     assert all(r["ratio"] > 0 and r["ci_low"] <= r["ci_high"] for r in section["rows"])
 
     report = render({"meta": {}, "sections": {"metrics": section}})

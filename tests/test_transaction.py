@@ -331,7 +331,7 @@ def test_a_new_events_item_holds_exactly_the_shared_pending_fields(moto_table, o
             for group in {"g"} if ordered else {None, "g"}:
                 event = Event("t.x", payload, metadata=metadata, group=group, ordered=ordered)
                 seq = 7 if ordered else None
-                item, _ = store._item(event, 1_700_000_000_123, seq)
+                item, _ = store._items.item(event, 1_700_000_000_123, seq)
                 stored = unmarshal(item)
                 keys = {name: stored.pop(name) for name in ("pk", "sk", "gsi1pk", "gsi1sk")}
                 assert keys["sk"] == "EVENT" and keys["pk"].endswith("#" + event.id)
@@ -367,18 +367,18 @@ def test_a_new_events_keys_are_the_key_functions_for_any_id(moto_table):
     backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"))
     store = backend.outbox._store
     for event_id in ("plain", "é-ü-\U0001f600", "x" * 1000, "é" * 500):
-        item, _ = store._item(Event("t", None, id=event_id), 1_700_000_000_123)
+        item, _ = store._items.item(Event("t", None, id=event_id), 1_700_000_000_123)
         assert item["pk"]["S"] == outbox_pk(backend.namespace, event_id)
         assert item["gsi1sk"]["S"] == outbox_index_sk(1_700_000_000_123, event_id)
     for too_long in ("x" * 1010, "é" * 510):
         with pytest.raises(InvalidKeyError, match="too long for a sort key"):
-            store._item(Event("t", None, id=too_long), 1_700_000_000_123)
+            store._items.item(Event("t", None, id=too_long), 1_700_000_000_123)
 
 
 @pytest.mark.parametrize("shards", [1, 4, 7])
 def test_a_new_events_index_partition_is_its_shards_pending_queue(moto_table, shards):
     """The store picks a new event's gsi1 partition from its precomputed pending queues: the
-    partition _record_index gives it (by event id, or by group for an ordered event)."""
+    partition record_index gives it (by event id, or by group for an ordered event)."""
     client, table = moto_table
     backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"), shards=shards)
     store = backend.outbox._store
@@ -387,8 +387,8 @@ def test_a_new_events_index_partition_is_its_shards_pending_queue(moto_table, sh
     for i in range(60):
         for group, ordered in ((None, False), (f"g{i}", False), (f"g{i}", True)):
             event = Event("t", None, id=f"e{i}-{group}-{ordered}", group=group, ordered=ordered)
-            item, _ = store._item(event, now, 3 if ordered else None)
-            expected, _ = store._record_index(event, EventStatus.PENDING, now)
+            item, _ = store._items.item(event, now, 3 if ordered else None)
+            expected, _ = store._items.record_index(event, EventStatus.PENDING, now)
             assert item["gsi1pk"]["S"] == expected
             seen.add(expected)
     assert len(seen) == shards, "every shard's queue is used"
