@@ -528,11 +528,6 @@ class OutboxWorker:
                 turns.append(turn)
             found.extend(self._due(shard, now, found))
             if len(found) >= self.batch_size:
-                if i + 1 < shards:
-                    # The shards after this one were not read: the next poll starts at the next
-                    # shard, so no shard waits behind another's backlog (a worker alone on
-                    # several shards, a sweeper under load).
-                    self._shard_skew += 1
                 break
         return found
 
