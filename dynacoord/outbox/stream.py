@@ -13,9 +13,12 @@ The races, and what closes them:
 
 * The relay and the sweeper see the same new event. Without a claim: the relay owns a new
   event for one lease after it became due, and the sweeper's worker leaves new unordered events
-  alone that long (``leave_new_for``); the relay handles an event only while that lease has a
-  second left, and its outcome is refused once anyone else moved the event. With claims: both
-  claim it with a conditional write on its status, due time and lease token; one wins.
+  alone that long (``leave_new_for``); the relay starts a handler without a claim only while
+  that lease still holds the clock skew to the sweepers, the outcome's write and one heartbeat
+  of its lease keeper, which claims the event if the handler is still running then (an event
+  with less lease left is claimed before its handler starts), and its outcome is refused once
+  anyone else moved the event. With claims: both claim it with a conditional write on its
+  status, due time and lease token; one wins.
 * Lambda retries a stream batch (the invocation timed out, a record was reported as failed, or a
   batch was bisected): the read (or the claim) shows the events already delivered, and they are
   not delivered again. An event whose handler failed was rescheduled with backoff (an attempt
