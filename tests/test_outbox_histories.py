@@ -20,8 +20,14 @@ from dynacoord.backends.dynamodb._table import unmarshal
 from dynacoord.errors import BackendError, ValueTooLargeError
 from dynacoord.outbox import DELIVERY_ROOM, EventStatus
 from dynacoord.testing import DynamoDBLocal, unique_name
+from tests.stream_records import insert_record
 
 LEASE = 30.0
+#: an ordered group's outcome-and-gate transaction cancelled by another transaction
+_CONFLICT = {
+    "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
+    "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
+}
 
 
 class OffsetClock:
@@ -172,19 +178,6 @@ def test_a_sweeper_reads_past_young_events_to_the_old_ones_of_every_shard(make: 
 # -- 3. the relay at its lease's end ---------------------------------------------------------------
 
 
-def _stream_record(client: Any, table: str, key: dict[str, Any], seq: int) -> dict[str, Any]:
-    image = client.get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
-    return {
-        "eventName": "INSERT",
-        "eventSource": "aws:dynamodb",
-        "dynamodb": {
-            "NewImage": image,
-            "SequenceNumber": f"{seq:021d}",
-            "StreamViewType": "NEW_IMAGE",
-        },
-    }
-
-
 @pytest.mark.parametrize(
     ("late", "handler_s", "skew"),
     [
@@ -204,7 +197,7 @@ def test_the_relay_and_the_sweeper_never_both_run_a_handler(
     relay_side = make(namespace=ns, clock=clock).outbox
     sweeper_side = make(namespace=ns, clock=OffsetClock(clock, skew)).outbox
     relay_side.publish(Event("t", {}, id="e1", occurred_at=clock.time()))
-    record = _stream_record(client, table, relay_side._store._key("e1"), 1)
+    record = insert_record(client, table, relay_side._store._key("e1"), 1)
     runs: list[str] = []
     sweeper = sweeper_side.worker(
         lambda e: runs.append("sweeper"), lease=LEASE, leave_new_for=LEASE, heartbeat=False
@@ -233,7 +226,7 @@ def test_a_long_stream_batch_claims_what_its_lease_cannot_cover(
     outbox = make(namespace=ns, clock=clock).outbox
     ids = [f"e{n:02d}" for n in range(14)]
     outbox.publish([Event("t", {}, id=i, occurred_at=clock.time()) for i in ids])
-    records = [_stream_record(client, table, outbox._store._key(i), n) for n, i in enumerate(ids)]
+    records = [insert_record(client, table, outbox._store._key(i), n) for n, i in enumerate(ids)]
     runs: list[tuple[str, str]] = []
     sweeper = make(namespace=ns, clock=clock).outbox.worker(
         lambda e: runs.append(("sweeper", e.id)), lease=LEASE, leave_new_for=LEASE
@@ -266,7 +259,7 @@ def test_a_replayed_image_does_not_deliver_a_redriven_event_ahead_of_its_group(
     outbox = make(namespace=unique_name("h4"), clock=clock).outbox
     events = [Event("t", {}, id=f"e{n}", group="G", ordered=True) for n in (1, 2, 3)]
     outbox.publish(events)
-    old_image = _stream_record(client, table, outbox._store._key("e1"), 1)
+    old_image = insert_record(client, table, outbox._store._key("e1"), 1)
     order: list[str] = []
 
     def refuse_e1(event: Event) -> None:
@@ -298,16 +291,12 @@ def test_outcomes_in_a_conflict_storm_are_stored_not_reported_lost(
     clock = ManualClock()
     outbox = make(namespace=unique_name("h5"), clock=clock).outbox
     outbox.publish(Event("t", {}, id="e1", group="G", ordered=True))
-    conflict = {
-        "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
-        "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
-    }
     runs: list[str] = []
     stop: list[Callable[[], None]] = []
 
     def handler(event: Event) -> None:
         runs.append(event.id)
-        stop.append(_inject(own_client, "TransactWriteItems", [dict(conflict)] * 8))
+        stop.append(_inject(own_client, "TransactWriteItems", [dict(_CONFLICT)] * 8))
 
     worker = outbox.worker(handler, lease=LEASE)
     try:
@@ -332,14 +321,10 @@ def test_outcomes_that_cannot_be_stored_raise_and_are_not_reported_lost(
     clock = ManualClock()
     outbox = make(namespace=unique_name("h5b"), clock=clock).outbox
     outbox.publish(Event("t", {}, id="e1", group="G", ordered=True))
-    conflict = {
-        "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
-        "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
-    }
     stop: list[Callable[[], None]] = []
 
     def handler(event: Event) -> None:
-        stop.append(_inject(own_client, "TransactWriteItems", [dict(conflict)] * 100))
+        stop.append(_inject(own_client, "TransactWriteItems", [dict(_CONFLICT)] * 100))
 
     worker = outbox.worker(handler, lease=LEASE)
     try:

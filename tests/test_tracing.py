@@ -34,6 +34,7 @@ from dynacoord import (
 from dynacoord.errors import ValueTooLargeError
 from dynacoord.outbox import EventStatus
 from dynacoord.testing import DUMMY_CREDENTIALS, unique_name
+from tests.stream_records import insert_record
 
 XRAY = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
 
@@ -178,19 +179,6 @@ def test_a_failure_is_recorded_and_the_retry_links_to_the_publisher_too(
 # -- the stream relay and the sweeper (DynamoDB Local) ---------------------------------------------
 
 
-def _stream_record(client: Any, table: str, key: dict[str, Any], seq: int) -> dict[str, Any]:
-    image = client.get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
-    return {
-        "eventName": "INSERT",
-        "eventSource": "aws:dynamodb",
-        "dynamodb": {
-            "NewImage": image,
-            "SequenceNumber": f"{seq:021d}",
-            "StreamViewType": "NEW_IMAGE",
-        },
-    }
-
-
 @pytest.mark.integration
 def test_the_stream_relay_delivers_in_a_span_linked_to_the_publisher(
     ddb_table: tuple[Any, str], spans: Spans
@@ -210,7 +198,7 @@ def test_the_stream_relay_delivers_in_a_span_linked_to_the_publisher(
     publisher = publishing.get_span_context()
     relay = outbox.stream_handler(lambda e: None)
     records = [
-        _stream_record(client, table, outbox._store._key(i), n) for n, i in enumerate(["e1", "e2"])
+        insert_record(client, table, outbox._store._key(i), n) for n, i in enumerate(["e1", "e2"])
     ]
 
     # no span around the relay: one trace with the publisher
