@@ -14,11 +14,26 @@ from ...outbox._gates import gate_move
 from ._outbox_items import OutboxItems
 from ._table import values
 
-__all__ = ["HOLDS_LEASE", "NAMES", "OutboxRequests"]
+__all__ = ["HOLDS_LEASE", "NAMES", "OutboxRequests", "still_as_seen"]
 
 NAMES = {"#status": "status"}
 #: Every state change after the claim: only while the worker's claim still holds the event.
 HOLDS_LEASE = "#status = :in_flight AND lease_token = :token"
+
+
+def still_as_seen(seen: EventRecord, now_ms: int) -> tuple[str, dict[str, Any]]:
+    """The condition (and its values) that ``seen`` is still as it was seen and due: its status
+    and lease token, and ``due_ms <= now`` (a pending event whose attempt has come, or an
+    in-flight one whose lease ran out). Two writers racing for it: the first changes the status
+    or token, the second's condition fails."""
+    args: dict[str, Any] = {"expected": seen.status.value, "now": now_ms}
+    condition = "#status = :expected AND due_ms <= :now AND "
+    if seen.lease_token is None:
+        condition += "attribute_not_exists(lease_token)"
+    else:
+        condition += "lease_token = :seen"
+        args["seen"] = seen.lease_token
+    return condition, args
 
 
 class OutboxRequests:
@@ -34,23 +49,16 @@ class OutboxRequests:
         """The conditional update that claims ``seen`` (still as seen: status, lease token and
         attempts; and due) as a transaction item."""
         gpk, gsk = self._items.record_index(seen.event, EventStatus.IN_FLIGHT, lease_until_ms)
-        condition = "#status = :expected AND due_ms <= :now AND "
-        args: dict[str, Any] = {
-            "expected": seen.status.value,
-            "now": now_ms,
-            "in_flight": EventStatus.IN_FLIGHT.value,
-            "token": token,
-            "until": lease_until_ms,
-            "gpk": gpk,
-            "gsk": gsk,
-            "attempts": seen.attempts,
-            "one": 1,
-        }
-        if seen.lease_token is None:
-            condition += "attribute_not_exists(lease_token)"
-        else:
-            condition += "lease_token = :seen"
-            args["seen"] = seen.lease_token
+        condition, args = still_as_seen(seen, now_ms)
+        args.update(
+            in_flight=EventStatus.IN_FLIGHT.value,
+            token=token,
+            until=lease_until_ms,
+            gpk=gpk,
+            gsk=gsk,
+            attempts=seen.attempts,
+            one=1,
+        )
         # The attempts seen are the ones this claim counts: the returned record is built here.
         condition += " AND attempts = :attempts"
         if seen.seq is not None:

@@ -53,7 +53,7 @@ from ...outbox._gates import by_group as ordered_by_group
 from ...outbox._runs import group_runs
 from ._batch import Answers, BatchWriter, Entry, no_closure
 from ._outbox_items import OutboxItems, event_record
-from ._outbox_requests import HOLDS_LEASE, NAMES, OutboxRequests
+from ._outbox_requests import HOLDS_LEASE, NAMES, OutboxRequests, still_as_seen
 from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 from .transaction import (
     MAX_TRANSACTION_BYTES,
@@ -393,19 +393,8 @@ class DynamoDBOutboxStore:
             )
             return
         gpk, gsk = self._items.record_index(seen.event, EventStatus.FAILED, now_ms)
-        args: dict[str, Any] = {
-            "expected": seen.status.value,
-            "failed": EventStatus.FAILED.value,
-            "now": now_ms,
-            "gpk": gpk,
-            "gsk": gsk,
-        }
-        condition = "#status = :expected AND due_ms <= :now AND "
-        if seen.lease_token is None:
-            condition += "attribute_not_exists(lease_token)"
-        else:
-            condition += "lease_token = :seen"
-            args["seen"] = seen.lease_token
+        condition, args = still_as_seen(seen, now_ms)
+        args.update(failed=EventStatus.FAILED.value, gpk=gpk, gsk=gsk)
         error = f"not deliverable: the store refused to claim it ({message[:300]})"
         short = "too large to claim"
         failed = "SET #status = :failed, due_ms = :now, gsi1pk = :gpk, gsi1sk = :gsk"
