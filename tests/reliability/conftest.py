@@ -68,6 +68,9 @@ MODEL_BUDGET: dict[str, tuple[int, int]] = {
 #: ``make stress`` multiplies the example budget by this (tests/reliability/test_stress_models.py)
 STRESS_SCALE = 5
 
+#: the delivery and relay fault models run this many times their examples in ``make stress``
+DELIVERY_STRESS_SCALE = 20
+
 
 def run_model(machine: Any, make_backend: Any, *, scale: int = 1) -> None:
     """Run a ``RuleBasedStateMachine`` class with the budget of ``make_backend``'s kind (times

@@ -82,7 +82,7 @@ from tests.reliability._injected import (
     SkewedClock,
     forget_partiql,
 )
-from tests.reliability.conftest import STRESS_SCALE, hsettings
+from tests.reliability.conftest import DELIVERY_STRESS_SCALE, hsettings
 
 LEASE_MS = 3000
 SLICE_MS = LEASE_MS // 6  # half a keeper beat (the keeper beats every lease / 3)
@@ -930,18 +930,18 @@ def test_delivery_model(lossy: Any, request: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.stress
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(4 * 3600)
 @pytest.mark.parametrize("lossy", LOSSY_KINDS, indirect=True)
 def test_stress_delivery_model(lossy: Any, request: pytest.FixtureRequest) -> None:
-    """``make stress``: the fault model with STRESS_SCALE times the examples."""
+    """``make stress``: the fault model with DELIVERY_STRESS_SCALE (20) times the examples."""
     kind = request.node.callspec.params["lossy"]
-    run_delivery_model(lossy.backend, lossy.lose_next, kind, scale=STRESS_SCALE)
+    run_delivery_model(lossy.backend, lossy.lose_next, kind, scale=DELIVERY_STRESS_SCALE)
 
 
 @pytest.mark.stress
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(4 * 3600)
 def test_stress_delivery_model_moto(moto_factory: Callable[..., Any]) -> None:
-    run_delivery_model(moto_factory, None, "moto", scale=STRESS_SCALE)
+    run_delivery_model(moto_factory, None, "moto", scale=DELIVERY_STRESS_SCALE)
 
 
 def replay_dead_worker_with_head_and_follower(

@@ -39,7 +39,7 @@ from dynacoord._clock import now_ms
 from dynacoord.keys import shard_of
 from dynacoord.outbox import Event, EventRecord, EventStatus
 from dynacoord.outbox.stream import StreamHandler
-from tests.reliability.conftest import STRESS_SCALE
+from tests.reliability.conftest import DELIVERY_STRESS_SCALE
 from tests.reliability.test_model_delivery import (
     LEASE_MS,
     MAX_ATTEMPTS,
@@ -461,11 +461,11 @@ def test_relay_model(lossy: Any) -> None:
 
 
 @pytest.mark.stress
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(4 * 3600)
 @pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
 def test_stress_relay_model(lossy: Any) -> None:
-    """``make stress``: the relay model with STRESS_SCALE times the examples."""
-    run_relay_model(lossy.backend, lossy.lose_next, "dynamodb", scale=STRESS_SCALE)
+    """``make stress``: the relay model with DELIVERY_STRESS_SCALE (20) times the examples."""
+    run_relay_model(lossy.backend, lossy.lose_next, "dynamodb", scale=DELIVERY_STRESS_SCALE)
 
 
 def replay_old_insert_after_redrive(make: Callable[..., Any], lose_next: Any, kind: str) -> None:
