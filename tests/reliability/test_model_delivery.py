@@ -92,7 +92,7 @@ GROUPS = ("g0", "g1", "g2")
 #: rounds (polls while they find work, then a lease of time) within which the outbox must drain
 #: once the faults stop
 DRAIN_ROUNDS = 25
-#: (max_examples, steps) per backend kind; ``make stress`` runs STRESS_SCALE times the examples
+#: (max_examples, steps) per backend kind; ``make stress`` runs DELIVERY_STRESS_SCALE times the examples
 BUDGET: dict[str, tuple[int, int]] = {
     "moto": (3, 60),  # about 20 s an example (moto is the slowest store here)
     "dynamodb": (10, 60),
