@@ -74,10 +74,18 @@ from types import TracebackType
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from . import keys
+from ._breaker_window import (
+    BreakerWindow,
+    FailureRate,
+    _LocalWindow,
+    stale_window_names,
+    window_field,
+    window_from_fields,
+)
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import member_reader
-from ._validate import check_int, non_negative_seconds, ttl_to_ms
+from ._validate import check_int, ttl_to_ms
 from .errors import CircuitOpenError, InvalidValueError
 from .metrics import NO_SCOPE, MetricsScope
 
@@ -90,6 +98,7 @@ __all__ = [
     "FailureRate",
     "StartTrialResult",
     "State",
+    "stale_window_names",
     "window_field",
     "window_from_fields",
 ]
@@ -156,123 +165,6 @@ class BreakerRecord:
             None if trial_started_ms is None else int(trial_started_ms),
             int(get("wgen", 0)),
         )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FailureRate:
-    """The failure-rate policy: ``CircuitBreaker(..., policy=FailureRate(threshold=0.5))``.
-
-    The breaker opens when, over the last ``window`` seconds, at least ``minimum_calls`` calls
-    were made and ``failures / calls >= threshold``. A call that took longer than
-    ``slow_call_seconds`` (None: no limit) counts as a failure, also when it succeeded (a trial
-    call too). The window moves one bucket (``window / buckets`` seconds) at a time: it holds
-    the current bucket and the ``buckets - 1`` before it. Each process writes its counts every
-    ``flush_interval`` seconds (0: on every call), and at once after a failure that could trip
-    the breaker by the window this process last saw.
-    """
-
-    threshold: float = 0.5
-    minimum_calls: int = 20
-    window: float = 60.0
-    buckets: int = 10
-    slow_call_seconds: float | None = None
-    flush_interval: float = 1.0
-
-    def __post_init__(self) -> None:
-        threshold = self.threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
-        if not 0 < threshold <= 1:
-            raise InvalidValueError(f"threshold must be > 0 and <= 1, got {threshold!r}")
-        check_int(self.minimum_calls, "minimum_calls", minimum=1)
-        check_int(self.buckets, "buckets", minimum=1, maximum=60)
-        window_ms = ttl_to_ms(self.window, "window")
-        if window_ms % self.buckets:
-            raise InvalidValueError(
-                f"window ({window_ms} ms) must split into {self.buckets} buckets of whole ms"
-            )
-        if self.slow_call_seconds is not None:
-            ttl_to_ms(self.slow_call_seconds, "slow_call_seconds")
-        interval = non_negative_seconds(self.flush_interval, "flush_interval")
-        if interval >= self.window:
-            raise InvalidValueError(
-                f"flush_interval must be shorter than the window, got {self.flush_interval!r}"
-            )
-
-    @property
-    def bucket_ms(self) -> int:
-        """The width of one bucket in milliseconds."""
-        return ttl_to_ms(self.window, "window") // self.buckets
-
-    def trips(self, calls: int, failures: int) -> bool:
-        """Whether a window holding ``calls`` calls of which ``failures`` failed opens it."""
-        return calls >= self.minimum_calls and failures >= self.threshold * calls
-
-
-def window_field(kind: str, gen: int, bucket: int) -> str:
-    """The stored name of a window count: ``c`` (calls) or ``f`` (failures), e.g. ``c:3:71234``."""
-    return f"{kind}:{gen}:{bucket}"
-
-
-def _parse_field(field: str) -> tuple[str, int, int] | None:
-    """(kind, gen, bucket) of a window count's name; None for any other field."""
-    if len(field) < 5 or field[0] not in "cf" or field[1] != ":":
-        return None
-    gen, sep, bucket = field[2:].partition(":")
-    if not sep or not gen.isdigit() or not bucket.isdigit():
-        return None
-    return field[0], int(gen), int(bucket)
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerWindow:
-    """The stored failure-rate window of generation ``gen`` after a write: ``(bucket, calls,
-    failures)`` per bucket, in bucket order (buckets that aged out may still be there); ``names``
-    holds the stored names of every window count seen on the item, of any generation (what a
-    store drops once they are stale)."""
-
-    gen: int
-    buckets: tuple[tuple[int, int, int], ...] = ()
-    names: tuple[str, ...] = ()
-
-    def totals(self, oldest: int) -> tuple[int, int]:
-        """(calls, failures) over the buckets from ``oldest`` on."""
-        calls = failures = 0
-        for bucket, c, f in self.buckets:
-            if bucket >= oldest:
-                calls += c
-                failures += f
-        return calls, failures
-
-
-def window_from_fields(fields: Mapping[str, Any], gen: int) -> BreakerWindow:
-    """The window of generation ``gen`` held by a stored item's fields (values: anything
-    ``int()`` takes), and the names of all window counts on it."""
-    counts: dict[int, list[int]] = {}
-    names = []
-    for field, value in fields.items():
-        parsed = _parse_field(field)
-        if parsed is None:
-            continue
-        names.append(field)
-        kind, field_gen, bucket = parsed
-        if field_gen != gen:
-            continue
-        pair = counts.setdefault(bucket, [0, 0])
-        pair[0 if kind == "c" else 1] = int(value)
-    buckets = tuple((b, c, f) for b, (c, f) in sorted(counts.items()))
-    return BreakerWindow(gen, buckets, tuple(sorted(names)))
-
-
-def stale_window_names(names: tuple[str, ...], gen: int, oldest: int) -> list[str]:
-    """The names among ``names`` no window needs any more: another generation, or a bucket
-    before ``oldest``."""
-    stale = []
-    for name in names:
-        parsed = _parse_field(name)
-        if parsed is not None and (parsed[1] != gen or parsed[2] < oldest):
-            stale.append(name)
-    return stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,29 +287,6 @@ class _Ticket(NamedTuple):
     failures_seen: int = 0
     window_gen: int = 0
     started: float = 0.0
-
-
-class _LocalWindow:
-    """This process's share of a FailureRate breaker's window: the counts not written yet
-    (bucket -> [calls, failures]) of generation ``gen``, the window as this process's last
-    write left it (``seen``), and when it last wrote (monotonic seconds)."""
-
-    __slots__ = ("flushed_at", "gen", "lock", "pending", "seen")
-
-    def __init__(self, now: float) -> None:
-        self.lock = threading.Lock()
-        self.gen = 0
-        self.pending: dict[int, list[int]] = {}
-        self.seen: BreakerWindow | None = None
-        self.flushed_at = now
-
-    def adopt(self, gen: int) -> None:
-        """Another generation is stored (a trip or reset since): counts of the old one are
-        dropped, they belong to a window that is gone. Call with ``lock`` held."""
-        if gen != self.gen:
-            self.gen = gen
-            self.pending = {}
-            self.seen = None
 
 
 class CircuitBreaker:

@@ -140,7 +140,7 @@ def test_allowed_values_and_rules_are_checked_before_any_request(
 
 
 def test_every_default_of_the_template_passes_the_local_checks() -> None:
-    from dynacoord.provision.stack import _bundled_template_parameters, _check_allowed
+    from dynacoord.provision._template import _bundled_template_parameters, _check_allowed
 
     spec = _bundled_template_parameters()
     assert set(spec) == set(_template()["Parameters"])

@@ -456,14 +456,14 @@ def test_a_bare_field_selector_gives_what_jmespath_gives(spec, event):
     # a JMESPath expression that is one field name is evaluated without jmespath: same answer
     import jmespath
 
-    from dynacoord.idempotency import _selector, jmespath_options
+    from dynacoord._invocation import _selector, jmespath_options
 
     assert _selector(spec, "key")(event) == jmespath.search(spec, event, options=jmespath_options())
     assert _selector(spec, "key").__name__ == f"jmespath({spec!r})"
 
 
 def test_a_bare_field_selector_needs_the_event():
-    from dynacoord.idempotency import _selector
+    from dynacoord._invocation import _selector
 
     with pytest.raises(TypeError, match="without a positional argument"):
         _selector("order_id", "key")(order_id="o-1")
