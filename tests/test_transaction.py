@@ -285,7 +285,7 @@ def test_after_a_refused_add_the_transaction_goes_on_as_before(env):
 def test_an_events_size_bound_is_never_below_its_estimate(moto_table, payload):
     """The outbox hands the transaction an upper bound on an event's bytes (so the 4 MB check
     need not estimate it): it must never be under DynamoDB's size of the entry."""
-    from dynacoord.backends.dynamodb.transaction import _entry_size
+    from dynacoord.backends.dynamodb._limits import entry_size
 
     client, table = moto_table
     backend = DynamoDBBackend(client, table_name=table, namespace=unique_name("ns"))
@@ -294,7 +294,7 @@ def test_an_events_size_bound_is_never_below_its_estimate(moto_table, payload):
         for group in (None, "g" * 20):
             event = Event("t" * 10, payload, metadata=metadata, group=group)
             entry, bound = store.transaction_entry(event, 1_700_000_000_000)
-            assert bound >= _entry_size(entry)
+            assert bound >= entry_size(entry)
 
 
 @pytest.mark.parametrize(
@@ -310,10 +310,11 @@ def test_an_events_size_bound_is_never_below_its_estimate(moto_table, payload):
 def test_a_marshalled_items_bound_is_never_below_its_size(values):
     """A Put's or key's bytes are bounded while marshalling (so the 4 MB check need not
     estimate them): the bound must never be under DynamoDB's size of what was marshalled."""
-    from dynacoord.backends.dynamodb.transaction import _map_size, marshal_with_bound
+    from dynacoord.backends.dynamodb._limits import map_size
+    from dynacoord.backends.dynamodb.transaction import marshal_with_bound
 
     marshalled, bound = marshal_with_bound(values, "item")
-    assert bound >= _map_size(marshalled)
+    assert bound >= map_size(marshalled)
 
 
 @pytest.mark.parametrize("ordered", [False, True])
@@ -342,10 +343,10 @@ def test_a_new_events_item_holds_exactly_the_shared_pending_fields(moto_table, o
 
 def test_a_puts_identity_is_the_same_on_the_fast_and_the_general_path():
     """Puts into the dynacoord table are identified without the general path: same result."""
-    from dynacoord.backends.dynamodb.transaction import _PK_SK, _identity
+    from dynacoord.backends.dynamodb._limits import PK_SK, item_identity
 
     general = {"t": frozenset(["sk", "pk"])}  # equal, but not the fast path's own set
-    assert general["t"] is not _PK_SK
+    assert general["t"] is not PK_SK
     for item in (
         {"pk": {"S": "a"}, "sk": {"S": "b"}, "v": {"N": "1"}},
         {"pk": {"S": "a"}, "sk": {"N": "2"}},
@@ -354,7 +355,7 @@ def test_a_puts_identity_is_the_same_on_the_fast_and_the_general_path():
         {"v": {"S": "a"}},
     ):
         entry = {"Put": {"TableName": "t", "Item": item}}
-        assert _identity(entry, {"t": _PK_SK}) == _identity(entry, general)
+        assert item_identity(entry, {"t": PK_SK}) == item_identity(entry, general)
 
 
 def test_a_new_events_keys_are_the_key_functions_for_any_id(moto_table):
@@ -433,7 +434,8 @@ def test_adding_one_entry_leaves_what_the_general_path_leaves(ops):
     import copy
     import types
 
-    from dynacoord.backends.dynamodb.transaction import Transaction, _entry_size
+    from dynacoord.backends.dynamodb._limits import entry_size
+    from dynacoord.backends.dynamodb.transaction import Transaction
 
     table = types.SimpleNamespace(name="t")
     short = Transaction(table, max_items=6, max_bytes=900)
@@ -441,7 +443,7 @@ def test_adding_one_entry_leaves_what_the_general_path_leaves(ops):
     for index, (op, is_event) in enumerate(ops):
         label, entry = _entry(op)
         event_id = f"e{index}" if is_event else None
-        bound = 2 * _entry_size(entry)  # an upper bound, as the outbox hands over
+        bound = 2 * entry_size(entry)  # an upper bound, as the outbox hands over
         outcomes = []
         for tx in (short, general):
             try:

@@ -25,8 +25,8 @@ from typing import Any
 from ...errors import BackendError, DynacoordError, TransactionCancelledError, ValueTooLargeError
 from ...outbox import EventRecord
 from . import _partiql
+from ._limits import MAX_STATEMENTS, MAX_TRANSACTION_ITEMS
 from ._table import ConditionFailedError, DynamoTable, unmarshal
-from .transaction import MAX_TRANSACTION_ITEMS
 
 __all__ = ["Answers", "BatchWriter", "Entry", "chunks", "no_closure", "tied"]
 
@@ -170,8 +170,8 @@ class BatchWriter:
                 statements = self._statement_entries(alone)
                 sent: set[int] = set()
                 try:
-                    for start in range(0, len(statements), _partiql.MAX_STATEMENTS):
-                        batch = statements[start : start + _partiql.MAX_STATEMENTS]
+                    for start in range(0, len(statements), MAX_STATEMENTS):
+                        batch = statements[start : start + MAX_STATEMENTS]
                         again.extend(self._send_statements(batch, answers))
                         sent.update(id(entry) for entry, _ in batch)
                 except BackendError as error:

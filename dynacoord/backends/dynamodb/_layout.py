@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..._table_schema import TableLayout
 from ...errors import TransactionCancelledError
+from ._limits import Label
 from ._table import unmarshal
 from .outbox import DynamoDBOutboxStore
-from .transaction import Label, Transaction
+from .transaction import Transaction
 
 if TYPE_CHECKING:
     from ...outbox import EventRecord, Outbox

@@ -29,15 +29,11 @@ from typing import Any
 
 __all__ = [
     "ASK_AGAIN_AFTER",
-    "MAX_STATEMENTS",
     "NotTranslatableError",
     "refused",
     "statement",
     "supported",
 ]
-
-#: the most statements one ``BatchExecuteStatement`` takes
-MAX_STATEMENTS = 25
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<value>:[A-Za-z0-9_]+)|(?P<name>#[A-Za-z0-9_]+)"

@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any, TypeGuard, cast
 
 from ..._writers import PRUNE_AT, lease, release, token_ms
+from ...codec import DYNAMODB_ITEM_LIMIT
 from ...errors import (
     BackendError,
     InvalidValueError,
@@ -33,6 +34,7 @@ from ...errors import (
     ValueTooLargeError,
 )
 from ...metrics import NO_METRICS, Metrics, measure_request
+from ._limits import MAX_TRANSACTION_BYTES
 
 __all__ = [
     "FREE",
@@ -581,7 +583,7 @@ class DynamoTable:
             return TransactionTooLargeError(
                 f"DynamoDB refused the transaction, nothing was written: {message}",
                 size=-1,
-                limit=4 * 1024 * 1024,
+                limit=MAX_TRANSACTION_BYTES,
             )
         if (
             code == "ValidationException"
@@ -589,7 +591,7 @@ class DynamoTable:
             and "item" in message.lower()
         ):
             return ValueTooLargeError(
-                f"DynamoDB refused the item as too large: {message}", size=-1, limit=400 * 1024
+                f"DynamoDB refused the item as too large: {message}", size=-1, limit=DYNAMODB_ITEM_LIMIT
             )
         return BackendError(f"DynamoDB {code}: {message}", code=code)
 

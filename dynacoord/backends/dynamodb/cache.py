@@ -37,6 +37,7 @@ from ...keys import (
     cache_sort_key,
     shard_of,
 )
+from ._limits import MAX_BATCH_GET_KEYS, MAX_BATCH_WRITES
 from ._table import (
     LIVE,
     ConditionFailedError,
@@ -99,8 +100,8 @@ def _entry(raw: dict[str, Any], now_ms: int) -> CacheEntry | None:
 
 
 class DynamoDBCacheStore:
-    max_batch_get = 100
-    max_batch_write = 25
+    max_batch_get = MAX_BATCH_GET_KEYS
+    max_batch_write = MAX_BATCH_WRITES
 
     def __init__(self, table: DynamoTable, namespace: str, *, shards: int = 1) -> None:
         self._table = table

@@ -59,6 +59,7 @@ from ...counters import (
 )
 from ...errors import BackendError
 from ...keys import COUNTER_SK, counter_pk
+from ._limits import MAX_BATCH_WRITES
 from ._table import (
     FREE,
     LIVE,
@@ -438,8 +439,8 @@ class DynamoDBCounterStore:
                 {"DeleteRequest": {"Key": {"pk": b["pk"], "sk": b["sk"]}}}
                 for b in self._buckets(key, old["gen"]["S"], "n")
             ]
-            for i in range(0, len(keys), 25):
-                pending: list[dict[str, Any]] = keys[i : i + 25]
+            for i in range(0, len(keys), MAX_BATCH_WRITES):
+                pending: list[dict[str, Any]] = keys[i : i + MAX_BATCH_WRITES]
                 for _ in range(10):
                     left = self._table.call(
                         "batch_write_item", RequestItems={self._table.name: pending}

@@ -52,14 +52,15 @@ from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS
 from ...outbox._gates import by_group as ordered_by_group
 from ...outbox._runs import group_runs
 from ._batch import Answers, BatchWriter, Entry, no_closure
-from ._outbox_items import OutboxItems, event_record
-from ._outbox_requests import HOLDS_LEASE, NAMES, OutboxRequests, still_as_seen
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
-from .transaction import (
+from ._limits import (
+    MAX_BATCH_GET_KEYS,
     MAX_TRANSACTION_BYTES,
     MAX_TRANSACTION_ITEMS,
     check_transaction_items,
 )
+from ._outbox_items import OutboxItems, event_record
+from ._outbox_requests import HOLDS_LEASE, NAMES, OutboxRequests, still_as_seen
+from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
 
 __all__ = ["DynamoDBOutboxStore"]
 
@@ -694,8 +695,9 @@ class DynamoDBOutboxStore:
         units only); absent ids are left out."""
         found: dict[str, EventRecord] = {}
         ids = list(dict.fromkeys(event_ids))
-        for start in range(0, len(ids), 100):
-            keys: list[dict[str, Any]] = [self._items.key(i) for i in ids[start : start + 100]]
+        for start in range(0, len(ids), MAX_BATCH_GET_KEYS):
+            chunk = ids[start : start + MAX_BATCH_GET_KEYS]
+            keys: list[dict[str, Any]] = [self._items.key(i) for i in chunk]
             rounds = 0
             while keys:
                 answer = self._table.call(

@@ -19,7 +19,7 @@ each item at most once: a second operation on an item already in the transaction
 event published twice, a put and an update of one key) raises
 :class:`~dynacoord.errors.InvalidValueError`. An add that raises adds nothing; the transaction is
 discarded when the block exits with the error. Numbers must be ones DynamoDB holds exactly (see
-:func:`check_number`): anything else is an ``InvalidValueError`` at the line that added it, never
+:func:`._limits.check_number`): anything else is an ``InvalidValueError`` at the line that added it, never
 a ``decimal.Inexact``/``Rounded``/``Overflow``. A refused transaction raises
 :class:`~dynacoord.errors.TransactionCancelledError` whose ``reasons`` has one entry per added item,
 in the order they were added, each with ``Code`` (``"None"`` for the items that were fine),
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -47,255 +46,29 @@ from ...errors import (
     TransactionCancelledError,
     TransactionTooLargeError,
 )
+from ._limits import (
+    MAX_TRANSACTION_BYTES,
+    MAX_TRANSACTION_ITEMS,
+    NUMBER_LIMIT,
+    PK_SK,
+    Label,
+    av_size,
+    check_bytes,
+    check_distinct,
+    checked_numbers,
+    entry_size,
+    item_identity,
+    label_text,
+    map_size,
+    twice_error,
+)
 
 if TYPE_CHECKING:
     from ...outbox import Event, Outbox
 
-__all__ = [
-    "MAX_TRANSACTION_BYTES",
-    "MAX_TRANSACTION_ITEMS",
-    "Transaction",
-    "check_number",
-    "check_transaction_items",
-]
+__all__ = ["Transaction"]
 
 logger = logging.getLogger(__name__)
-
-#: DynamoDB's limit on the items of one TransactWriteItems.
-MAX_TRANSACTION_ITEMS = 100
-#: DynamoDB's limit on the aggregate size of the items of one TransactWriteItems (4 MB).
-MAX_TRANSACTION_BYTES = 4 * 1024 * 1024
-
-# DynamoDB numbers: at most 38 significant digits, magnitude 1E-130 to 9.99..E+125, or zero.
-_MAX_DIGITS = 38
-_MIN_ADJUSTED = -130
-_MAX_ADJUSTED = 125
-_INT_LIMIT = 10**_MAX_DIGITS
-
-
-def _number_error(where: str, what: str) -> InvalidValueError:
-    return InvalidValueError(
-        f"{where}: {what}; DynamoDB holds numbers of at most {_MAX_DIGITS} significant digits "
-        f"with a magnitude from 1E-130 to below 1E+126 (or zero), exactly or not at all"
-    )
-
-
-def check_number(value: int | Decimal, where: str) -> int | Decimal:
-    """``value`` as DynamoDB will hold it exactly, or :class:`InvalidValueError`.
-
-    The rule is boto3's: an int of at most 38 digits; a Decimal whose coefficient, *as written*,
-    has at most 38 digits (so ``Decimal(10**40)`` is refused and ``Decimal("1E+40")`` is not:
-    boto3 would raise ``decimal.Rounded`` for the first) and whose magnitude DynamoDB accepts
-    (1E-130 to below 1E+126, checked here because boto3 lets ``1E+126`` and ``1E-131`` through
-    to a ``ValidationException``). A zero of any exponent is sent as ``0``, which DynamoDB stores.
-    """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if -_INT_LIMIT < value < _INT_LIMIT:
-            return value
-        digits = f"{value.bit_length()}-bit" if value.bit_length() > 4000 else len(str(abs(value)))
-        raise _number_error(where, f"an int of {digits} digits is out of range")
-    if not value.is_finite():
-        raise _number_error(where, f"{value} is not a number DynamoDB stores")
-    if value.is_zero():
-        return Decimal(0)
-    coefficient = len(value.as_tuple().digits)
-    if coefficient > _MAX_DIGITS:
-        raise _number_error(
-            where,
-            f"a Decimal with {coefficient} significant digits as written cannot be held exactly "
-            "(write trailing zeros as an exponent: Decimal('1E+40'), not Decimal(10**40))",
-        )
-    if not _MIN_ADJUSTED <= value.adjusted() <= _MAX_ADJUSTED:
-        raise _number_error(where, f"{value} is out of range")
-    return value
-
-
-def _checked(value: Any, where: str) -> Any:
-    """``value`` with every number checked by :func:`check_number` (containers rebuilt only
-    when a number in them changed)."""
-    if isinstance(value, (int, Decimal)):
-        return check_number(value, where)
-    if isinstance(value, Mapping):
-        return {k: _checked(v, f"{where}[{k!r}]") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_checked(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, (set, frozenset)):
-        return {_checked(v, f"{where} set member") for v in value}
-    return value
-
-
-# -- sizes and identities of transaction items --------------------------------------------------
-
-
-def _n_size(text: str) -> int:
-    if text.isdigit() and text.isascii():  # a plain non-negative integer (what dynacoord writes)
-        return 1 + ((len(text.strip("0")) or 1) + 1) // 2
-    mantissa = text.lstrip("+-").split("e")[0].split("E")[0].replace(".", "")
-    digits = len(mantissa.strip("0")) or 1
-    return 1 + (digits + 1) // 2
-
-
-def _av_size(av: Mapping[str, Any]) -> int:
-    """DynamoDB's size of one attribute value (its documented item-size rules)."""
-    ((tag, raw),) = av.items()
-    if tag == "S":
-        return len(raw) if raw.isascii() else len(raw.encode("utf-8", "surrogatepass"))
-    if tag == "N":
-        return _n_size(raw)
-    if tag == "B":
-        return len(raw)
-    if tag in ("BOOL", "NULL"):
-        return 1
-    if tag == "SS":
-        return sum(len(v.encode("utf-8", "surrogatepass")) for v in raw)
-    if tag == "NS":
-        return sum(_n_size(v) for v in raw)
-    if tag == "BS":
-        return sum(len(v) for v in raw)
-    if tag == "M":
-        return 3 + sum(
-            len(k.encode("utf-8", "surrogatepass")) + _av_size(v) + 1 for k, v in raw.items()
-        )
-    if tag == "L":
-        return 3 + sum(_av_size(v) + 1 for v in raw)
-    return len(str(raw))
-
-
-def _map_size(item: Mapping[str, Any] | None) -> int:
-    if not item:
-        return 0
-    size = 0
-    for name, av in item.items():
-        size += len(name) if name.isascii() else len(name.encode("utf-8", "surrogatepass"))
-        size += _av_size(av)
-    return size
-
-
-def _entry_size(entry: Mapping[str, Any]) -> int:
-    """The bytes an entry adds to the transaction: its item (Put) or key, plus expression values."""
-    ((_, op),) = entry.items()
-    return (
-        _map_size(op.get("Item"))
-        + _map_size(op.get("Key"))
-        + _map_size(op.get("ExpressionAttributeValues"))
-    )
-
-
-def _key_part(av: Mapping[str, Any]) -> Any:
-    """A key attribute value as a comparable: (tag, value) for the key types S, N and B (equal
-    exactly when their repr is), the repr of anything else."""
-    if len(av) == 1:
-        ((tag, raw),) = av.items()
-        if tag in ("S", "N", "B"):
-            return tag, raw
-    return repr(av)
-
-
-#: the key attribute names of the dynacoord table
-_PK_SK = frozenset({"pk", "sk"})
-
-
-def _identity(
-    entry: Mapping[str, Any], key_names: Mapping[str, frozenset[str]]
-) -> tuple[str, Any] | None:
-    """(table, key) of the item an entry touches; None for a Put into a table whose key
-    attributes are not known here (DynamoDB itself then refuses a duplicate)."""
-    ((_, op),) = entry.items()
-    table = str(op.get("TableName"))
-    key = op.get("Key")
-    if key is None:
-        names = key_names.get(table)
-        item = op.get("Item") or {}
-        if names is _PK_SK:
-            # A Put into a table keyed like dynacoord's, string keys (every dynacoord item, and
-            # usually the caller's): the general path's result, in sorted order, without it.
-            pk, sk = item.get("pk"), item.get("sk")
-            if pk is not None and sk is not None and len(pk) == len(sk) == 1:
-                pk_s, sk_s = pk.get("S"), sk.get("S")
-                if pk_s is not None and sk_s is not None:
-                    return table, (("pk", ("S", pk_s)), ("sk", ("S", sk_s)))
-        if not names or not names <= item.keys():
-            return None
-        pairs = [(name, item[name]) for name in names]
-    else:
-        pairs = list(key.items())
-    parts = []
-    for name, av in pairs:
-        # a string key part (the usual kind) without the call
-        parts.append((name, ("S", av["S"]) if len(av) == 1 and "S" in av else _key_part(av)))
-    parts.sort()
-    return table, tuple(parts)
-
-
-def check_transaction_items(
-    items: list[dict[str, Any]],
-    labels: list[str] | None = None,
-    *,
-    key_names: Mapping[str, frozenset[str]] | None = None,
-    max_items: int = MAX_TRANSACTION_ITEMS,
-    max_bytes: int = MAX_TRANSACTION_BYTES,
-) -> None:
-    """Raise what DynamoDB would refuse ``TransactItems`` for, before it is sent: more than
-    ``max_items`` (:class:`TransactionTooLargeError`), more than ``max_bytes`` of item data (the
-    same), one item twice (:class:`InvalidValueError`). ``key_names`` maps table names to their
-    key attribute names, so that Puts can be compared (Key-bearing operations teach the rest)."""
-    if len(items) > max_items:
-        raise TransactionTooLargeError(
-            f"a transaction holds at most {max_items} items, this one would hold {len(items)}",
-            size=len(items),
-            limit=max_items,
-        )
-    _check_bytes(sum(_entry_size(entry) for entry in items), max_bytes)
-    _check_distinct(items, labels or [f"item #{i}" for i in range(len(items))], key_names or {})
-
-
-def _check_bytes(size: int, max_bytes: int) -> None:
-    if size > max_bytes:
-        raise TransactionTooLargeError(
-            f"a transaction holds at most 4 MB ({max_bytes} bytes) of item data, this one "
-            f"would hold {size} bytes; split it, or store large values elsewhere (S3)",
-            size=size,
-            limit=max_bytes,
-        )
-
-
-#: what an added item is, for messages: (what is done, the table or the event id), written out
-#: as ``put into 'orders'`` only when a message needs it
-Label = tuple[str, str]
-
-
-def _label_text(label: Label) -> str:
-    return f"{label[0]} {label[1]!r}"
-
-
-def _twice(first: str, second: str, identity: tuple[str, Any]) -> InvalidValueError:
-    return InvalidValueError(
-        f"one item appears twice in one transaction ({first} and {second}, the same key in "
-        f"{identity[0]!r}): DynamoDB refuses a transaction with two operations on one item; "
-        "nothing was sent"
-    )
-
-
-def _check_distinct(
-    items: list[dict[str, Any]], labels: list[str], key_names: Mapping[str, frozenset[str]]
-) -> dict[tuple[str, Any], int]:
-    """The index of each item by its identity; :class:`InvalidValueError` if one is there twice."""
-    known = dict(key_names)
-    for entry in items:
-        ((_, op),) = entry.items()
-        if "Key" in op:
-            known.setdefault(str(op.get("TableName")), frozenset(op["Key"]))
-    seen: dict[tuple[str, Any], int] = {}
-    for index, entry in enumerate(items):
-        identity = _identity(entry, known)
-        if identity is None:
-            continue
-        if identity in seen:
-            raise _twice(labels[seen[identity]], labels[index], identity)
-        seen[identity] = index
-    return seen
 
 
 def _check_str(value: Any, name: str) -> str:
@@ -307,7 +80,7 @@ def _check_str(value: Any, name: str) -> str:
 def _serialize(value: Any, where: str) -> dict[str, Any]:
     from ._table import to_av
 
-    value = _checked(value, where)
+    value = checked_numbers(value, where)
     try:
         return to_av(value)
     except InvalidValueError:
@@ -335,12 +108,12 @@ def marshal_with_bound(values: Any, what: str) -> tuple[dict[str, Any], int]:
         if cls is str:
             out[name] = {"S": value}
             chars += len(value)
-        elif cls is int and -_INT_LIMIT < value < _INT_LIMIT:
+        elif cls is int and -NUMBER_LIMIT < value < NUMBER_LIMIT:
             out[name] = {"N": str(value)}
             exact += 21
         else:
             av = out[name] = _serialize(value, f"{what} attribute {name!r}")
-            exact += _av_size(av)
+            exact += av_size(av)
     return out, 4 * chars + exact
 
 
@@ -400,7 +173,7 @@ class Transaction:
         # Key attribute names per table, so a Put can be compared with the other items; the
         # dynacoord table's are known, others are learned from Key-bearing operations.
         name = getattr(table, "name", None)
-        self._key_names: dict[str, frozenset[str]] = {name: _PK_SK} if isinstance(name, str) else {}
+        self._key_names: dict[str, frozenset[str]] = {name: PK_SK} if isinstance(name, str) else {}
         # The identity (table, key) of each collected item whose key is known -> its index, so
         # an add compares only its own entries with what is collected.
         self._seen: dict[tuple[str, Any], int] = {}
@@ -446,13 +219,13 @@ class Transaction:
             )
         bounds = 0
         for _, _, entry, bound in entries:
-            bounds += _entry_size(entry) if bound is None else bound
+            bounds += entry_size(entry) if bound is None else bound
         exact = self._exact_bytes
         if exact is not None or self._bound_bytes + bounds > self._max_bytes:
             if exact is None:
-                exact = sum(_entry_size(entry) for entry in self._items)
-            exact += sum(_entry_size(entry) for _, _, entry, _ in entries)
-            _check_bytes(exact, self._max_bytes)
+                exact = sum(entry_size(entry) for entry in self._items)
+            exact += sum(entry_size(entry) for _, _, entry, _ in entries)
+            check_bytes(exact, self._max_bytes)
         # the last check: nothing below can fail, so the entries go in whole or not at all
         self._seen = self._distinct_after(entries)
         self._bound_bytes += bounds
@@ -481,7 +254,7 @@ class Transaction:
             items = self._items
             bound_bytes = self._bound_bytes + bound
             if (
-                self._key_names.get(table) is _PK_SK
+                self._key_names.get(table) is PK_SK
                 and pk is not None
                 and sk is not None
                 and len(pk) == len(sk) == 1
@@ -491,7 +264,7 @@ class Transaction:
                 and self._exact_bytes is None
                 and bound_bytes <= self._max_bytes
             ):
-                # the identity _identity gives this Put
+                # the identity item_identity gives this Put
                 identity = (table, (("pk", ("S", pk["S"])), ("sk", ("S", sk["S"]))))
                 seen = self._seen
                 if identity not in seen:
@@ -528,9 +301,9 @@ class Transaction:
             # A table's key names learned now can make earlier Puts into it comparable: check
             # everything again (rare: the first keyed operation on another table).
             items = [*self._items, *(entry for _, _, entry, _ in entries)]
-            labels = [_label_text(label) for label in self._labels]
-            labels += [_label_text(label) for label, _, _, _ in entries]
-            seen = _check_distinct(items, labels, key_names)
+            labels = [label_text(label) for label in self._labels]
+            labels += [label_text(label) for label, _, _, _ in entries]
+            seen = check_distinct(items, labels, key_names)
             for entry in items:
                 ((_, op),) = entry.items()
                 if "Key" in op:
@@ -541,22 +314,22 @@ class Transaction:
             # collected changes only if it passes).
             label, _, entry, _ = entries[0]
             seen = self._seen
-            identity = _identity(entry, key_names)
+            identity = item_identity(entry, key_names)
             if identity is not None:
                 first = seen.get(identity)
                 if first is not None:
-                    raise _twice(_label_text(self._labels[first]), _label_text(label), identity)
+                    raise twice_error(label_text(self._labels[first]), label_text(label), identity)
                 seen[identity] = len(self._items)
             return seen
         seen = dict(self._seen)
         for offset, (label, _, entry, _) in enumerate(entries):
-            identity = _identity(entry, key_names)
+            identity = item_identity(entry, key_names)
             if identity is None:
                 continue
             if identity in seen:
                 first = seen[identity]
                 every = [*self._labels, *(label for label, _, _, _ in entries)]
-                raise _twice(_label_text(every[first]), _label_text(label), identity)
+                raise twice_error(label_text(every[first]), label_text(label), identity)
             seen[identity] = len(self._items) + offset
         return seen
 
@@ -599,7 +372,7 @@ class Transaction:
         if condition is not None or names or values:
             parts = self._expression_parts(condition, names, values)
             op.update(parts)
-            bound += _map_size(parts.get("ExpressionAttributeValues"))
+            bound += map_size(parts.get("ExpressionAttributeValues"))
         self._collect_entry(label, None, {action: op}, bound)
 
     def put(
@@ -755,7 +528,7 @@ class Transaction:
         for index, raw in enumerate(cancelled.reasons):
             reason = {k: v for k, v in raw.items() if k != "Item"}
             label = (
-                _label_text(self._labels[index]) if index < len(self._labels) else f"item {index}"
+                label_text(self._labels[index]) if index < len(self._labels) else f"item {index}"
             )
             reason["Operation"] = label
             if raw.get("Item"):
