@@ -11,40 +11,14 @@ from typing import Any
 
 import pytest
 
-from dynacoord.cli import build_parser, main
-from dynacoord.testing import DUMMY_CREDENTIALS
+from dynacoord.cli import build_parser
+from tests.cli_helpers import SHOP_LAYOUT, cli_tables, run_cli  # noqa: F401
 
-LAYOUT = '{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk": "GSI1SK"}'
 GLOBALS = ["--table", "--namespace", "--endpoint-url", "--region", "--table-layout", "--json"]
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture()
-def shop(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """moto with a dynacoord table ``shop`` in the PK/SK layout."""
-    import boto3
-    from moto import mock_aws
-
-    from dynacoord import TableLayout
-    from dynacoord.provision import create_table
-
-    for name in ("DYNACOORD_TABLE", "DYNACOORD_NAMESPACE", "DYNACOORD_TABLE_LAYOUT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("DYNACOORD_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-        create_table(client, "shop", layout=TableLayout.from_json(LAYOUT))
-        yield client
-
-
-def test_options_after_the_command(capsys: pytest.CaptureFixture[str], shop: Any) -> None:
-    code, _, err = run(
+def test_options_after_the_command(capsys: pytest.CaptureFixture[str], cli_tables: Any) -> None:
+    code, _, err = run_cli(
         capsys,
         "cache",
         "set",
@@ -53,7 +27,7 @@ def test_options_after_the_command(capsys: pytest.CaptureFixture[str], shop: Any
         "--table",
         "shop",
         "--table-layout",
-        LAYOUT,
+        SHOP_LAYOUT,
         "--namespace",
         "web",
         "--region",
@@ -61,17 +35,17 @@ def test_options_after_the_command(capsys: pytest.CaptureFixture[str], shop: Any
     )
     assert code == 0, err
     # the glob is the glob, --table is the table
-    code, out, err = run(
-        capsys, "cache", "keys", "--table", "shop", "--table-layout", LAYOUT, "--namespace",
+    code, out, err = run_cli(
+        capsys, "cache", "keys", "--table", "shop", "--table-layout", SHOP_LAYOUT, "--namespace",
         "web", "--region", "us-east-1", "--json",
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out) == ["k1"]
 
 
-def test_table_layout_before_the_command(capsys: pytest.CaptureFixture[str], shop: Any) -> None:
-    code, out, err = run(
-        capsys, "--table", "shop", "--table-layout", LAYOUT, "--region", "us-east-1",
+def test_table_layout_before_the_command(capsys: pytest.CaptureFixture[str], cli_tables: Any) -> None:
+    code, out, err = run_cli(
+        capsys, "--table", "shop", "--table-layout", SHOP_LAYOUT, "--region", "us-east-1",
         "--namespace", "web", "--json", "cache", "keys",
     )  # fmt: skip
     assert code == 0, err

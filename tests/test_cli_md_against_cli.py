@@ -1,7 +1,7 @@
 """docs/cli.md against the CLI itself: every command the parser has is documented with every
 option it takes, and every command and option the page shows exists; the exit codes the page
 states are the ones the module states. (Its table of messages and exit codes is run row by row
-in tests/test_first_day_cli.py.)"""
+in tests/test_cli_messages_and_exit_codes.py.)"""
 
 from __future__ import annotations
 

@@ -3,20 +3,16 @@ fix in the CLI's own terms, and help texts agree with the pages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from dynacoord.cli import build_parser, main
-from dynacoord.testing import DUMMY_CREDENTIALS
+from dynacoord.cli import build_parser
+from tests.cli_helpers import cli_tables, run_cli  # noqa: F401
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(["--region", "us-east-1", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, "--region", "us-east-1", *argv)
 
 
 def _help(*path: str) -> str:
@@ -25,34 +21,6 @@ def _help(*path: str) -> str:
         sub = next(a for a in parser._actions if hasattr(a, "choices") and a.choices)
         parser = sub.choices[name]
     return " ".join(str(parser.format_help()).split())
-
-
-@pytest.fixture()
-def tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    import boto3
-    from moto import mock_aws
-
-    from dynacoord.provision import create_table
-
-    for name in ("DYNACOORD_TABLE", "DYNACOORD_NAMESPACE", "DYNACOORD_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("DYNACOORD_TABLE_LAYOUT", raising=False)
-    with mock_aws():
-        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-        create_table(client, "dynacoord")
-        client.create_table(
-            TableName="shop",
-            AttributeDefinitions=[
-                {"AttributeName": "PK", "AttributeType": "S"},
-                {"AttributeName": "SK", "AttributeType": "S"},
-            ],
-            KeySchema=[
-                {"AttributeName": "PK", "KeyType": "HASH"},
-                {"AttributeName": "SK", "KeyType": "RANGE"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        yield client
 
 
 def test_help_texts_agree_with_the_pages() -> None:
@@ -65,7 +33,7 @@ def test_help_texts_agree_with_the_pages() -> None:
 
 
 def test_a_lost_release_is_one_line(
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, tables: Any
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, cli_tables: Any
 ) -> None:
     assert run(capsys, "lock", "acquire", "k", "--ttl", "30", "--owner", "a")[0] == 0
     caplog.clear()
@@ -77,7 +45,7 @@ def test_a_lost_release_is_one_line(
 
 
 def test_verify_of_a_missing_table_says_how_to_create_it(
-    capsys: pytest.CaptureFixture[str], tables: Any
+    capsys: pytest.CaptureFixture[str], cli_tables: Any
 ) -> None:
     code, _, err = run(capsys, "--table", "absent", "table", "verify")
     assert code == 1 and err.count("\n") == 1
@@ -85,7 +53,7 @@ def test_verify_of_a_missing_table_says_how_to_create_it(
 
 
 def test_verify_of_a_pk_sk_table_points_at_table_layout(
-    capsys: pytest.CaptureFixture[str], tables: Any
+    capsys: pytest.CaptureFixture[str], cli_tables: Any
 ) -> None:
     code, _, err = run(capsys, "--table", "shop", "table", "verify")
     assert code == 1 and err.count("\n") == 1
@@ -93,7 +61,7 @@ def test_verify_of_a_pk_sk_table_points_at_table_layout(
 
 
 def test_checkpoints_show_of_a_task_suggests_latest(
-    capsys: pytest.CaptureFixture[str], tables: Any
+    capsys: pytest.CaptureFixture[str], cli_tables: Any
 ) -> None:
     code, _, err = run(capsys, "checkpoints", "show", "t-1")
     assert code == 2 and err.count("\n") == 1
@@ -101,7 +69,7 @@ def test_checkpoints_show_of_a_task_suggests_latest(
 
 
 def test_a_refused_describe_table_names_the_permission_not_a_python_option(
-    capsys: pytest.CaptureFixture[str], tables: Any, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], cli_tables: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from botocore.exceptions import ClientError
 

@@ -1,5 +1,5 @@
-"""Issue 31, points 1 and 2: a backend refuses what is not its client, and checks its table once,
-on first use, before anything is written."""
+"""What a backend checks before it writes: the constructor refuses what is not its client, and
+the table is checked once, on first use, before anything is written."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _table(client: Any, name: str, keys: list[tuple[str, str, str]], gsi: bool =
     )
 
 
-# --- point 1: the table is checked on first use ------------------------------------------------
+# --- the table is checked on first use -----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -171,7 +171,7 @@ def test_a_table_that_passed_is_used_as_before(moto_ddb: Any) -> None:
     assert backend.cache().get("k") == {"a": 1}
 
 
-# --- point 2: the constructor refuses what is not a DynamoDB client ----------------------------
+# --- the constructor refuses what is not its client ----------------------------------------------
 
 
 def test_the_dynamodb_backend_refuses_a_resource_a_str_and_an_s3_client(moto_ddb: Any) -> None:

@@ -1,5 +1,5 @@
-"""Issue 31, points 3, 5, 8, 9: the CLI's endpoints, digests, namespaces, messages and exit codes,
-and docs/cli.md's table of messages and exit codes run command by command."""
+"""The CLI's endpoints, digests, namespaces, messages and exit codes, and docs/cli.md's table of
+messages and exit codes run command by command."""
 
 from __future__ import annotations
 
@@ -7,51 +7,22 @@ import hashlib
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import dynacoord
-from dynacoord.cli import build_parser, main
-from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal
+from dynacoord.cli import build_parser
+from dynacoord.testing import DynamoDBLocal
+from tests.cli_helpers import cli_tables, run_cli  # noqa: F401
 from tests.test_cli_local import JAR_IN_PACKAGE, make_tarball, user_cache  # noqa: F401
 
 ARN = "arn:aws:dynamodb:eu-west-1:123456789012:table/dynacoord"
 CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture()
-def moto_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """moto with the table ``dynacoord`` and a table ``nosk`` keyed on ``pk`` only."""
-    import boto3
-    from moto import mock_aws
-
-    from dynacoord.provision import create_table
-
-    for name in ("DYNACOORD_TABLE", "DYNACOORD_NAMESPACE", "DYNACOORD_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    with mock_aws():
-        client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-        create_table(client, "dynacoord")
-        client.create_table(
-            TableName="nosk",
-            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        yield client
-
-
-# --- point 3: DYNACOORD_ENDPOINT_URL is DynamoDB's only -----------------------------------------
+# --- DYNACOORD_ENDPOINT_URL is DynamoDB's only ----------------------------------------------------
 
 
 def _context(argv: list[str]) -> Any:
@@ -89,7 +60,7 @@ def test_local_start_prints_the_streams_endpoint_too() -> None:
     assert env["AWS_ENDPOINT_URL_DYNAMODB"] == "http://127.0.0.1:8123"
 
 
-# --- point 5: --sha512 in hex ------------------------------------------------------------------
+# --- --sha512 in hex ------------------------------------------------------------------------------
 
 
 def test_fetch_accepts_a_hex_sha512_and_refuses_a_malformed_one_before_downloading(
@@ -99,23 +70,23 @@ def test_fetch_accepts_a_hex_sha512_and_refuses_a_malformed_one_before_downloadi
 ) -> None:
     tarball = make_tarball(tmp_path / "t.tgz", {JAR_IN_PACKAGE: b"good"})
     hexdigest = hashlib.sha512(tarball.read_bytes()).hexdigest()
-    code, _, err = run(capsys, "local", "fetch", "--url", str(tarball), "--sha512", hexdigest)
+    code, _, err = run_cli(capsys, "local", "fetch", "--url", str(tarball), "--sha512", hexdigest)
     assert code == 0, err
     assert (user_cache / JAR_IN_PACKAGE).read_bytes() == b"good"
 
     wrong = "0" * 128
-    code, _, err = run(
+    code, _, err = run_cli(
         capsys, "local", "fetch", "--url", str(tarball), "--sha512", wrong, "--force"
     )
     assert code == 1 and f"expected {wrong}" in err and hexdigest in err
 
-    code, _, err = run(
+    code, _, err = run_cli(
         capsys, "local", "fetch", "--url", str(tmp_path / "gone.tgz"), "--sha512", "abc"
     )
     assert code == 2 and "not a SHA-512 digest" in err and "128 hex digits" in err
 
 
-# --- point 8: the global namespace scopes iam-policy --------------------------------------------
+# --- the global namespace scopes iam-policy -------------------------------------------------------
 
 
 def _leading_keys(out: str) -> list[str]:
@@ -127,30 +98,30 @@ def test_iam_policy_takes_the_global_namespace(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("DYNACOORD_NAMESPACE", raising=False)
-    code, out, err = run(capsys, "--namespace", "billing", "iam-policy", "--table-arn", ARN)
+    code, out, err = run_cli(capsys, "--namespace", "billing", "iam-policy", "--table-arn", ARN)
     assert code == 0, err
     keys = _leading_keys(out)
     assert "LOCK#billing#*" in keys and all("#billing#" in k for k in keys)
 
     monkeypatch.setenv("DYNACOORD_NAMESPACE", "billing")
-    code, out, _ = run(capsys, "iam-policy", "--table-arn", ARN)
+    code, out, _ = run_cli(capsys, "iam-policy", "--table-arn", ARN)
     assert all("#billing#" in k for k in _leading_keys(out))
     # the policy's own --namespace wins
-    code, out, _ = run(capsys, "iam-policy", "--table-arn", ARN, "--namespace", "jobs")
+    code, out, _ = run_cli(capsys, "iam-policy", "--table-arn", ARN, "--namespace", "jobs")
     assert all("#jobs#" in k for k in _leading_keys(out))
 
     monkeypatch.delenv("DYNACOORD_NAMESPACE")
-    code, out, err = run(capsys, "iam-policy", "--table-arn", ARN)
+    code, out, err = run_cli(capsys, "iam-policy", "--table-arn", ARN)
     assert "Condition" not in json.loads(out)["Statement"][0]
     assert "every namespace" in err
 
 
-# --- point 9: exit codes and messages ----------------------------------------------------------
+# --- exit codes and messages ----------------------------------------------------------------------
 
 
 def test_json_version_prints_json_in_either_order(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--json", "--version"], ["--version", "--json"]):
-        code, out, _ = run(capsys, *argv)
+        code, out, _ = run_cli(capsys, *argv)
         assert code == 0 and json.loads(out) == {"version": dynacoord.__version__}
 
 
@@ -160,7 +131,7 @@ def test_no_region_names_the_region_option(
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_DYNAMODB"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    code, _, err = run(capsys, "table", "verify")
+    code, _, err = run_cli(capsys, "table", "verify")
     assert code == 2
     assert err.startswith("dynacoord: error: no AWS region: pass --region") and err.count("\n") == 1
 
@@ -174,7 +145,7 @@ def test_ctrl_c_exits_130_with_one_line(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(provision_cli, "_stack_template", interrupted)
-    code, _, err = run(capsys, "stack", "template")
+    code, _, err = run_cli(capsys, "stack", "template")
     assert (code, err) == (130, "dynacoord: error: interrupted\n")
 
 
@@ -204,7 +175,7 @@ def test_the_documented_table_is_there() -> None:
 )
 def test_each_documented_message_and_exit_code(
     capsys: pytest.CaptureFixture[str],
-    moto_tables: Any,
+    cli_tables: Any,
     command: str,
     code: int,
     err: str,
@@ -212,7 +183,7 @@ def test_each_documented_message_and_exit_code(
 ) -> None:
     argv = shlex.split(command)
     assert argv[0] == "dynacoord"
-    got_code, got_out, got_err = run(capsys, "--region", "us-east-1", *argv[1:])
+    got_code, got_out, got_err = run_cli(capsys, "--region", "us-east-1", *argv[1:])
     assert got_code == code, got_err
     if err:
         assert got_err.startswith(err), got_err

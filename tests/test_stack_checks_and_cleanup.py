@@ -1,5 +1,6 @@
-"""Issue 31, points 6, 7, 10, 13: stack update and table cleanup, the package check's advice,
-values checked before anything is uploaded, and what a stack deletion keeps."""
+"""The stack's checks and its cleanup: parameter values and the template's rules checked before
+anything is uploaded or sent, the package check's advice, what a stack deletion keeps and how to
+delete the table it kept."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         }
 
 
-# --- point 13 ----------------------------------------------------------------------------------
+# --- what a deletion keeps ------------------------------------------------------------------------
 
 
 def test_a_stack_deletion_keeps_the_dead_letters_and_the_logs() -> None:
@@ -51,7 +52,7 @@ def test_a_stack_deletion_keeps_the_dead_letters_and_the_logs() -> None:
         assert resources[name].get("UpdateReplacePolicy") == "Retain", name
 
 
-# --- point 6 -----------------------------------------------------------------------------------
+# --- deleting a kept table ------------------------------------------------------------------------
 
 
 def test_table_delete_can_turn_deletion_protection_off(
@@ -68,7 +69,7 @@ def test_table_delete_can_turn_deletion_protection_off(
     assert aws["dynamodb"].list_tables()["TableNames"] == []
 
 
-# --- point 7 -----------------------------------------------------------------------------------
+# --- the package check ----------------------------------------------------------------------------
 
 
 def test_package_of_the_example_names_the_settings_variable_and_no_check(
@@ -92,7 +93,7 @@ def test_package_of_the_example_names_the_settings_variable_and_no_check(
     assert out_zip.exists()
 
 
-# --- point 10 ----------------------------------------------------------------------------------
+# --- checked before anything is sent --------------------------------------------------------------
 
 
 def test_relay_values_are_checked_before_the_bundle_is_uploaded(
@@ -148,12 +149,11 @@ def test_every_default_of_the_template_passes_the_local_checks() -> None:
     assert template_body()  # the bundled copy is the one read
 
 
-# --- point 14 ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("previous", ["", "['']", "[]", "[' ']"])
+def test_an_empty_previous_namespaces_list_allows_every_relay_namespace(previous: str) -> None:
+    from dynacoord.provision import check_stack_rules
 
-
-def test_the_declared_license_ships_as_a_file() -> None:
-    root = Path(__file__).resolve().parent.parent
-    assert 'license = "Apache-2.0"' in (root / "pyproject.toml").read_text(encoding="utf-8")
-    text = (root / "LICENSE").read_text(encoding="utf-8")
-    assert "Apache License" in text and "Version 2.0, January 2004" in text
-    assert "END OF TERMS AND CONDITIONS" in text
+    relay = {"Relay": "true", "RelayHandlers": "m:h", "CodeS3Bucket": "b", "CodeS3Key": "k"}
+    check_stack_rules({**relay, "Namespaces": previous, "RelayNamespace": "orders"})
+    with pytest.raises(ValueError, match="not one of Namespaces 'billing'"):
+        check_stack_rules({**relay, "Namespaces": "['billing']", "RelayNamespace": "orders"})
