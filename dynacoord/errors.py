@@ -19,6 +19,7 @@ __all__ = [
     "CounterTypeError",
     "DuplicateEventError",
     "DynacoordError",
+    "GlobalTableError",
     "IdempotencyError",
     "IdempotencyInProgressError",
     "IdempotencyKeyMismatchError",
@@ -91,6 +92,30 @@ class TableNotReadyError(BackendError):
     def __init__(self, message: str, *, table_name: str | None = None) -> None:
         super().__init__(message, code="TableNotReady")
         self.table_name = table_name
+
+
+class GlobalTableError(ConfigurationError):
+    """A write refused before it was sent because the table is a DynamoDB global table that
+    cannot keep its promise: on an eventually consistent one (MREC) a condition is checked
+    against the writer's own Region only, so two Regions could both win a lock, a claim or a
+    count; a strongly consistent one (MRSC) runs no transactions. ``table_name``,
+    ``consistency`` (``"EVENTUAL"`` or ``"STRONG"``), ``regions`` (the replicas' Regions) and
+    ``operation`` (the DynamoDB operation refused) say which; the message names the choices."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table_name: str,
+        consistency: str,
+        regions: Sequence[str],
+        operation: str,
+    ) -> None:
+        super().__init__(message)
+        self.table_name = table_name
+        self.consistency = consistency
+        self.regions = tuple(regions)
+        self.operation = operation
 
 
 class NotSupportedError(DynacoordError):

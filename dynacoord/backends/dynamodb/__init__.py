@@ -10,6 +10,7 @@ from ..._clock import Clock
 from ..._table_schema import DEFAULT_LAYOUT, TableLayout
 from ...errors import ConfigurationError
 from ...metrics import Metrics
+from ._global_tables import GlobalTableWrites, check_global_table_writes
 from ._verify import VerifiedTable, check_client
 
 if TYPE_CHECKING:
@@ -50,6 +51,13 @@ class DynamoDBBackend(Backend):
     ``layout`` puts dynacoord in a single table of yours (:class:`TableLayout`: your key and
     index names, a key prefix that keeps its items apart from yours); the default is
     dynacoord's own schema, at no cost.
+
+    On a DynamoDB global table in eventual consistency (MREC) a condition holds in one Region
+    only, so the check makes every write that needs exclusivity (locks, claims, counts, state
+    transitions) raise :class:`~dynacoord.errors.GlobalTableError` before it is sent.
+    ``global_table_writes="single-region"`` is your promise that every writer of dynacoord's
+    items runs in one Region, and lets them through. On a strongly consistent global table
+    (MRSC) every primitive works except what needs a transaction. See docs/global-tables.md.
     """
 
     kind = "dynamodb"
@@ -66,6 +74,7 @@ class DynamoDBBackend(Backend):
         metrics: Metrics | None = None,
         verify: bool = True,
         layout: TableLayout | None = None,
+        global_table_writes: GlobalTableWrites = "refuse",
     ) -> None:
         super().__init__(namespace=namespace, clock=clock, metrics=metrics)
         if client is None:
@@ -98,12 +107,20 @@ class DynamoDBBackend(Backend):
         self.shards = shards
         self.lock_fence_grace = lock_fence_grace
         self.layout = layout
+        #: "refuse", or "single-region": every writer of dynacoord's items runs in one Region
+        self.global_table_writes = check_global_table_writes(global_table_writes)
         #: the layout's translation (None for the default layout: no translation at all)
         self._translator: Translator | None = None
         self._raw_table: VerifiedTable | None = None
         self._verify = verify
         if layout.is_default:
-            self.table = VerifiedTable(client, table_name, metrics=self.metrics, verify=verify)
+            self.table = VerifiedTable(
+                client,
+                table_name,
+                metrics=self.metrics,
+                verify=verify,
+                global_table_writes=self.global_table_writes,
+            )
         else:
             from ._layout import LayoutClient, Translator
 
@@ -115,6 +132,7 @@ class DynamoDBBackend(Backend):
                 verify=verify,
                 layout=layout,
                 raw_client=client,
+                global_table_writes=self.global_table_writes,
             )
 
     @classmethod
@@ -132,7 +150,9 @@ class DynamoDBBackend(Backend):
         ``default``), ``DYNACOORD_TABLE_LAYOUT`` (a :class:`TableLayout` as a JSON object, e.g.
         ``{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", "index_sk":
         "GSI1SK", "prefix": "DC#"}``; unset: dynacoord's own schema) and
-        ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), plus the usual AWS variables (region,
+        ``DYNACOORD_ENDPOINT_URL`` (for DynamoDB Local), ``DYNACOORD_GLOBAL_TABLE_WRITES``
+        (``single-region``: every writer of dynacoord's items runs in one Region; unset:
+        ``refuse``, see the class), plus the usual AWS variables (region,
         credentials) through boto3. ``DYNACOORD_OUTBOX_LAG_METRICS`` (a CloudWatch namespace,
         set by the bundled stack on its sweeper) makes the outbox's sweep handler report the
         outbox lag as EMF metrics after each sweep (``_stack.py``). A given ``client`` wins over
@@ -150,6 +170,12 @@ class DynamoDBBackend(Backend):
                     kwargs["layout"] = TableLayout.from_json(text)
                 except ConfigurationError as exc:
                     raise ConfigurationError(f"DYNACOORD_TABLE_LAYOUT: {exc}") from exc
+        writes = os.environ.get("DYNACOORD_GLOBAL_TABLE_WRITES")
+        if writes and "global_table_writes" not in kwargs:
+            try:
+                kwargs["global_table_writes"] = check_global_table_writes(writes)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"DYNACOORD_GLOBAL_TABLE_WRITES: {exc}") from exc
         backend = cls(client, clock=clock, **kwargs)
         lag_namespace = os.environ.get("DYNACOORD_OUTBOX_LAG_METRICS")
         if lag_namespace:
@@ -247,6 +273,7 @@ class DynamoDBBackend(Backend):
                 metrics=self.metrics,
                 verify=self._verify,
                 layout=self.layout,
+                global_table_writes=self.global_table_writes,
             )
         return LayoutTransaction(
             raw_table,

@@ -24,6 +24,9 @@ of its own, started once the first write after a passing check is done: its find
 warning, never a refusal, so the first write neither waits for it nor shares the connection,
 the server or the interpreter with it.
 
+The same DescribeTable shows whether the table is a DynamoDB global table; what that lets its
+writes promise, and the gate that refuses the others, is :mod:`._global_tables`.
+
 After the check passed the gate costs nothing: :class:`VerifiedTable` puts its checking ``call``
 on the instance, and removes it once the table passed, so later requests find
 :meth:`DynamoTable.call` itself (no extra frame, no flag to test).
@@ -46,6 +49,7 @@ from ..._table_schema import (
 )
 from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
+from ._global_tables import GlobalTableWrites, guard_writes, remember, ttl_problem_on
 from ._table import DynamoTable
 
 __all__ = [
@@ -196,6 +200,7 @@ def check_table(
             table_name=table_name,
             problems=problems,
         )
+    remember(client, table_name, table)  # a global table: what its writes may promise
     mark_verified(client, table_name, layout)
     if ttl:
         start_ttl_check(client, table_name, layout)
@@ -240,6 +245,7 @@ def _warn_about_ttl(client: Any, table_name: str, layout: TableLayout) -> None:
         return
     problem = ttl_problem(description, layout)
     if problem is not None:
+        problem = ttl_problem_on(client, table_name, problem)
         logger.warning("DynamoDB table %r%s: %s", table_name, _where(client), problem)
 
 
@@ -276,13 +282,17 @@ class VerifiedTable(DynamoTable):
         verify: bool = True,
         layout: TableLayout = DEFAULT_LAYOUT,
         raw_client: Any = None,
+        global_table_writes: GlobalTableWrites = "refuse",
     ) -> None:
         super().__init__(client, table_name, metrics=metrics)
         self.layout = layout
         self._raw_client = client if raw_client is None else raw_client
+        self._global_table_writes: GlobalTableWrites = global_table_writes
         if verify and not is_verified(self._raw_client, table_name, layout):
             # An instance attribute shadows DynamoTable.call until the check passed.
             self.__dict__["call"] = self._first_call
+        elif verify:
+            guard_writes(self, self._raw_client, global_table_writes)
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         if operation in _READS:
@@ -296,7 +306,7 @@ class VerifiedTable(DynamoTable):
                 raise  # a right one: the refusal was the request's own
         checked = self._check()
         try:
-            return DynamoTable.call(self, operation, **kwargs)
+            return self.call(operation, **kwargs)  # through a global table's gate, if it has one
         finally:
             # The TTL is read once the write is done, so it does not compete with it (for the
             # connection, the server and the interpreter).
@@ -310,4 +320,5 @@ class VerifiedTable(DynamoTable):
         with _first_check_lock(self._raw_client, self.name):
             checked = check_table(self._raw_client, self.name, self.layout, ttl=False)
         self.__dict__.pop("call", None)
+        guard_writes(self, self._raw_client, self._global_table_writes)
         return checked

@@ -1,0 +1,309 @@
+"""What a DynamoDB global table lets dynacoord promise, read from the first-use check's
+DescribeTable answer (``Replicas``, ``GlobalTableWitnesses``, ``MultiRegionConsistency``), and
+the gate that refuses, before it is sent, a write the table could not keep exclusive.
+
+Why a gate: on a global table in multi-Region *eventual* consistency (MREC, the default), a
+conditional write is evaluated against the item in the writer's own Region, and two Regions'
+writes to one item settle by last writer wins, unrecorded. Two processes in two Regions can then
+both acquire one lock, both claim one idempotency key or outbox event, and both counts of an
+``ADD`` are not kept: nothing fails, the promise silently holds per Region only. So on such a
+table every write whose outcome depends on the item's current state (a ``ConditionExpression``,
+any ``UpdateItem``, a transaction, a PartiQL write) is refused, unless the backend was built with
+``global_table_writes="single-region"``: the user's promise that every writer of dynacoord's
+items runs in one Region, where conditions do hold. Plain puts and deletes (a cache ``set``,
+``delete``, ``clear``; dropping checkpoints) are last-writer-wins by nature and go.
+
+On a global table in multi-Region *strong* consistency (MRSC) conditions are evaluated against
+the latest version of the item in every Region, so every primitive keeps its promise; but AWS
+runs no transaction there, and the gate refuses ``TransactWriteItems``, ``TransactGetItems`` and
+``ExecuteTransaction`` with an error naming what needed one. A ``ReplicatedWriteConflictException``
+(another Region is changing the item) is a refusal botocore retries by its own model; the write
+was not applied, so sending it again is safe. MRSC tables have no TTL: expired items are never
+swept (reads treat them as absent all the same), and the TTL check says so instead of advising
+to turn TTL on.
+
+On a table with no replica in another Region nothing is kept per request: the gate is not
+installed and the table's ``call`` is :meth:`DynamoTable.call` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from ...errors import ConfigurationError, GlobalTableError
+from ...keys import Kind
+from ._table import DynamoTable
+
+__all__ = [
+    "GLOBAL_TABLE_WRITES",
+    "GlobalTable",
+    "GlobalTableWrites",
+    "check_global_table_writes",
+    "global_table_of",
+    "guard_writes",
+    "remember",
+    "ttl_problem_on",
+]
+
+logger = logging.getLogger(__name__)
+
+#: what the backend may do on an eventually consistent global table: refuse the writes that
+#: need exclusivity (the default), or send them on the user's promise that every writer of
+#: dynacoord's items runs in one Region
+GlobalTableWrites = Literal["refuse", "single-region"]
+GLOBAL_TABLE_WRITES: tuple[GlobalTableWrites, ...] = ("refuse", "single-region")
+
+#: operations that read: never refused
+_READS = frozenset({"get_item", "query", "scan", "batch_get_item", "transact_get_items"})
+#: operations whose outcome never depends on the item's current state unless they carry a
+#: condition (``BatchWriteItem`` carries none)
+_PLAIN_WRITES = frozenset({"put_item", "delete_item"})
+#: the transaction operations MRSC tables do not run
+_TRANSACTIONS = frozenset({"transact_write_items", "transact_get_items", "execute_transaction"})
+_OPERATION_NAMES = {
+    "put_item": "PutItem",
+    "update_item": "UpdateItem",
+    "delete_item": "DeleteItem",
+    "transact_write_items": "TransactWriteItems",
+    "transact_get_items": "TransactGetItems",
+    "execute_transaction": "ExecuteTransaction",
+    "execute_statement": "ExecuteStatement",
+    "batch_execute_statement": "BatchExecuteStatement",
+}
+#: what each item kind's state-dependent write would lose on an eventually consistent table
+_AT_RISK = {
+    Kind.LOCK: "a lock (two Regions could hold it at once)",
+    Kind.IDEMPOTENCY: "an idempotency claim (two Regions could both run the call)",
+    Kind.OUTBOX: "an outbox event's publication, claim or outcome (two Regions' workers could "
+    "both deliver it)",
+    Kind.COUNTER: "a counter, flag or join (two Regions' counts could overwrite each other)",
+    Kind.BREAKER: "a circuit breaker's count or trial slot (two Regions could overwrite each "
+    "other's failures and both take the trial)",
+    Kind.RUN: "a run's transition (two Regions could both move it)",
+    Kind.CHECKPOINT: "a checkpoint's sequence (a save in another Region could replace it)",
+    Kind.CACHE: "a cache entry's add, incr or touch (only plain set and delete are "
+    "last-writer-wins by nature)",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GlobalTable:
+    """A table DescribeTable shows replicated to other Regions."""
+
+    #: ``"EVENTUAL"`` (MREC) or ``"STRONG"`` (MRSC)
+    consistency: str
+    #: the Regions of its replicas, as DescribeTable lists them
+    regions: tuple[str, ...]
+    #: the witness Region of an MRSC table with two replicas (empty otherwise)
+    witnesses: tuple[str, ...] = ()
+
+    @property
+    def strong(self) -> bool:
+        return self.consistency == "STRONG"
+
+    def describe(self) -> str:
+        """``"an eventually consistent global table (MREC) with replicas in ..."``."""
+        mode = (
+            "a strongly consistent global table (MRSC)"
+            if self.strong
+            else "an eventually consistent global table (MREC)"
+        )
+        where = ", ".join(self.regions) or "other Regions"
+        witness = f" and a witness in {', '.join(self.witnesses)}" if self.witnesses else ""
+        return f"{mode} with replicas in {where}{witness}"
+
+
+def global_table_of(table: Mapping[str, Any], region: str | None = None) -> GlobalTable | None:
+    """The global table a DescribeTable ``Table`` answer shows, or None for a table with no
+    replica or witness in a Region other than ``region`` (the client's).
+
+    Every listed replica counts, whatever its status: one being created already receives the
+    table's writes, one being deleted may still take some. A ``MultiRegionConsistency`` other
+    than ``STRONG`` (absent, ``EVENTUAL``, or a mode this code does not know) is taken as
+    eventual, the one whose conditions hold in one Region only."""
+    regions = _region_names(table.get("Replicas"))
+    witnesses = _region_names(table.get("GlobalTableWitnesses"))
+    if not [r for r in regions if r != region] and not witnesses:
+        return None
+    consistency = "STRONG" if table.get("MultiRegionConsistency") == "STRONG" else "EVENTUAL"
+    return GlobalTable(consistency, regions, witnesses)
+
+
+def _region_names(entries: Any) -> tuple[str, ...]:
+    if not isinstance(entries, list):
+        return ()
+    names = {e.get("RegionName") for e in entries if isinstance(e, Mapping)}
+    return tuple(sorted(n for n in names if isinstance(n, str) and n))
+
+
+def check_global_table_writes(value: Any) -> GlobalTableWrites:
+    """``value`` as a :data:`GlobalTableWrites`, or a :class:`ConfigurationError` naming the
+    choices."""
+    for choice in GLOBAL_TABLE_WRITES:
+        if value == choice:
+            return choice
+    raise ConfigurationError(
+        f"global_table_writes must be 'refuse' (the default: on an eventually consistent "
+        f"global table, refuse the writes that need exclusivity) or 'single-region' (your "
+        f"promise that every writer of dynacoord's items runs in one Region), got {value!r}"
+    )
+
+
+#: client -> table name -> what its first-use check found (None: not a global table)
+_found: weakref.WeakKeyDictionary[Any, dict[str, GlobalTable | None]] = weakref.WeakKeyDictionary()
+#: the same for a client that cannot be weakly referenced (a wrapper with ``__slots__``): kept
+#: with the client itself, so its id is not reused while the entry lives
+_found_strongly: dict[int, tuple[Any, dict[str, GlobalTable | None]]] = {}
+_found_lock = threading.Lock()
+
+
+def _findings(client: Any) -> dict[str, GlobalTable | None]:
+    """The findings of ``client`` (``_found_lock`` held)."""
+    try:
+        return _found.setdefault(client, {})
+    except TypeError:
+        return _found_strongly.setdefault(id(client), (client, {}))[1]
+
+
+def remember(client: Any, table_name: str, table: Mapping[str, Any]) -> GlobalTable | None:
+    """Keep what the DescribeTable answer ``table`` shows of replication, for every backend
+    of this client and table (:func:`guard_writes` reads it)."""
+    region = getattr(getattr(client, "meta", None), "region_name", None)
+    found = global_table_of(table, region if isinstance(region, str) else None)
+    with _found_lock:
+        _findings(client)[table_name] = found
+    if found is not None:
+        logger.info("DynamoDB table %r is %s", table_name, found.describe())
+    return found
+
+
+def _recorded(client: Any, table_name: str) -> GlobalTable | None:
+    with _found_lock:
+        return _findings(client).get(table_name)
+
+
+def guard_writes(table: DynamoTable, client: Any, writes: GlobalTableWrites) -> None:
+    """Put the gate on ``table`` (an instance ``call``) if what its check found needs one: on
+    an eventually consistent global table unless ``writes`` is ``"single-region"``, on a
+    strongly consistent one always (for its transactions). Nothing on any other table."""
+    found = _recorded(client, table.name)
+    if found is None:
+        return
+    refused: Callable[[str, Mapping[str, Any]], bool]
+    if found.strong:
+        refused = _transaction
+    elif writes == "single-region":
+        return
+    else:
+        refused = _depends_on_state
+    send = DynamoTable.call.__get__(table)
+
+    def call(operation: str, **kwargs: Any) -> dict[str, Any]:
+        if refused(operation, kwargs):
+            raise _refusal(table.name, client, found, operation, kwargs)
+        response: dict[str, Any] = send(operation, **kwargs)
+        return response
+
+    table.__dict__["call"] = call
+
+
+def _transaction(operation: str, kwargs: Mapping[str, Any]) -> bool:
+    return operation in _TRANSACTIONS
+
+
+def _depends_on_state(operation: str, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a write's outcome depends on the item as this Region's replica holds it."""
+    if operation in _READS or operation == "batch_write_item":
+        return False
+    if operation in _PLAIN_WRITES:
+        return "ConditionExpression" in kwargs or "Expected" in kwargs
+    if operation == "execute_statement":
+        return not _select(kwargs.get("Statement"))
+    if operation == "batch_execute_statement":
+        return not all(_select(s.get("Statement")) for s in kwargs.get("Statements", ()))
+    return True  # UpdateItem (it changes the item as found), transactions, anything else
+
+
+def _select(statement: Any) -> bool:
+    return isinstance(statement, str) and statement.lstrip()[:6].upper() == "SELECT"
+
+
+def _kind(operation: str, kwargs: Mapping[str, Any]) -> Kind | None:
+    """The item kind of the write's (first) item, from its ``pk`` (None if not dynacoord's)."""
+    body: Any = kwargs
+    if operation in ("transact_write_items", "transact_get_items"):
+        items = kwargs.get("TransactItems") or [{}]
+        body = next(iter(items[0].values()), {}) if isinstance(items[0], Mapping) else {}
+    key = body.get("Key") or body.get("Item") or {}
+    pk = key.get("pk", {}).get("S") if isinstance(key, Mapping) else None
+    if not isinstance(pk, str):
+        return None
+    try:
+        return Kind(pk.partition("#")[0])
+    except ValueError:
+        return None
+
+
+def _refusal(
+    table_name: str,
+    client: Any,
+    found: GlobalTable,
+    operation: str,
+    kwargs: Mapping[str, Any],
+) -> GlobalTableError:
+    name = _OPERATION_NAMES.get(operation, operation)
+    kind = _kind(operation, kwargs)
+    region = getattr(getattr(client, "meta", None), "region_name", None)
+    here = f" (region {region})" if isinstance(region, str) and region else ""
+    if found.strong:
+        needs = (
+            "this transaction"
+            if kind is None
+            else f"this transaction (its first item is dynacoord's {kind.name.lower()} item)"
+        )
+        message = (
+            f"DynamoDB table {table_name!r}{here} is {found.describe()}: MRSC tables run no "
+            f"transaction operations (AWS: they return an error), so {needs} cannot be sent. "
+            f"{name} was refused before it was sent, so it wrote nothing. On MRSC, the "
+            "single-item operations of every primitive work; backend.transaction(), publishing "
+            "several outbox events in one call and ordered outbox groups need a transaction: "
+            "run them on a single-Region table, or on an eventually consistent global table "
+            "with every writer in one Region. See docs/global-tables.md"
+        )
+    else:
+        at_risk = _AT_RISK.get(kind, "this write") if kind is not None else "this write"
+        message = (
+            f"DynamoDB table {table_name!r}{here} is {found.describe()}: a conditional write is "
+            "checked against this Region's replica only and two Regions' writes to one item "
+            f"resolve last-writer-wins, so {at_risk} would be exclusive within one Region only. "
+            f"{name} was refused before it was sent, so it wrote nothing. Choose one: run every "
+            "writer of dynacoord's items in one Region and say so with "
+            "DynamoDBBackend(..., global_table_writes='single-region') (or "
+            "DYNACOORD_GLOBAL_TABLE_WRITES=single-region); or keep dynacoord's items in a "
+            "strongly consistent global table (MRSC) or a single-Region table. See "
+            "docs/global-tables.md"
+        )
+    return GlobalTableError(
+        message,
+        table_name=table_name,
+        consistency=found.consistency,
+        regions=found.regions,
+        operation=name,
+    )
+
+
+def ttl_problem_on(client: Any, table_name: str, problem: str) -> str:
+    """The TTL check's finding for this table: on an MRSC table, where AWS offers no TTL, what
+    follows from that instead of advice to turn it on."""
+    found = _recorded(client, table_name)
+    if found is None or not found.strong or not problem.startswith("TTL is DISABLED"):
+        return problem
+    return (
+        f"TTL is not supported on {found.describe()}: dynacoord's expired items are never "
+        "swept (every read still treats them as absent), so they keep their storage"
+    )
