@@ -341,3 +341,27 @@ def test_a_layout_table_is_gated_the_same(
 def _no_leftover_ttl_checks() -> Iterator[None]:
     yield
     wait_for_ttl_checks(10)
+
+
+@pytest.mark.parametrize("batch_claim", [True, False], ids=["batch claims", "one per request"])
+@pytest.mark.parametrize(
+    ("fields", "options"),
+    [(MRSC, {}), (MREC, {"global_table_writes": "single-region"})],
+    ids=["MRSC", "MREC single-region"],
+)
+def test_a_worker_delivers_each_event_once(
+    fresh: Any, fields: dict[str, Any], options: dict[str, Any], batch_claim: bool
+) -> None:
+    """Publish one event per call, deliver with a worker: no transaction on the way."""
+    backend, sent, _ = fresh(fields, **options)
+    for n in range(3):
+        backend.outbox.publish(Event("order.created", {"n": n}))
+    delivered: list[int] = []
+    worker = backend.outbox.worker(
+        lambda event: delivered.append(event.payload["n"]), batch_claim=batch_claim
+    )
+    while worker.run_once():
+        pass
+    assert sorted(delivered) == [0, 1, 2]
+    assert backend.outbox.pending() == []
+    assert "TransactWriteItems" not in sent.names
