@@ -22,6 +22,7 @@ from dynacoord.backends.dynamodb._global_tables import GlobalTable, global_table
 from dynacoord.backends.dynamodb._verify import wait_for_ttl_checks
 from dynacoord.errors import ConfigurationError, GlobalTableError
 from dynacoord.testing import DynamoDBLocal, unique_name
+from tests.cli_helpers import cli_tables  # noqa: F401  (the fixture, by name)
 
 #: the fields DescribeTable adds for an eventually consistent (MREC) global table, seen from
 #: us-east-1 (the Region of DynamoDB Local's clients here)
@@ -365,3 +366,48 @@ def test_a_worker_delivers_each_event_once(
     assert sorted(delivered) == [0, 1, 2]
     assert backend.outbox.pending() == []
     assert "TransactWriteItems" not in sent.names
+
+
+@pytest.mark.parametrize(
+    ("fields", "mode"),
+    [(None, None), (MREC, "EVENTUAL"), (MRSC, "STRONG")],
+    ids=["single-Region", "MREC", "MRSC"],
+)
+def test_table_verify_reports_a_global_tables_mode(
+    cli_tables: Any,
+    capsys: pytest.CaptureFixture[str],
+    fields: dict[str, Any] | None,
+    mode: str | None,
+) -> None:
+    """``dynacoord table verify`` (on moto) says what kind of table it is and what works."""
+    import json
+
+    import boto3
+
+    from tests.cli_helpers import run_cli
+
+    if fields is not None:
+        # the CLI builds its client from boto3's default session, which hands it its hooks
+        boto3.setup_default_session()
+        assert boto3.DEFAULT_SESSION is not None
+        events = boto3.DEFAULT_SESSION.events
+
+        def add(parsed: dict[str, Any], **_: Any) -> None:
+            if "Table" in parsed:
+                parsed["Table"].update(fields)
+
+        events.register("after-call.dynamodb.DescribeTable", add)
+    try:
+        code, out, err = run_cli(capsys, "--json", "table", "verify")
+    finally:
+        boto3.DEFAULT_SESSION = None
+    assert code == 0
+    answer = json.loads(out)
+    if mode is None:
+        assert "global_table" not in answer
+        assert "global table" not in err
+        return
+    assert answer["global_table"]["consistency"] == mode
+    assert "us-east-1" in answer["global_table"]["regions"]
+    expected = "single-region" if mode == "EVENTUAL" else "transaction is refused"
+    assert expected in err and "docs/global-tables.md" in err

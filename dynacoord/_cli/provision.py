@@ -262,14 +262,42 @@ def _table_create(ctx: Context) -> Any:
 def _table_verify(ctx: Context) -> Any:
     from ..provision import is_warning, verify_table
 
-    found = verify_table(ctx.client(), ctx.table_name, layout=_layout(ctx))
+    client = ctx.client()
+    found = verify_table(client, ctx.table_name, layout=_layout(ctx))
     problems = [p for p in found if not is_warning(p)]
     warnings = [p for p in found if is_warning(p)]
     if problems:
         _fail_with_problems(ctx, ctx.table_name, problems + warnings)
     for warning in warnings:  # usable (exit 0), but say what it lacks
         print(f"dynacoord: warning: {warning}", file=sys.stderr)
-    return {"table": ctx.table_name, "ok": True, "problems": [], "warnings": warnings}
+    result: dict[str, Any] = {
+        "table": ctx.table_name,
+        "ok": True,
+        "problems": [],
+        "warnings": warnings,
+    }
+    replicated = _global_table(client, ctx.table_name)
+    if replicated is not None:
+        result["global_table"] = replicated
+    return result
+
+
+def _global_table(client: Any, table_name: str) -> dict[str, Any] | None:
+    """A global table's mode, with a note on stderr of what dynacoord does there (None: the
+    table has no replica in another Region). One more DescribeTable: ``verify_table`` keeps its
+    answer to itself."""
+    from ..backends.dynamodb._global_tables import global_table_of, what_works
+
+    table = client.describe_table(TableName=table_name)["Table"]
+    replicated = global_table_of(table, client.meta.region_name)
+    if replicated is None:
+        return None
+    print(f"dynacoord: note: table {table_name!r} is {what_works(replicated)}", file=sys.stderr)
+    return {
+        "consistency": replicated.consistency,
+        "regions": list(replicated.regions),
+        "witnesses": list(replicated.witnesses),
+    }
 
 
 def _table_delete(ctx: Context) -> Any:

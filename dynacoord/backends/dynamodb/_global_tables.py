@@ -48,6 +48,7 @@ __all__ = [
     "guard_writes",
     "remember",
     "ttl_problem_on",
+    "what_works",
 ]
 
 logger = logging.getLogger(__name__)
@@ -294,6 +295,23 @@ def _refusal(
         consistency=found.consistency,
         regions=found.regions,
         operation=name,
+    )
+
+
+def what_works(found: GlobalTable) -> str:
+    """What dynacoord does on ``found``, in a sentence (for ``dynacoord table verify``)."""
+    if found.strong:
+        return (
+            f"{found.describe()}: every primitive works one item at a time; what needs a "
+            "transaction is refused (backend.transaction(), several events in one publish, "
+            "ordered outbox groups), and TTL is not supported there (expired items stay). See "
+            "docs/global-tables.md"
+        )
+    return (
+        f"{found.describe()}: conditions hold within one Region only, so the writes that need "
+        "exclusivity (locks, claims, counts, transitions) are refused unless every writer of "
+        "dynacoord's items runs in one Region and says so (global_table_writes='single-region' "
+        "or DYNACOORD_GLOBAL_TABLE_WRITES=single-region). See docs/global-tables.md"
     )
 
 
