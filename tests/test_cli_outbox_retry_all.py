@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dynacoord import Event, ManualClock
+from tests.outbox_helpers import drain
 
 
 def boom(event: Event) -> None:
@@ -25,8 +26,7 @@ def _fail(backend: Any, events: list[Event]) -> None:
     for start in range(0, len(events), 100):  # at most 100 events per publish
         backend.outbox.publish(events[start : start + 100])
     worker = backend.outbox.worker(boom, max_attempts=1, batch_size=100)
-    while worker.run_once():
-        pass
+    drain(worker)
     failed = {r.id for r in backend.outbox.failed(limit=1000)}
     assert {e.id for e in events} <= failed
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from dynacoord import Event
 from dynacoord.outbox import EventStatus
+from tests.outbox_helpers import drain
 
 
 def test_retry_group_redrives_the_groups_failed_events_in_order(ddb_cli: Any) -> None:
@@ -19,8 +20,7 @@ def test_retry_group_redrives_the_groups_failed_events_in_order(ddb_cli: Any) ->
         if event.id != "a2":
             raise RuntimeError("poison")
 
-    while outbox.worker(poison, max_attempts=1, heartbeat=False).run_once():
-        pass
+    drain(outbox.worker(poison, max_attempts=1, heartbeat=False))
     assert {r.id for r in outbox.failed()} == {"a1", "a3", "loose"}
     code, out, _ = run("--json", "outbox", "retry", "--group", "acct")
     assert code == 0 and json.loads(out) == {"retried": ["a1", "a3"]}

@@ -11,6 +11,7 @@ import pytest
 
 from dynacoord import ManualClock
 from dynacoord.outbox import Event, EventStatus
+from tests.outbox_helpers import drain
 
 UPDATE = {"dynamodb": "UpdateItem", "redis": "EVALSHA", "mongo": "find_one_and_update"}
 PUT = {"dynamodb": "PutItem", "redis": "EVALSHA", "mongo": None}
@@ -386,8 +387,7 @@ def test_outbox_retry_with_a_lost_response_reports_the_event_retried(lossy):
     def poison(event):
         raise RuntimeError("poison")
 
-    while outbox.worker(poison, max_attempts=1, heartbeat=False).run_once():
-        pass
+    drain(outbox.worker(poison, max_attempts=1, heartbeat=False))
     assert outbox.get("doomed").status is EventStatus.FAILED
     lossy.lose_next(
         operation={"dynamodb": "UpdateItem", "redis": "EVALSHA", "mongo": "update_one"}[lossy.kind]

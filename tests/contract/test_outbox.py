@@ -20,20 +20,11 @@ from dynacoord import (
 )
 from dynacoord.errors import ConfigurationError
 from tests.conftest import needs_atomic_store
+from tests.outbox_helpers import drain
 
 
 class Crash(BaseException):
     """Simulates a worker dying mid-event: not an Exception, so the worker does not record it."""
-
-
-def drain(worker, rounds=50):
-    total = 0
-    for _ in range(rounds):
-        n = worker.run_once()
-        if n == 0:
-            return total
-        total += n
-    raise AssertionError("the outbox did not drain")
 
 
 def test_publish_then_handler_receives_it_once(make_backend):

@@ -18,6 +18,7 @@ from dynacoord._clock import ManualClock
 from dynacoord.errors import InvalidValueError, NotSupportedError
 from dynacoord.keys import outbox_index_pk, shard_of
 from dynacoord.outbox import Event, EventStatus, OutboxStats
+from tests.outbox_helpers import drain
 
 from ..backends_fixtures import (  # noqa: F401  (fixtures are registered by import)
     dynamodb_layout_backend_factory,
@@ -146,8 +147,7 @@ def test_two_racing_batches_deliver_each_event_once(make_backend):
     def run() -> None:
         worker = outbox.worker(handle, batch_size=60, heartbeat=False)
         barrier.wait()
-        while worker.run_once():
-            pass
+        drain(worker)
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for t in threads:
@@ -247,8 +247,7 @@ def test_a_publisher_with_more_shards_than_the_worker_strands_nothing(make_ddb):
     publisher.outbox.publish([Event("t", i) for i in range(40)])
     got: list[int] = []
     worker = worker_backend.outbox.worker(lambda e: got.append(e.payload), heartbeat=False)
-    while worker.run_once():
-        pass
+    drain(worker)
     assert sorted(got) == list(range(40))
     assert worker_backend.outbox.stats().pending == 0
 
@@ -326,8 +325,7 @@ def test_an_ordered_group_waits_for_its_head_to_be_retried(make_backend):
         worker.run_once()
     assert delivered == ["x"]
     clock.advance(11)
-    while worker.run_once():
-        clock.advance(2)
+    drain(worker, clock=clock)
     assert delivered == ["x", "s0", "s1", "s2", "s3"]
 
 
@@ -343,8 +341,7 @@ def test_a_failed_head_lets_its_group_go_on(make_backend):
         delivered.append(event.id)
 
     worker = outbox.worker(handle, max_attempts=1, heartbeat=False)
-    while worker.run_once():
-        clock.advance(2)
+    drain(worker, clock=clock)
     assert delivered == ["f1", "f2"]
     assert outbox.get("f0").status is EventStatus.FAILED
     # Retried by hand, the poison event is delivered although its group moved past it.
@@ -368,8 +365,7 @@ def test_a_retried_ordered_event_goes_back_to_its_groups_shard(make_ddb):
     outbox.publish([Event("t", n, group="grp", ordered=True, id=i) for n, i in enumerate(ids)])
     outbox.publish(Event("t", "plain", id="u0"))
     worker = outbox.worker(_raise, max_attempts=1, heartbeat=False)
-    while worker.run_once():
-        clock.advance(2)
+    drain(worker, clock=clock)
     assert outbox.retry_report([ids[0], "u0"]).retried == [ids[0], "u0"]
 
     def partition(event_id: str) -> str:
@@ -382,8 +378,7 @@ def test_a_retried_ordered_event_goes_back_to_its_groups_shard(make_ddb):
     assert report.not_failed == [ids[0]] and report.not_found == ["nope"]
     got: list[str] = []
     ok = outbox.worker(lambda e: got.append(e.id), heartbeat=False)
-    while ok.run_once():
-        clock.advance(2)
+    drain(ok, clock=clock)
     assert sorted(got) == sorted([ids[0], "u0"])
 
 
@@ -405,8 +400,7 @@ def test_a_follower_is_not_claimed_while_its_head_is_in_flight(make_backend):
     clock.advance(45)  # the head's lease ran out
     got: list[str] = []
     rescuer = outbox.worker(lambda e: got.append(e.id), heartbeat=False)
-    while rescuer.run_once():
-        clock.advance(2)
+    drain(rescuer, clock=clock)
     assert got == ["head", "next"]
 
 
@@ -554,8 +548,7 @@ def test_workers_of_one_process_never_claim_over_each_other(make_backend):
 
     def run() -> None:
         worker = outbox.worker(lambda e: delivered.append(e.payload), batch_size=10)
-        while worker.run_once():
-            pass
+        drain(worker)
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for t in threads:

@@ -13,6 +13,7 @@ import pytest
 from dynacoord._clock import ManualClock
 from dynacoord.errors import InvalidValueError
 from dynacoord.outbox import Event, EventStatus
+from tests.outbox_helpers import drain
 
 from ..conftest import needs_atomic_store
 
@@ -53,10 +54,10 @@ def _fail_some(outbox: Any, clock: ManualClock | None = None, groups: tuple[str,
 
 def _drain(outbox: Any, clock: ManualClock, batch_size: int) -> list[str]:
     got: list[str] = []
-    worker = outbox.worker(lambda e: got.append(e.id), batch_size=batch_size, heartbeat=False)
-    for _ in range(20):
-        worker.run_once()
-        clock.advance(2)
+    drain(
+        outbox.worker(lambda e: got.append(e.id), batch_size=batch_size, heartbeat=False),
+        clock=clock,
+    )
     return got
 
 
@@ -199,8 +200,7 @@ def test_more_events_than_one_transaction_keep_their_order(make_backend):
         raise RuntimeError("poison")
 
     worker = outbox.worker(poison, max_attempts=1, batch_size=50, heartbeat=False)
-    while worker.run_once():
-        clock.advance(2)
+    drain(worker, clock=clock)
     assert outbox.stats().failed == count
     assert outbox.retry(group="big") == count
     assert [outbox.get(f"b{i:03d}").seq for i in range(count)] == list(
@@ -226,8 +226,7 @@ def test_small_chunks_keep_the_order_across_transactions(make_backend, monkeypat
         raise RuntimeError("poison")
 
     worker = outbox.worker(poison, max_attempts=1, heartbeat=False)
-    while worker.run_once():
-        clock.advance(2)
+    drain(worker, clock=clock)
     assert outbox.retry_report(group="g").retried == ["g1", "g3", "g4", "g6", "g7"]
     assert [outbox.get(i).seq for i in ("g1", "g3", "g4", "g6", "g7")] == [8, 9, 10, 11, 12]
     assert _drain(outbox, clock, 1) == ["g1", "g3", "g4", "g6", "g7"]

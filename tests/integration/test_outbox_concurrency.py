@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 from dynacoord import Event
+from tests.outbox_helpers import drain
 
 WORKERS = 4
 
@@ -112,10 +113,6 @@ def test_zombies_are_recovered_while_others_work(ddb_backend):
             deliveries[event.payload] += 1
 
     rescuers = [outbox.worker(handler, batch_size=5) for _ in range(WORKERS)]
-
-    def drain(w):
-        while w.run_once():
-            pass
 
     threads = [threading.Thread(target=drain, args=(w,)) for w in rescuers]
     for t in threads:

@@ -25,6 +25,7 @@ from dynacoord.errors import ConfigurationError, InvalidValueError, NotSupported
 from dynacoord.outbox import EventStatus, Outbox
 from dynacoord.provision import table_definition
 from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, unique_name
+from tests.outbox_helpers import drain
 
 pytestmark = pytest.mark.integration
 
@@ -270,8 +271,7 @@ def test_stream_relays_and_sweepers_never_both_deliver(env: Env, claim: bool) ->
             else:
                 worker = backend.outbox.worker(handler, batch_size=10, heartbeat=False)
             start.wait()
-            while worker.run_once():
-                pass
+            drain(worker)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -634,7 +634,7 @@ def test_the_stack_entry_points_deliver_with_the_configuration_of_the_environmen
         assert serverless.relay(env.reader.next_batch(), FakeContext()) == {"batchItemFailures": []}
         seen = sys.modules[module].SEEN
         assert seen == [(event_id, 1)]
-        assert serverless._relay is not None and serverless._relay.worker.max_attempts == 3
+        assert serverless._relay is not None and serverless._relay.worker.options.max_attempts == 3
 
         result = serverless.sweep({}, FakeContext())
         assert result["handled"] == 0 and result["reconcile"]["scanned"] == 0

@@ -32,6 +32,7 @@ from dynacoord import BackendError, ManualClock, TransactionCancelledError
 from dynacoord.backends.dynamodb import DynamoDBBackend
 from dynacoord.outbox import Event, EventStatus
 from dynacoord.testing import DynamoDBLocal, unique_name
+from tests.outbox_helpers import drain
 from tests.reliability.conftest import scan_all
 
 pytestmark = pytest.mark.integration
@@ -331,8 +332,7 @@ def test_outbox_publish_retried_after_lost_response_does_not_duplicate(faulty, f
     assert faults.applied("PutItem" if count == 1 else "TransactWriteItems") == 1
     got: list[Any] = []
     worker = outbox.worker(got.append, heartbeat=False)
-    while worker.run_once():
-        pass
+    drain(worker)
     assert sorted(e.id for e in got) == sorted(e.id for e in events)
     assert outbox.stats().pending == 0
 
@@ -439,8 +439,7 @@ def test_publish_cancelled_with_mixed_reasons_keeps_the_stored_event_and_writes_
     assert outbox.publish([first, second]) == [first.id, second.id]
     got: list[Any] = []
     worker = outbox.worker(got.append, heartbeat=False)
-    while worker.run_once():
-        pass
+    drain(worker)
     assert sorted(e.id for e in got) == sorted([first.id, second.id])
 
 
