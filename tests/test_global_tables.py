@@ -82,14 +82,15 @@ class Sent:
         return [n for n in self.names if n in WRITES]
 
 
-def replicated(client: Any, fields: dict[str, Any]) -> None:
-    """Make ``client``'s DescribeTable answers those of a global table with ``fields``."""
+def replicated(events: Any, fields: dict[str, Any]) -> None:
+    """Make the DescribeTable answers of the clients of ``events`` (a client's
+    ``meta.events``, or a session's) those of a global table with ``fields``."""
 
     def add(parsed: dict[str, Any], **_: Any) -> None:
         if "Table" in parsed:
             parsed["Table"].update(fields)
 
-    client.meta.events.register("after-call.dynamodb.DescribeTable", add)
+    events.register("after-call.dynamodb.DescribeTable", add)
 
 
 def stored(dynamodb_local: DynamoDBLocal, table: str, namespace: str) -> list[str]:
@@ -111,7 +112,7 @@ def fresh(dynamodb_local: DynamoDBLocal, table: str) -> Callable[..., tuple[Any,
     def make(fields: dict[str, Any] | None, **options: Any) -> tuple[Any, Sent, str]:
         client = dynamodb_local.client()
         if fields is not None:
-            replicated(client, fields)
+            replicated(client.meta.events, fields)
         sent = Sent(client)
         namespace = unique_name("ns")
         backend = DynamoDBBackend(client, table_name=table, namespace=namespace, **options)
@@ -244,7 +245,7 @@ def test_the_promise_is_read_from_the_environment(
 ) -> None:
     monkeypatch.setenv("DYNACOORD_GLOBAL_TABLE_WRITES", "single-region")
     client = dynamodb_local.client()
-    replicated(client, MREC)
+    replicated(client.meta.events, MREC)
     backend = DynamoDBBackend.from_env(client=client, table_name=table)
     assert backend.global_table_writes == "single-region"
     backend.locks.acquire(unique_name("job"), ttl=10)
@@ -330,7 +331,7 @@ def test_a_layout_table_is_gated_the_same(
     name = unique_name("global-layout")
     create_table(dynamodb_local.client(), name, layout=layout)
     client = dynamodb_local.client()
-    replicated(client, MREC)
+    replicated(client.meta.events, MREC)
     sent = Sent(client)
     backend = DynamoDBBackend(client, table_name=name, layout=layout)
     with pytest.raises(GlobalTableError, match="a lock"):
@@ -390,13 +391,7 @@ def test_table_verify_reports_a_global_tables_mode(
         # the CLI builds its client from boto3's default session, which hands it its hooks
         boto3.setup_default_session()
         assert boto3.DEFAULT_SESSION is not None
-        events = boto3.DEFAULT_SESSION.events
-
-        def add(parsed: dict[str, Any], **_: Any) -> None:
-            if "Table" in parsed:
-                parsed["Table"].update(fields)
-
-        events.register("after-call.dynamodb.DescribeTable", add)
+        replicated(boto3.DEFAULT_SESSION.events, fields)
     try:
         code, out, err = run_cli(capsys, "--json", "table", "verify")
     finally:
