@@ -123,16 +123,13 @@ def _transactions_only(backend: Any, design: str) -> Iterator[None]:
     if design != "batched-tx":
         yield
         return
-    from dynacoord.backends.dynamodb import _partiql
-
-    store = backend.outbox._store
-    key = (store._table.client, store._table.name)
+    state = backend.outbox._store._table.state
     # a "no" never asked again during the run
-    _partiql._supported.setdefault(key[0], {})[key[1]] = (False, float("inf"))
+    state.partiql = (False, float("inf"))
     try:
         yield
     finally:
-        _partiql._supported.get(key[0], {}).pop(key[1], None)
+        state.partiql = None
 
 
 def _threads(

@@ -8,11 +8,8 @@ over the ``Table`` dict: no request, no boto3 import.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,10 +20,7 @@ __all__ = [
     "GSI_NAME",
     "TTL_ATTRIBUTE",
     "TableLayout",
-    "forget_verified",
-    "is_verified",
     "key_schema_problems",
-    "mark_verified",
     "schema_problems",
     "ttl_problem",
 ]
@@ -334,14 +328,6 @@ def schema_problems(
     return problems
 
 
-#: tables known to be right, per client (weakly: a dropped client frees its entry): checked by
-#: the backend on first use, created or verified by dynacoord.provision with that client
-#: (a table right for one layout is not for another: the entry of a layout other than the
-#: default is (table name, layout))
-_verified: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
-_verified_lock = threading.Lock()
-
-
 def ttl_problem(description: Mapping[str, Any], layout: TableLayout) -> str | None:
     """What is wrong with a ``DescribeTimeToLive`` answer's ``TimeToLiveDescription`` for
     ``layout`` (None: TTL is on the layout's ``ttl``). TTL on another attribute is the
@@ -365,32 +351,3 @@ def ttl_problem(description: Mapping[str, Any], layout: TableLayout) -> str | No
         f"command line, TtlAttribute={other} for the stack; keep your TTL on (turning it off "
         "would stop your own items expiring)"
     )
-
-
-def _entry(table_name: str, layout: TableLayout) -> Any:
-    return table_name if layout is DEFAULT_LAYOUT or layout.is_default else (table_name, layout)
-
-
-def is_verified(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYOUT) -> bool:
-    """Whether ``table_name`` was found right (for ``layout``) through ``client`` in this
-    process."""
-    try:
-        return _entry(table_name, layout) in _verified.get(client, ())
-    except TypeError:  # a client that cannot be weakly referenced: checked per backend
-        return False
-
-
-def mark_verified(client: Any, table_name: str, layout: TableLayout = DEFAULT_LAYOUT) -> None:
-    """Remember that ``table_name`` was found (or made) right for ``layout`` through
-    ``client``."""
-    with _verified_lock, contextlib.suppress(TypeError):
-        _verified.setdefault(client, set()).add(_entry(table_name, layout))
-
-
-def forget_verified(client: Any, table_name: str) -> None:
-    """Forget ``table_name`` under every layout (it was deleted through ``client``)."""
-    with _verified_lock, contextlib.suppress(TypeError):
-        entries = _verified.get(client, set())
-        for entry in list(entries):
-            if entry == table_name or (isinstance(entry, tuple) and entry[0] == table_name):
-                entries.discard(entry)

@@ -787,8 +787,6 @@ def test_invocations_holding_one_lock_take_turns_and_their_heartbeats_renew_thei
 def test_the_first_invocations_of_a_new_backend_pass_the_table_check_together(
     table: tuple[Any, str], dynamodb_local: DynamoDBLocal
 ) -> None:
-    from dynacoord._table_schema import is_verified
-
     _, name = table
     client = dynamodb_local.client()  # a new client: the table is not known to be right yet
     described: list[str] = []
@@ -798,7 +796,7 @@ def test_the_first_invocations_of_a_new_backend_pass_the_table_check_together(
     backend = DynamoDBBackend(client, table_name=name, namespace=unique_name("ns"))
     results = invoke_concurrently(N, lambda i: backend.counters.increment("hits"))
     assert sorted(results) == list(range(1, N + 1))
-    assert is_verified(client, name)
+    assert backend.table.layout in backend.table.state.verified
     assert "call" not in backend.table.__dict__  # later requests skip the check
     # one check for all of them (16 DescribeTables before the first check took a lock)
     assert described == ["DescribeTable"]

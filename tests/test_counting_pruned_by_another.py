@@ -15,7 +15,8 @@ condition closes, with the dropping done by *another process* than the one whose
 Without the condition X drops W's slot and W's retry counts a second time.
 
 Each process here is its own slot pool and its own memory of stale slots (what a process keeps
-in ``dynacoord._writers`` and ``backends/dynamodb/_table.py``), swapped in around its calls.
+in ``dynacoord._writers`` and its table session's ``state.stale_slots``), swapped in around
+its calls.
 """
 
 from __future__ import annotations
@@ -34,18 +35,20 @@ from dynacoord.backends.dynamodb import _table
 class _Process:
     """What one process keeps for counting writes: its slot pool and the stale slots seen."""
 
-    def __init__(self) -> None:
+    def __init__(self, table: Any) -> None:
         self.pool = _writers._Pool()
-        self.stale: dict[str, tuple[tuple[str, str | None], ...]] = {}
+        self.stale: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._state = table.state  # the table session's memory, shared by the process
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        saved = _writers._pool[0], _table._stale
-        _writers._pool[0], _table._stale = self.pool, self.stale
+        state = self._state
+        saved = _writers._pool[0], state.stale_slots
+        _writers._pool[0], state.stale_slots = self.pool, self.stale
         try:
             yield
         finally:
-            _writers._pool[0], _table._stale = saved
+            _writers._pool[0], state.stale_slots = saved
 
 
 def _slots(backend: Any, key: str) -> dict[str, str]:
@@ -63,12 +66,12 @@ def test_a_retry_counts_once_when_another_process_dropped_the_stale_slots(lossy:
     backend = lossy.backend(clock=clock)
     counters = backend.counters
     pk = f"COUNTER#{backend.namespace}#k"
-    w, x = _Process(), _Process()
+    w, x = _Process(backend.table), _Process(backend.table)
     with w.running():
         counters.increment("k")
     [w_slot] = _slots(backend, "k")
     for _ in range(PRUNE_AT):  # more slots than PRUNE_AT: stale ones are worth dropping
-        with _Process().running():
+        with _Process(backend.table).running():
             counters.increment("k")
     clock.advance(_table.client_window_ms(backend.client) / 1000 + 1)  # all of them stale
     with x.running():

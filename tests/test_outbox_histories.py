@@ -16,7 +16,7 @@ from botocore.awsrequest import AWSResponse
 
 from dynacoord import DynamoDBBackend, Event, ManualClock, codec
 from dynacoord.backends.dynamodb import _batch, _partiql
-from dynacoord.backends.dynamodb._table import unmarshal
+from dynacoord.backends.dynamodb._table import DynamoTable, unmarshal
 from dynacoord.errors import BackendError, ValueTooLargeError
 from dynacoord.outbox import DELIVERY_ROOM, EventStatus
 from dynacoord.testing import DynamoDBLocal, unique_name
@@ -363,9 +363,9 @@ class _ProbeClient:
 def test_a_probe_throttled_per_statement_is_asked_again(code: str) -> None:
     client = _ProbeClient(code)
     key = {"pk": {"S": "OUTBOX#x#~"}, "sk": {"S": "PARTIQL-PROBE"}}
-    assert _partiql.supported(client, "t", key) is False  # transactions this time
+    assert DynamoTable(client, "t").statements_supported(key) is False  # transactions this time
     client.code = "ConditionalCheckFailed"
-    assert _partiql.supported(client, "t", key) is True
+    assert DynamoTable(client, "t").statements_supported(key) is True
     assert client.calls == 2
 
 
@@ -374,12 +374,12 @@ def test_a_no_is_asked_again_after_a_while(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(_partiql, "_monotonic", lambda: now[0])
     client = _ProbeClient("AccessDeniedException-like")  # anything but a refusal: no
     key = {"pk": {"S": "OUTBOX#x#~"}, "sk": {"S": "PARTIQL-PROBE"}}
-    assert _partiql.supported(client, "t", key) is False
-    assert _partiql.supported(client, "t", key) is False
+    assert DynamoTable(client, "t").statements_supported(key) is False
+    assert DynamoTable(client, "t").statements_supported(key) is False
     assert client.calls == 1
     client.code = "ConditionalCheckFailed"
     now[0] += _partiql.ASK_AGAIN_AFTER
-    assert _partiql.supported(client, "t", key) is True
+    assert DynamoTable(client, "t").statements_supported(key) is True
     assert client.calls == 2
 
 

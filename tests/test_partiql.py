@@ -9,8 +9,15 @@ import pytest
 from botocore.exceptions import ClientError
 
 from dynacoord.backends.dynamodb import _partiql
+from dynacoord.backends.dynamodb._table import DynamoTable
 
 KEY = {"pk": {"S": "OUTBOX#ns#~"}, "sk": {"S": "PARTIQL-PROBE"}}
+
+
+def _supported(client: Any) -> bool:
+    """The probe's answer through a table session on ``client`` (each session of a client and
+    table shares what the first one learnt)."""
+    return DynamoTable(client, "t").statements_supported(KEY)
 
 
 def _op(**extra: Any) -> dict[str, Any]:
@@ -73,8 +80,8 @@ def _error(code: str) -> ClientError:
 
 def test_a_refused_probe_means_supported_and_is_remembered() -> None:
     client = _Client({"Responses": [{"Error": {"Code": "ConditionalCheckFailed"}}]})
-    assert _partiql.supported(client, "t", KEY) is True
-    assert _partiql.supported(client, "t", KEY) is True
+    assert _supported(client) is True
+    assert _supported(client) is True
     assert client.calls == 1
 
 
@@ -88,12 +95,12 @@ def test_a_refused_probe_means_supported_and_is_remembered() -> None:
     ],
 )
 def test_anything_but_a_refused_probe_means_transactions(answer: Any) -> None:
-    assert _partiql.supported(_Client(answer), "t", KEY) is False
+    assert _supported(_Client(answer)) is False
 
 
 def test_a_throttled_probe_is_asked_again() -> None:
     client = _Client(_error("ThrottlingException"))
     with pytest.raises(ClientError):
-        _partiql.supported(client, "t", KEY)
+        _supported(client)
     client.answer = {"Responses": [{"Error": {"Code": "ConditionalCheckFailed"}}]}
-    assert _partiql.supported(client, "t", KEY) is True
+    assert _supported(client) is True

@@ -16,7 +16,7 @@ import pytest
 
 from dynacoord import ConfigurationError, Event, TableLayout
 from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.backends.dynamodb._layout import LayoutClient, Translator
+from dynacoord.backends.dynamodb._layout import Translator
 from dynacoord.backends.dynamodb._verify import TableConfigurationError
 from dynacoord.backends.dynamodb.transaction import Transaction
 from dynacoord.errors import DuplicateEventError, TransactionCancelledError
@@ -169,7 +169,7 @@ def test_the_default_layout_sends_the_requests_of_no_layout(moto_client: Any) ->
             clock=ManualClock(),
             layout=layout,
         )
-        assert backend.table.client is moto_client
+        assert backend.table.client is moto_client and backend.table.translator is None
         assert type(backend.transaction()) is Transaction
         _workload(backend)
         moto_client.meta.events.unregister("provide-client-params.dynamodb.*", unique_id="layout")
@@ -459,10 +459,10 @@ def test_from_env_reads_the_layout(app_table: Any, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("DYNACOORD_TABLE", APP)
     monkeypatch.setenv("DYNACOORD_TABLE_LAYOUT", LAYOUT.to_json())
     backend = DynamoDBBackend.from_env(client=app_table)
-    assert backend.layout == LAYOUT and isinstance(backend.table.client, LayoutClient)
+    assert backend.layout == LAYOUT and backend.table.translator is not None
     assert "layout=TableLayout(pk='PK'" in repr(backend)
     monkeypatch.setenv("DYNACOORD_TABLE_LAYOUT", '{"pk": "sk"}')
     with pytest.raises(ConfigurationError, match="DYNACOORD_TABLE_LAYOUT: TableLayout.pk"):
         DynamoDBBackend.from_env(client=app_table)
     monkeypatch.setenv("DYNACOORD_TABLE_LAYOUT", "")
-    assert DynamoDBBackend.from_env(client=app_table).table.client is app_table
+    assert DynamoDBBackend.from_env(client=app_table).table.translator is None

@@ -18,12 +18,11 @@ from .._table_schema import (
     GSI_NAME,
     TTL_ATTRIBUTE,
     TableLayout,
-    forget_verified,
     key_schema_problems,
-    mark_verified,
     schema_problems,
     ttl_problem,
 )
+from .._table_state import forget_verified, mark_verified
 from ..errors import BackendError, ConfigurationError, TableNotReadyError
 from ._aws import Progress, Refusal, call, noop, request, wait_for
 

@@ -1,4 +1,4 @@
-"""Joins at a constant cost (issue 29): on DynamoDB an arrival writes its member's bucket and
+"""Joins at a constant cost: on DynamoDB an arrival writes its member's bucket and
 carries the bucket's count to the join item (two small items, whatever the member count), each
 member counted once, the completer firing, exact under lost responses and a crash between the
 two writes. Units by AWS's rules (bench/_units.py)."""
@@ -12,7 +12,7 @@ import pytest
 from bench._units import UnitMeter
 from dynacoord import ManualClock
 from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.backends.dynamodb.counters import _bucket_of, _gens, join_buckets
+from dynacoord.backends.dynamodb.counters import _bucket_of, join_buckets
 from dynacoord.testing import unique_name
 
 
@@ -21,8 +21,8 @@ def _backend(client, table, **options):
 
 
 def test_every_arrival_of_a_2000_member_join_costs_at_most_2_wcu(ddb_table):
-    """On DynamoDB Local: the last arrival of a 2,000-member join (the previous design: up to
-    ~250 WCU, the whole set rewritten) costs 2 WCU, and fires."""
+    """On DynamoDB Local: the last arrival of a 2,000-member join (up to ~250 WCU if it rewrote
+    one set of every member) costs 2 WCU, and fires."""
     client, table = ddb_table
     counters = _backend(client, table).counters
     n = 2000
@@ -87,7 +87,7 @@ def test_a_crash_between_the_two_writes_is_repaired_by_the_redelivery(ddb_table)
     store = counters._store
     counters.join("k", "a", expected=2)
     pk = f"COUNTER#{backend.namespace}#k"
-    gen = _gens[pk][0]
+    gen = backend.table.state.join_gens[pk][0]
     # "b" reaches its bucket, then the process dies before carrying it to the join item
     store._bucket_add(pk, gen, _bucket_of("b", join_buckets(2)), "b", None, 0)
     assert counters.get("k") == 1
@@ -154,30 +154,6 @@ def test_extend_ttl_and_delete_take_the_buckets_along(ddb_table):
     assert left == []
 
 
-def test_a_join_of_the_previous_design_keeps_its_form(ddb_table):
-    client, table = ddb_table
-    backend = _backend(client, table)
-    pk = f"COUNTER#{backend.namespace}#old"
-    client.put_item(
-        TableName=table,
-        Item={
-            "pk": {"S": pk},
-            "sk": {"S": "COUNTER"},
-            "kind": {"S": "join"},
-            "n": {"N": "1"},
-            "expected": {"N": "2"},
-            "members": {"SS": ["a"]},
-            "last": {"S": "a"},
-        },
-    )
-    counters = backend.counters
-    assert counters.join("old", "a", expected=2).fired is False
-    done = counters.join("old", "b", expected=2)
-    assert done.fired and done.count == 2
-    item = counters.item("old")
-    assert item is not None and item.members == frozenset("ab")
-
-
 def test_a_process_with_a_stale_generation_learns_the_new_one_from_the_refusal(ddb_table):
     """No read again (an eventually consistent one could still show the old generation): the
     join item's refusal shows the generation to join."""
@@ -186,11 +162,12 @@ def test_a_process_with_a_stale_generation_learns_the_new_one_from_the_refusal(d
     counters = backend.counters
     pk = f"COUNTER#{backend.namespace}#g"
     counters.join("g", "a", expected=3)
-    stale = _gens[pk]
+    gens = backend.table.state.join_gens
+    stale = gens[pk]
     counters.delete("g")  # "another process" deletes the join and starts it again
     counters.join("g", "b", expected=3)
-    assert _gens[pk][0] != stale[0]
-    _gens[pk] = stale  # this process still knows the old generation
+    assert gens[pk][0] != stale[0]
+    gens[pk] = stale  # this process still knows the old generation
     sent: list[str] = []
 
     def note(model, **_):

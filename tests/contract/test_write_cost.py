@@ -17,7 +17,7 @@ import pytest
 from bench._units import UnitMeter, item_size, write_units
 from dynacoord import ManualClock
 from dynacoord._writers import PRUNE_AT
-from dynacoord.backends.dynamodb import DynamoDBBackend, _table
+from dynacoord.backends.dynamodb import DynamoDBBackend
 from dynacoord.testing import unique_name
 from tests.slot_pools import Process
 
@@ -177,12 +177,13 @@ def test_a_writer_that_came_back_keeps_its_slot(ddb_table) -> None:
     observer = processes[-1]
     observer.run(counters.increment, "k")  # sees PRUNE_AT stale slots besides its own
     # what the observer saw is its process's memory: the writer coming back has not seen it
-    seen = _table._stale.pop(pk)
+    stale_slots = backend.table.state.stale_slots
+    seen = stale_slots.pop(pk)
     assert back in {name for name, _ in seen}
     for process in processes:
         if f"w:{process._pool.process}0" == back:
             process.run(counters.increment, "k")  # comes back after its slot was seen stale
-    _table._stale[pk] = seen
+    stale_slots[pk] = seen
     observer.run(counters.increment, "k")  # its drop is refused for that slot: sent again
     observer.run(counters.increment, "k")  # sees the stale slots again
     observer.run(counters.increment, "k")  # and drops them

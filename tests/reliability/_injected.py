@@ -275,12 +275,10 @@ def forget_partiql(client: Any) -> None:
     """Forget what the library learned of ``client``'s PartiQL (a fresh process: its first batch
     probes again), so a history's faults meet the probe. Test-side: the library keeps the answer
     per client, and the session's client outlives each history."""
-    from dynacoord.backends.dynamodb import _partiql
+    from dynacoord._table_state import table_states
 
-    memory = getattr(_partiql, "_supported", None)
-    if memory is not None:
-        with contextlib.suppress(KeyError, TypeError):
-            del memory[client]
+    for state in table_states(client):
+        state.partiql = None
 
 
 class SkewedClock:

@@ -15,7 +15,6 @@ from ._verify import VerifiedTable, check_client
 
 if TYPE_CHECKING:
     from ...locks import LockStore
-    from ._layout import Translator
     from .transaction import Transaction
 
 __all__ = ["DEFAULT_TABLE_NAME", "DynamoDBBackend", "TableLayout"]
@@ -109,31 +108,16 @@ class DynamoDBBackend(Backend):
         self.layout = layout
         #: "refuse", or "single-region": every writer of dynacoord's items runs in one Region
         self.global_table_writes = check_global_table_writes(global_table_writes)
-        #: the layout's translation (None for the default layout: no translation at all)
-        self._translator: Translator | None = None
-        self._raw_table: VerifiedTable | None = None
-        self._verify = verify
-        if layout.is_default:
-            self.table = VerifiedTable(
-                client,
-                table_name,
-                metrics=self.metrics,
-                verify=verify,
-                global_table_writes=self.global_table_writes,
-            )
-        else:
-            from ._layout import LayoutClient, Translator
-
-            self._translator = Translator(layout, table_name)
-            self.table = VerifiedTable(
-                LayoutClient(client, self._translator),
-                table_name,
-                metrics=self.metrics,
-                verify=verify,
-                layout=layout,
-                raw_client=client,
-                global_table_writes=self.global_table_writes,
-            )
+        #: the table session every store sends through: first-use check, layout translation,
+        #: error translation, metrics
+        self.table = VerifiedTable(
+            client,
+            table_name,
+            metrics=self.metrics,
+            verify=verify,
+            layout=layout,
+            global_table_writes=self.global_table_writes,
+        )
 
     @classmethod
     def from_env(
@@ -186,7 +170,7 @@ class DynamoDBBackend(Backend):
         return backend
 
     def __repr__(self) -> str:
-        layout = "" if self._translator is None else f", layout={self.layout!r}"
+        layout = "" if self.layout.is_default else f", layout={self.layout!r}"
         return (
             f"DynamoDBBackend(table_name={self.table_name!r}, namespace={self.namespace!r}{layout})"
         )
@@ -230,10 +214,6 @@ class DynamoDBBackend(Backend):
         from .outbox import DynamoDBOutboxStore
 
     def _outbox_store(self, namespace: str) -> DynamoDBOutboxStore:
-        if self._translator is not None:
-            from ._layout import LayoutOutboxStore
-
-            return LayoutOutboxStore(self.table, namespace, self._translator, shards=self.shards)
         from .outbox import DynamoDBOutboxStore
 
         return DynamoDBOutboxStore(self.table, namespace, shards=self.shards)
@@ -253,34 +233,12 @@ class DynamoDBBackend(Backend):
                 f"client_request_token must be a str of 1 to 36 characters, got "
                 f"{client_request_token!r}"
             )
-        if self._translator is not None:
-            return self._layout_transaction(client_request_token)
+        if self.table.translator is not None:
+            from .transaction import LayoutTransaction
+
+            transaction_class = LayoutTransaction
         return transaction_class(
             self.table, outbox=self.outbox, client_request_token=client_request_token
-        )
-
-    def _layout_transaction(self, client_request_token: str | None) -> Transaction:
-        """A transaction on a table with a layout: your items as you give them, dynacoord's
-        translated (see ``_layout.LayoutTransaction``), sent through the client itself."""
-        from ._layout import LayoutTransaction
-
-        assert self._translator is not None
-        raw_table = self._raw_table
-        if raw_table is None:
-            raw_table = self._raw_table = VerifiedTable(
-                self.client,
-                self.table_name,
-                metrics=self.metrics,
-                verify=self._verify,
-                layout=self.layout,
-                global_table_writes=self.global_table_writes,
-            )
-        return LayoutTransaction(
-            raw_table,
-            self._translator,
-            layout=self.layout,
-            outbox=self.outbox,
-            client_request_token=client_request_token,
         )
 
     def _counter_store(self, namespace: str) -> DynamoDBCounterStore:

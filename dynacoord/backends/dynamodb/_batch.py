@@ -110,31 +110,18 @@ Closure = Callable[["Entry"], "str | None"]
 
 
 class BatchWriter:
-    """Sends batches of conditional writes to one table (see the module docstring).
+    """Sends batches of conditional writes to one table (see the module docstring), through its
+    session (which translates a table layout's names both ways, statements included);
+    ``probe_key`` is the key of the PartiQL probe (one that never exists)."""
 
-    ``statement_op`` turns an operation into the table's names before it becomes a statement
-    and ``statement_refusal`` reads a refused statement's item back (a table layout renames
-    both ways); ``probe_key`` is the key of the PartiQL probe (one that never exists)."""
-
-    def __init__(
-        self,
-        table: DynamoTable,
-        *,
-        probe_key: Mapping[str, Any],
-        statement_op: Callable[[dict[str, Any]], dict[str, Any]],
-        statement_refusal: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-    ) -> None:
+    def __init__(self, table: DynamoTable, *, probe_key: Mapping[str, Any]) -> None:
         self._table = table
         self._probe_key = dict(probe_key)
-        self._statement_op = statement_op
-        self._statement_refusal = statement_refusal
 
     def statements_supported(self) -> bool:
         """Whether this endpoint runs conditional PartiQL batches (DynamoDB and DynamoDB Local
         do, moto does not); asked once per client and table."""
-        return _partiql.supported(
-            self._table.client, self._table.name, self._probe_key, self._statement_op
-        )
+        return self._table.statements_supported(self._probe_key)
 
     def write(
         self,
@@ -211,7 +198,7 @@ class BatchWriter:
             code,
             int(_partiql.ASK_AGAIN_AFTER),
         )
-        _partiql.refused(self._table.client, self._table.name)
+        _partiql.refused(self._table.state)
 
     def _statement_entries(self, entries: list[Entry]) -> list[tuple[Entry, dict[str, Any]]]:
         """The entries that translate to PartiQL statements, each with its statement."""
@@ -219,7 +206,7 @@ class BatchWriter:
         for entry in entries:
             ((action, op),) = entry.item.items()
             try:
-                out.append((entry, _partiql.statement(action, self._statement_op(op))))
+                out.append((entry, self._table.statement(action, op)))
             except _partiql.NotTranslatableError:
                 continue  # sent the transactional way
         return out
@@ -250,7 +237,8 @@ class BatchWriter:
                 continue
             code = error.get("Code")
             if code == "ConditionalCheckFailed":
-                answers.refused(entry, self._statement_refusal(error.get("Item")))
+                raw = error.get("Item")
+                answers.refused(entry, unmarshal(raw) if raw else None)
             elif code in _STATEMENT_AGAIN:
                 again.append(entry)
             elif denied(code):

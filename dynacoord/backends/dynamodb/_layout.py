@@ -1,48 +1,52 @@
 """The one translation point of a :class:`~dynacoord.TableLayout` other than the default.
 
 The stores write dynacoord's own schema (``pk``/``sk``, index ``gsi1`` on ``gsi1pk``/``gsi1sk``,
-``ttl``, ``expires_at_ms``). For a table of yours named otherwise, :class:`LayoutClient` wraps the
-boto3 client the stores call, and translates every request and answer in one place, so no store
-knows about layouts:
+``ttl``, ``expires_at_ms``). For a table of yours named otherwise, the table session
+(``_table.DynamoTable``) hands every request and answer to the :class:`Translator` here, so no
+store knows about layouts:
 
-* requests: attribute names in ``Key``, ``Item``, ``ExclusiveStartKey`` and in batch and
-  transaction items; whole-word attribute names in the condition, update, key condition, filter
-  and projection expressions (each becomes a placeholder, ``pk`` -> ``#Lpk`` with
-  ``#Lpk: PK``, so a layout name that is a reserved word or holds any character works;
-  ``#names`` and ``:values`` are left alone, names a ``#`` placeholder stands for are renamed in
-  ``ExpressionAttributeNames``); ``IndexName``; and the layout's ``prefix`` put before every
-  partition key value: ``pk``/``gsi1pk`` in keys and items, and a ``:value`` an expression sets
-  or compares them to (``gsi1pk = :gpk``);
-* answers: ``Item``, ``Items``, ``Attributes``, ``LastEvaluatedKey``, batch ``Responses``,
+* requests (:meth:`Translator.request_for`): attribute names in ``Key``, ``Item``,
+  ``ExclusiveStartKey`` and in batch and transaction items; whole-word attribute names in the
+  condition, update, key condition, filter and projection expressions (each becomes a
+  placeholder, ``pk`` -> ``#Lpk`` with ``#Lpk: PK``, so a layout name that is a reserved word or
+  holds any character works; ``#names`` and ``:values`` are left alone, names a ``#``
+  placeholder stands for are renamed in ``ExpressionAttributeNames``); ``IndexName``; and the
+  layout's ``prefix`` put before every partition key value: ``pk``/``gsi1pk`` in keys and
+  items, and a ``:value`` an expression sets or compares them to (``gsi1pk = :gpk``); the
+  outbox's PartiQL statements are built from the translated request;
+* answers (:meth:`Translator.answer`): ``Item``, ``Items``, ``Attributes``,
+  ``LastEvaluatedKey``, batch ``Responses`` (a statement's refused item too),
   ``UnprocessedItems``/``UnprocessedKeys``, and the items of a refusal (``ALL_OLD``, a
-  transaction's ``CancellationReasons``) get dynacoord's names and lose the prefix.
+  transaction's ``CancellationReasons``) get dynacoord's names and lose the prefix;
+* stream images, which the relay reads from a Lambda event and not through the client
+  (:meth:`Translator.owns`, :meth:`Translator.item_in`).
 
-The default layout never gets here: the backend then calls the client itself, so the default
+The default layout never gets here: the session then calls the client itself, so the default
 path costs nothing. What a layout costs is a dict copy per request and per returned item.
 
 Items of your own in a ``backend.transaction()`` are never translated (they already use your
-names): the transaction translates only what dynacoord adds to it (outbox events), with
-:func:`translate_request`, and sends through the client itself.
+names): the transaction translates what dynacoord adds to it (outbox events) as it is added
+(:meth:`Translator.transact_item`), collects everything in a :class:`LayoutItems` list, and the
+session sends that as it is.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from ..._table_schema import TableLayout
-from ...errors import TransactionCancelledError
-from ._limits import Label
-from ._table import unmarshal
-from .outbox import DynamoDBOutboxStore
-from .transaction import Transaction
 
-if TYPE_CHECKING:
-    from ...outbox import EventRecord, Outbox
-    from ._table import DynamoTable
+__all__ = ["LayoutItems", "Translator"]
 
-__all__ = ["LayoutClient", "LayoutOutboxStore", "LayoutTransaction", "Translator"]
+
+class LayoutItems(list[dict[str, Any]]):
+    """A transaction's items already in the layout's names (yours as you gave them,
+    dynacoord's translated as they were added): the session sends them as they are."""
+
+    __slots__ = ()
+
 
 #: dynacoord's attribute names -> the placeholder that stands for the layout's name
 _PLACEHOLDERS = {
@@ -120,6 +124,23 @@ class Translator:
 
     # -- requests -------------------------------------------------------------------------------
 
+    def request_for(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The parameters of ``operation`` in the layout's terms; None for a transaction whose
+        items are so already (:class:`LayoutItems`). A ``BatchExecuteStatement``'s statements
+        were built from translated requests (``DynamoTable.statement``)."""
+        if operation == "transact_write_items":
+            items = kwargs["TransactItems"]
+            if type(items) is LayoutItems:
+                return None
+            return {**kwargs, "TransactItems": [self.transact_item(entry) for entry in items]}
+        if operation == "batch_write_item":
+            return {**kwargs, "RequestItems": self.batch_write(kwargs["RequestItems"])}
+        if operation == "batch_get_item":
+            return {**kwargs, "RequestItems": self.batch_get(kwargs["RequestItems"])}
+        if operation == "batch_execute_statement":
+            return kwargs
+        return self.request(kwargs)
+
     def request(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """One request's (or one transaction item's) parameters in the layout's terms."""
         out = dict(kwargs)
@@ -188,11 +209,11 @@ class Translator:
             response["Items"] = [self.item_in(i) for i in items]
         reasons = response.get("CancellationReasons")
         if reasons:
-            response["CancellationReasons"] = [
-                {**r, "Item": self.item_in(r["Item"])} if r.get("Item") else r for r in reasons
-            ]
+            response["CancellationReasons"] = self.reasons_in(reasons)
         batch = response.get("Responses")
-        if isinstance(batch, dict):
+        if isinstance(batch, list):  # BatchExecuteStatement: a refused statement's item
+            response["Responses"] = [self._statement_in(r) for r in batch]
+        elif isinstance(batch, dict):
             response["Responses"] = {
                 table: [self.item_in(i) for i in found] if table == self.table_name else found
                 for table, found in batch.items()
@@ -209,6 +230,19 @@ class Translator:
                 self.table_name: [self._write_in(w) for w in unprocessed[self.table_name]],
             }
         return response
+
+    def reasons_in(self, reasons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A cancelled transaction's reasons, their items (``ALL_OLD``) in dynacoord's names."""
+        return [{**r, "Item": self.item_in(r["Item"])} if r.get("Item") else r for r in reasons]
+
+    def _statement_in(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(response)
+        error = out.get("Error")
+        if isinstance(error, Mapping) and error.get("Item"):
+            out["Error"] = {**error, "Item": self.item_in(error["Item"])}
+        if out.get("Item"):
+            out["Item"] = self.item_in(out["Item"])
+        return out
 
     def _write_in(self, write: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -255,145 +289,3 @@ def _key_values(expression: str, aliases: Mapping[str, str]) -> set[str]:
         if aliases.get(name, name) in _PARTITION_KEYS:
             found.add(value)
     return found
-
-
-class LayoutClient:
-    """A DynamoDB client that speaks dynacoord's schema to the stores and the layout's to
-    DynamoDB. Everything but the item operations (``describe_table``, ``meta``, ...) is the
-    wrapped client's own."""
-
-    def __init__(self, client: Any, translator: Translator) -> None:
-        from botocore.exceptions import ClientError  # boto3 is loaded: the client exists
-
-        self.raw = client
-        self.translator = translator
-        self._client_error = ClientError
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.raw, name)
-
-    def _send(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response: dict[str, Any] = getattr(self.raw, operation)(**kwargs)
-        except self._client_error as exc:
-            # the refused item (ALL_OLD, cancellation reasons) in dynacoord's names, for the
-            # error translation of DynamoTable.translate
-            self.translator.answer(cast("dict[str, Any]", exc.response))
-            raise
-        return self.translator.answer(response)
-
-    def get_item(self, **kwargs: Any) -> dict[str, Any]:
-        return self._send("get_item", self.translator.request(kwargs))
-
-    def put_item(self, **kwargs: Any) -> dict[str, Any]:
-        return self._send("put_item", self.translator.request(kwargs))
-
-    def update_item(self, **kwargs: Any) -> dict[str, Any]:
-        return self._send("update_item", self.translator.request(kwargs))
-
-    def delete_item(self, **kwargs: Any) -> dict[str, Any]:
-        return self._send("delete_item", self.translator.request(kwargs))
-
-    def query(self, **kwargs: Any) -> dict[str, Any]:
-        return self._send("query", self.translator.request(kwargs))
-
-    def scan(self, **kwargs: Any) -> dict[str, Any]:
-        return self._send("scan", self.translator.request(kwargs))
-
-    def transact_write_items(self, **kwargs: Any) -> dict[str, Any]:
-        translator = self.translator
-        items = [translator.transact_item(entry) for entry in kwargs["TransactItems"]]
-        return self._send("transact_write_items", {**kwargs, "TransactItems": items})
-
-    def batch_write_item(self, **kwargs: Any) -> dict[str, Any]:
-        request_items = self.translator.batch_write(kwargs["RequestItems"])
-        return self._send("batch_write_item", {**kwargs, "RequestItems": request_items})
-
-    def batch_get_item(self, **kwargs: Any) -> dict[str, Any]:
-        request_items = self.translator.batch_get(kwargs["RequestItems"])
-        return self._send("batch_get_item", {**kwargs, "RequestItems": request_items})
-
-    def __repr__(self) -> str:
-        return f"LayoutClient({self.raw!r})"
-
-
-class LayoutTransaction(Transaction):
-    """``backend.transaction()`` on a table with a layout: what dynacoord adds (outbox events,
-    through ``_add_entry``/``_add_entries``) is translated as it is added; what you add with
-    put/update/delete/condition_check is yours, in your names, and sent as it is. ``table``
-    sends through the client itself (no :class:`LayoutClient`)."""
-
-    __slots__ = ("_extra", "_translator")
-
-    def __init__(
-        self,
-        table: DynamoTable,
-        translator: Translator,
-        *,
-        layout: TableLayout,
-        outbox: Outbox | None = None,
-        client_request_token: str | None = None,
-    ) -> None:
-        super().__init__(table, outbox=outbox, client_request_token=client_request_token)
-        self._translator = translator
-        # what translation may add to an entry's bytes (the prefix on pk and gsi1pk, longer
-        # names), so the outbox's bounds still bound the entries sent (the 4 MB check)
-        self._extra = 2 * len(layout.prefix.encode("utf-8")) + sum(
-            max(0, len(theirs.encode("utf-8")) - len(ours))
-            for ours, theirs in layout.attribute_names().items()
-        )
-        # the key of the table in the layout's names, so that Puts into it can be compared
-        self._key_names = {table.name: frozenset({layout.pk, layout.sk})}
-
-    def _add_entry(
-        self, label: Label, event_id: str | None, entry: dict[str, Any], bound: int
-    ) -> None:
-        entry = self._translator.transact_item(entry)
-        self._collect_entry(label, event_id, entry, bound + self._extra)
-
-    def _add_entries(
-        self, entries: list[tuple[Label, str | None, dict[str, Any], int | None]]
-    ) -> None:
-        transact_item = self._translator.transact_item
-        extra = self._extra
-        self._collect_entries(
-            [
-                (label, event_id, transact_item(entry), None if bound is None else bound + extra)
-                for label, event_id, entry, bound in entries
-            ]
-        )
-
-    def _explain(self, cancelled: TransactionCancelledError) -> TransactionCancelledError:
-        # dynacoord's refused items (the events) back in its names; yours stay in yours
-        reasons = [
-            {**r, "Item": self._translator.item_in(r["Item"])}
-            if i in self._event_ids and r.get("Item")
-            else r
-            for i, r in enumerate(cancelled.reasons)
-        ]
-        cancelled.reasons = reasons
-        return super()._explain(cancelled)
-
-
-class LayoutOutboxStore(DynamoDBOutboxStore):
-    """The outbox store on a table with a layout: the stream relay's images (read from a Lambda
-    event, not through the client) are translated back before the store reads them."""
-
-    def __init__(
-        self, table: DynamoTable, namespace: str, translator: Translator, *, shards: int
-    ) -> None:
-        super().__init__(table, namespace, shards=shards)
-        self._translator = translator
-
-    def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:
-        translator = self._translator
-        if not translator.owns(image):
-            return None  # an item of the application's, not dynacoord's
-        return super().stream_record(translator.item_in(image), now_ms)
-
-    def _statement_op(self, op: dict[str, Any]) -> dict[str, Any]:
-        # The conditional batches of PartiQL statements are built from the layout's request.
-        return self._translator.request(op)
-
-    def _statement_refusal(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
-        return unmarshal(self._translator.item_in(raw)) if raw else None

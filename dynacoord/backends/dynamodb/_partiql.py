@@ -13,23 +13,24 @@ to values, sums and differences, ``REMOVE`` of paths, and conditions made of com
 else raises :class:`NotTranslatableError`, and the caller sends the item the transactional way.
 
 Where the endpoint cannot run it (moto's PartiQL does not), :func:`supported` says so once per
-client and table, from one probe statement whose answer must be exactly a refused condition.
+client and table (the table session's state), from one probe statement whose answer must be
+exactly a refused condition.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
-import threading
 import time
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
+
+from ..._table_state import TableState
 
 __all__ = [
     "ASK_AGAIN_AFTER",
     "NotTranslatableError",
+    "probe_op",
     "refused",
     "statement",
     "supported",
@@ -257,43 +258,18 @@ ASK_AGAIN_AFTER = 300.0
 #: The clock of that wait (a module attribute, so a test can move it).
 _monotonic = time.monotonic
 
-# client -> table -> (the answer, when it was given by _monotonic)
-_supported: weakref.WeakKeyDictionary[Any, dict[str, tuple[bool, float]]] = (
-    weakref.WeakKeyDictionary()
-)
-_supported_guard = threading.Lock()
 
-
-def _remember(client: Any, table: str, ok: bool) -> None:
-    # A client that cannot be weakly referenced is asked again next time.
-    with _supported_guard, contextlib.suppress(TypeError):
-        _supported.setdefault(client, {})[table] = (ok, _monotonic())
-
-
-def refused(client: Any, table: str) -> None:
-    """PartiQL was denied on ``client``'s ``table`` after a probe said yes (a policy taken back,
-    an SCP): batches go the transactional way from now on, and the endpoint is asked again after
+def refused(state: TableState) -> None:
+    """PartiQL was denied on the table after a probe said yes (a policy taken back, an SCP):
+    batches go the transactional way from now on, and the endpoint is asked again after
     :data:`ASK_AGAIN_AFTER` seconds."""
-    _remember(client, table, False)
+    state.partiql = (False, _monotonic())
 
 
-def supported(
-    client: Any,
-    table: str,
-    probe_key: Mapping[str, Any],
-    rename: Callable[[dict[str, Any]], dict[str, Any]] = lambda op: op,
-) -> bool:
-    """Whether ``client``'s endpoint runs conditional PartiQL batches as DynamoDB does: one
-    probe (a conditional update of ``probe_key``, which must not exist, using every form the
-    translation produces) must come back refused with ``ConditionalCheckFailed``. A "yes" is
-    remembered per client and table; a "no" for :data:`ASK_AGAIN_AFTER` seconds; an answer
-    that says nothing (a throttled or conflicting probe statement) is not remembered. One
-    request and one write unit per probe."""
-    with _supported_guard:
-        known = _supported.get(client, {}).get(table)
-    if known is not None and (known[0] or _monotonic() - known[1] < ASK_AGAIN_AFTER):
-        return bool(known[0])
-    op = {
+def probe_op(table: str, probe_key: Mapping[str, Any]) -> dict[str, Any]:
+    """The probe's conditional update of ``probe_key`` (which must not exist), using every form
+    the translation produces; in dynacoord's names (the table session translates it)."""
+    return {
         "TableName": table,
         "Key": dict(probe_key),
         "ConditionExpression": "#p = :one AND attribute_not_exists(x) AND (n <= :one OR NOT n > :one)",
@@ -301,10 +277,22 @@ def supported(
         "ExpressionAttributeNames": {"#p": "probe"},
         "ExpressionAttributeValues": {":one": {"N": "1"}},
     }
+
+
+def supported(state: TableState, client: Any, probe: dict[str, Any]) -> bool:
+    """Whether ``client``'s endpoint runs conditional PartiQL batches as DynamoDB does: the
+    ``probe`` statement (of :func:`probe_op`) must come back refused with
+    ``ConditionalCheckFailed``. The answer is kept in ``state`` (the table's, per client): a
+    "yes" for good, a "no" for :data:`ASK_AGAIN_AFTER` seconds; an answer that says nothing (a
+    throttled or conflicting probe statement) is not kept. One request and one write unit per
+    probe."""
+    known = state.partiql
+    if known is not None and (known[0] or _monotonic() - known[1] < ASK_AGAIN_AFTER):
+        return known[0]
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        answer = client.batch_execute_statement(Statements=[statement("Update", rename(op))])
+        answer = client.batch_execute_statement(Statements=[probe])
         (response,) = answer["Responses"]
         code = response.get("Error", {}).get("Code")
         if code in _STATEMENT_TRANSIENT:
@@ -317,5 +305,5 @@ def supported(
         ok = False
     except Exception:  # an endpoint whose PartiQL breaks on it (moto's): transactions
         ok = False
-    _remember(client, table, ok)
+    state.partiql = (ok, _monotonic())
     return ok

@@ -5,8 +5,12 @@ of at most 38 digits, BOOL, NULL, M, L) and by boto3's own ``TypeSerializer``/``
 for everything else (Decimal, bytes, sets, out-of-range ints: their errors stay boto3's). The fast
 path is tested value-for-value and type-for-type against boto3's (``tests/test_marshal.py``) and
 exists because boto3's Decimal-context deserializer costs ~4x more per item (``make bench``).
-Every request goes through :meth:`DynamoTable.call`, which maps ``ClientError`` codes to
-dynacoord errors in one place.
+Every request goes through :meth:`DynamoTable.call`, the table session's one request path: in
+order, a :class:`~dynacoord.TableLayout`'s translation (``_layout.py``), the request, the error
+translation (``ClientError`` codes to dynacoord errors, in one place) and the metrics. The
+first-use check comes before it (``_verify.VerifiedTable``). What the process learns about the
+table through its client (checked, PartiQL or not, join generations, stale counting slots) is
+the session's :attr:`DynamoTable.state`, shared by every backend on the same client and table.
 
 No boto3/botocore import at module level: this module is imported deep inside the lazy-import
 chain on a Lambda cold start, where module-level imports of boto3's regex-heavy modules cost
@@ -21,8 +25,10 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
-from typing import Any, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
+from ..._table_schema import DEFAULT_LAYOUT, TableLayout
+from ..._table_state import MAX_REMEMBERED, TableState, table_state
 from ..._writers import PRUNE_AT, lease, release, token_ms
 from ...codec import DYNAMODB_ITEM_LIMIT
 from ...errors import (
@@ -35,6 +41,9 @@ from ...errors import (
 )
 from ...metrics import NO_METRICS, Metrics, measure_request
 from ._limits import MAX_TRANSACTION_BYTES
+
+if TYPE_CHECKING:
+    from ._layout import Translator
 
 __all__ = [
     "FREE",
@@ -115,14 +124,8 @@ def request_token() -> str:
 #: client sends within its own retry window (:func:`retry_window_ms`) is always recognised.
 #: the attribute-name prefix of writer slots
 SLOT_PREFIX = "w:"
-#: the slots of the previous design (token sets rotating per minute): dropped when seen
-_LEGACY_SLOTS = ("rq0", "rq1", "rq2")
 #: at most this many stale slots are dropped by one write
 _PRUNE_PER_WRITE = 16
-#: pk -> the stale slots (name, token or None for a legacy set) a write of this process saw on
-#: it: the next counting write of the process to that pk drops them (bounded: cleared when full)
-_stale: dict[str, tuple[tuple[str, str | None], ...]] = {}
-_STALE_KEYS = 4096
 
 #: botocore's standard and adaptive modes wait at most this long before one retry
 #: (``botocore.retries.standard``: ``min(rand * 2**i, 20)`` seconds)
@@ -199,10 +202,12 @@ class CountingToken:
 
     The slot is leased by :func:`counting_update` for the duration of its requests (botocore's
     retries included) and given back after them; :meth:`apply` adds the slot's parts to an
-    UpdateItem's expressions. ``pk`` names the item (the key of the stale slots seen on it).
-    ``name`` and ``token`` stay set after the call, for :meth:`applied`."""
+    UpdateItem's expressions. ``pk`` names the item (the key of the stale slots seen on it);
+    with ``prune``, the write drops the stale slots its process saw there (the table's
+    :attr:`~dynacoord._table_state.TableState.stale_slots`). ``name`` and ``token`` stay set
+    after the call, for :meth:`applied`."""
 
-    __slots__ = ("name", "now_ms", "pk", "prune", "token")
+    __slots__ = ("name", "now_ms", "pk", "prune", "prunes", "token")
 
     #: the condition part: this token was not applied yet
     condition = "(attribute_not_exists(#rqw) OR #rqw <> :rqt)"
@@ -212,9 +217,9 @@ class CountingToken:
         self.name = ""
         self.token = ""
         self.pk = pk
-        self.prune: tuple[tuple[str, str | None], ...] = (
-            _stale.pop(pk, ()) if prune and _stale else ()
-        )
+        self.prunes = prune
+        #: the stale slots (name, token seen) this write drops
+        self.prune: tuple[tuple[str, str], ...] = ()
 
     def apply(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` of an UpdateItem (its own expressions, without the token) with the
@@ -245,11 +250,10 @@ class CountingToken:
             for i, (name, token) in enumerate(self.prune):
                 names[f"#rp{i}"] = name
                 removed.append(f"#rp{i}")
-                if token is not None:
-                    # only while the slot still holds the stale token: a writer that wrote
-                    # again since it was seen keeps its slot (its retry may still come)
-                    condition += f" AND #rp{i} = :rp{i}"
-                    attr_values[f":rp{i}"] = {"N": token}
+                # only while the slot still holds the stale token: a writer that wrote again
+                # since it was seen keeps its slot (its retry may still come)
+                condition += f" AND #rp{i} = :rp{i}"
+                attr_values[f":rp{i}"] = {"N": token}
             sep = ", " if " REMOVE " in update else " REMOVE "
             update += sep + ", ".join(removed)
         return {
@@ -268,28 +272,32 @@ class CountingToken:
     def refused_by_prune(self, raw: Mapping[str, Any] | None) -> bool:
         """Whether a refusal with ``raw`` may be due to a stale slot that changed since it was
         seen (then the write is sent again without dropping it)."""
-        return any(
-            token is not None and (raw is None or raw.get(name) != {"N": token})
-            for name, token in self.prune
-        )
+        return any(raw is None or raw.get(name) != {"N": token} for name, token in self.prune)
 
-    def observe(self, raw: Mapping[str, Any] | None, now_ms: int) -> None:
-        """Note the stale slots of ``raw`` (the item after or before the write) for the next
-        counting write of this process to the same item."""
+    def observe(
+        self,
+        raw: Mapping[str, Any] | None,
+        now_ms: int,
+        stale_slots: dict[str, tuple[tuple[str, str], ...]],
+    ) -> None:
+        """Note the stale slots of ``raw`` (the item after or before the write) in
+        ``stale_slots``, for the next counting write of this process to the same item."""
         if not raw:
             return
-        stale: list[tuple[str, str | None]] = [(n, None) for n in _LEGACY_SLOTS if n in raw]
         slots = [(n, av) for n, av in raw.items() if n.startswith(SLOT_PREFIX)]
-        if len(slots) > PRUNE_AT:
-            # stale: the call that wrote the slot's token can no longer retry (the token says
-            # until when it could, by its own client's window)
-            for name, av in slots:
-                if name != self.name and "N" in av and token_ms(av["N"]) < now_ms:
-                    stale.append((name, av["N"]))
+        if len(slots) <= PRUNE_AT:
+            return
+        # stale: the call that wrote the slot's token can no longer retry (the token says until
+        # when it could, by its own client's window)
+        stale = [
+            (name, av["N"])
+            for name, av in slots
+            if name != self.name and "N" in av and token_ms(av["N"]) < now_ms
+        ]
         if stale:
-            if len(_stale) >= _STALE_KEYS:
-                _stale.clear()
-            _stale[self.pk] = tuple(stale[:_PRUNE_PER_WRITE])
+            if len(stale_slots) >= MAX_REMEMBERED:
+                stale_slots.clear()
+            stale_slots[self.pk] = tuple(stale[:_PRUNE_PER_WRITE])
 
 
 def _wrapped(expression: str) -> bool:
@@ -317,6 +325,9 @@ def counting_update(
     refusal caused by a stale slot that was leased and written again since this process saw it
     is sent again without the drop: a second request, only when that happened in the gap."""
     kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    stale_slots = table.state.stale_slots
+    if token.prunes and stale_slots:
+        token.prune = stale_slots.pop(token.pk, ())
     slot, value = lease(token.now_ms, table.count_window_ms)
     token.name = SLOT_PREFIX + slot.name
     token.token = str(value)
@@ -332,9 +343,9 @@ def counting_update(
                 ):
                     token.prune = ()
                     continue
-                token.observe(failed.raw, now_ms)
+                token.observe(failed.raw, now_ms, stale_slots)
                 raise
-            token.observe(response.get("Attributes"), now_ms)
+            token.observe(response.get("Attributes"), now_ms, stale_slots)
             return response
     finally:
         release(slot)
@@ -484,35 +495,61 @@ def values(**kwargs: Any) -> dict[str, Any]:
     return out
 
 
-class DynamoTable:
-    """The table all stores share, with request helpers that each make exactly one request."""
+#: operations whose request names its tables inside (no ``TableName`` of their own)
+_MULTI_TABLE_OPERATIONS = frozenset(
+    {"transact_write_items", "batch_get_item", "batch_write_item", "batch_execute_statement"}
+)
 
-    def __init__(self, client: Any, table_name: str, *, metrics: Metrics = NO_METRICS) -> None:
+
+class DynamoTable:
+    """The table session: one table through one client, as every store of a backend sends to it,
+    with request helpers that each make exactly one request.
+
+    ``layout`` (not the default) is translated on every request and answer at one point, the
+    :class:`~._layout.Translator`; the stores write dynacoord's own schema. ``state`` is what
+    this process knows of the table through ``client``, shared with every other session on the
+    same client and table (:func:`dynacoord._table_state.table_state`)."""
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        metrics: Metrics = NO_METRICS,
+        layout: TableLayout = DEFAULT_LAYOUT,
+    ) -> None:
         from botocore.exceptions import ClientError  # boto3 is loaded: the client exists
 
         self.client = client
         self.name = table_name
+        self.layout = layout
+        #: the layout's translation (None for the default layout: no translation at all)
+        self.translator: Translator | None = None
+        if not layout.is_default:
+            from ._layout import Translator
+
+            self.translator = Translator(layout, table_name)
+        self.state: TableState = table_state(client, table_name)
         #: how long botocore may re-send a counting write after its call started
         #: (:func:`retry_window_ms` of the client's configuration)
         self.count_window_ms = client_window_ms(client)
         self._client_error: type[Exception] = ClientError
         self.metrics = metrics
 
-    # -- the translation point --------------------------------------------------------------
+    # -- the request path -----------------------------------------------------------------------
 
     def call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        """Call ``client.<operation>(TableName=..., **kwargs)`` and translate errors.
+        """Call ``client.<operation>(TableName=..., **kwargs)``, kwargs in dynacoord's names:
+        translated to the layout's and back, errors translated, metrics reported.
 
         Raises :class:`ConditionFailedError` (internal) for a false condition, carrying the old item
         when ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` was asked for.
         """
-        if operation not in (
-            "transact_write_items",
-            "batch_get_item",
-            "batch_write_item",
-            "batch_execute_statement",
-        ):
+        if operation not in _MULTI_TABLE_OPERATIONS:
             kwargs.setdefault("TableName", self.name)
+        if self.translator is not None:
+            return self._translated(operation, kwargs)
+        # _send's lines, inline: the default layout's requests pay no second frame
         if self.metrics.enabled:
             return self._measured(operation, kwargs)
         try:
@@ -520,6 +557,64 @@ class DynamoTable:
         except self._client_error as exc:
             raise self.translate(exc) from exc
         return response
+
+    def _send(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The request as it is, its errors translated, measured."""
+        if self.metrics.enabled:
+            return self._measured(operation, kwargs)
+        try:
+            response: dict[str, Any] = getattr(self.client, operation)(**kwargs)
+        except self._client_error as exc:
+            raise self.translate(exc) from exc
+        return response
+
+    def _translated(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`call` on a table with a layout: the request in the layout's names, the answer
+        and the items of a refusal back in dynacoord's."""
+        translator = self.translator
+        assert translator is not None
+        request = translator.request_for(operation, kwargs)
+        if request is None:  # already in the layout's names: a transaction of the caller's
+            return self._send(operation, kwargs)
+        try:
+            response = self._send(operation, request)
+        except ConditionFailedError as failed:
+            if failed.raw:
+                failed.raw = translator.item_in(failed.raw)
+            raise
+        except TransactionCancelledError as cancelled:
+            cancelled.reasons = translator.reasons_in(cancelled.reasons)
+            raise
+        return translator.answer(response)
+
+    def statement(self, action: str, op: Mapping[str, Any]) -> dict[str, Any]:
+        """The PartiQL statement of a transaction item's ``Update``/``Delete`` (dynacoord's
+        names), in the table's names (``_partiql.statement``; its refused items come back
+        translated with the answer of :meth:`call`)."""
+        from . import _partiql
+
+        translator = self.translator
+        return _partiql.statement(action, op if translator is None else translator.request(op))
+
+    def statements_supported(self, probe_key: Mapping[str, Any]) -> bool:
+        """Whether this endpoint runs conditional PartiQL batches on the table (asked once per
+        client and table: ``_partiql.supported``); ``probe_key`` is a key that never exists."""
+        from . import _partiql
+
+        known = self.state.partiql
+        if known is not None and known[0]:
+            return True
+        probe = self.statement("Update", _partiql.probe_op(self.name, probe_key))
+        return _partiql.supported(self.state, self.client, probe)
+
+    def stream_image(self, image: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """A stream record's image (DynamoDB JSON, in the table's names) in dynacoord's names, or
+        None for an item of the application's sharing the table with a layout (not read
+        through the client, so :meth:`call` never saw it)."""
+        translator = self.translator
+        if translator is None:
+            return image
+        return translator.item_in(image) if translator.owns(image) else None
 
     def _measured(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """:meth:`call` reporting latency, errors and consumed capacity (dynacoord.metrics)."""
@@ -591,7 +686,9 @@ class DynamoTable:
             and "item" in message.lower()
         ):
             return ValueTooLargeError(
-                f"DynamoDB refused the item as too large: {message}", size=-1, limit=DYNAMODB_ITEM_LIMIT
+                f"DynamoDB refused the item as too large: {message}",
+                size=-1,
+                limit=DYNAMODB_ITEM_LIMIT,
             )
         return BackendError(f"DynamoDB {code}: {message}", code=code)
 

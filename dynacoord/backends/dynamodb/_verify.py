@@ -36,17 +36,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from typing import Any
 
-from ..._table_schema import (
-    DEFAULT_LAYOUT,
-    TableLayout,
-    is_verified,
-    mark_verified,
-    schema_problems,
-    ttl_problem,
-)
+from ..._table_schema import DEFAULT_LAYOUT, TableLayout, schema_problems, ttl_problem
+from ..._table_state import mark_verified, table_state
 from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
 from ._global_tables import GlobalTableWrites, guard_writes, remember, ttl_problem_on
@@ -74,21 +67,6 @@ _CLIENT_METHODS = (
     "batch_write_item",
     "describe_table",
 )
-
-
-#: the lock of each (client, table)'s first-use check: one check at a time per table
-_first_checks: weakref.WeakKeyDictionary[Any, dict[str, threading.Lock]] = (
-    weakref.WeakKeyDictionary()
-)
-_first_checks_guard = threading.Lock()
-
-
-def _first_check_lock(client: Any, table: str) -> threading.Lock:
-    with _first_checks_guard:
-        try:
-            return _first_checks.setdefault(client, {}).setdefault(table, threading.Lock())
-        except TypeError:  # a client that cannot be weakly referenced: no shared lock
-            return threading.Lock()
 
 
 class TableConfigurationError(ConfigurationError):
@@ -156,7 +134,7 @@ def check_table(
     of its own (:func:`start_ttl_check`), logs a warning with the fix, and a refused one (a role
     without ``dynamodb:DescribeTimeToLive``) is passed over.
     """
-    if is_verified(client, table_name, layout):
+    if layout in table_state(client, table_name).verified:
         return False
     option = _layout_option(layout)
     from botocore.exceptions import ClientError
@@ -209,6 +187,7 @@ def check_table(
 
 #: the TTL checks started by this process and not finished (see :func:`wait_for_ttl_checks`)
 _ttl_checks: list[threading.Thread] = []
+_ttl_checks_guard = threading.Lock()
 
 
 def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
@@ -220,7 +199,7 @@ def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
         args=(client, table_name, layout),
         name=f"dynacoord-ttl-check-{table_name}",
     )
-    with _first_checks_guard:
+    with _ttl_checks_guard:
         _ttl_checks[:] = [t for t in _ttl_checks if t.is_alive()]
         _ttl_checks.append(thread)
     thread.start()
@@ -228,7 +207,7 @@ def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
 
 def wait_for_ttl_checks(timeout: float | None = None) -> None:
     """Wait until the TTL checks started so far have logged what they found."""
-    with _first_checks_guard:
+    with _ttl_checks_guard:
         running = list(_ttl_checks)
     for thread in running:
         thread.join(timeout)
@@ -267,11 +246,10 @@ def _shape_refusal(exc: BaseException) -> bool:
 
 
 class VerifiedTable(DynamoTable):
-    """A :class:`DynamoTable` that runs :func:`check_table` before its first write, and after a
-    read DynamoDB refused for the table's shape.
-
-    With a ``layout``, ``client`` may be the layout's wrapper: ``raw_client`` is then the
-    client the check describes the table with (and remembers it for)."""
+    """The table session of a backend: a :class:`DynamoTable` (layout translation, error
+    translation, metrics) that runs :func:`check_table` first, before its first write, and
+    after a read DynamoDB refused for the table's shape (the check's lock and its finding are
+    the session's shared state: one check per client and table)."""
 
     def __init__(
         self,
@@ -281,18 +259,15 @@ class VerifiedTable(DynamoTable):
         metrics: Metrics,
         verify: bool = True,
         layout: TableLayout = DEFAULT_LAYOUT,
-        raw_client: Any = None,
         global_table_writes: GlobalTableWrites = "refuse",
     ) -> None:
-        super().__init__(client, table_name, metrics=metrics)
-        self.layout = layout
-        self._raw_client = client if raw_client is None else raw_client
+        super().__init__(client, table_name, metrics=metrics, layout=layout)
         self._global_table_writes: GlobalTableWrites = global_table_writes
-        if verify and not is_verified(self._raw_client, table_name, layout):
+        if verify and layout not in self.state.verified:
             # An instance attribute shadows DynamoTable.call until the check passed.
             self.__dict__["call"] = self._first_call
         elif verify:
-            guard_writes(self, self._raw_client, global_table_writes)
+            guard_writes(self, self.client, global_table_writes)
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         if operation in _READS:
@@ -302,7 +277,7 @@ class VerifiedTable(DynamoTable):
                 if not _shape_refusal(exc):
                     raise
                 if self._check():  # a wrong table: TableConfigurationError, naming the fix
-                    start_ttl_check(self._raw_client, self.name, self.layout)
+                    start_ttl_check(self.client, self.name, self.layout)
                 raise  # a right one: the refusal was the request's own
         checked = self._check()
         try:
@@ -311,14 +286,14 @@ class VerifiedTable(DynamoTable):
             # The TTL is read once the write is done, so it does not compete with it (for the
             # connection, the server and the interpreter).
             if checked:
-                start_ttl_check(self._raw_client, self.name, self.layout)
+                start_ttl_check(self.client, self.name, self.layout)
 
     def _check(self) -> bool:
         """Check the table unless it passed before; whether it was described now."""
         # Threads making their first writes at once (concurrent invocations) wait for one
         # check instead of each sending its own DescribeTable.
-        with _first_check_lock(self._raw_client, self.name):
-            checked = check_table(self._raw_client, self.name, self.layout, ttl=False)
+        with self.state.check_lock:
+            checked = check_table(self.client, self.name, self.layout, ttl=False)
         self.__dict__.pop("call", None)
-        guard_writes(self, self._raw_client, self._global_table_writes)
+        guard_writes(self, self.client, self._global_table_writes)
         return checked

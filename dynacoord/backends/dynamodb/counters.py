@@ -7,12 +7,11 @@ Item: ``pk=COUNTER#{ns}#{key}``, ``sk=COUNTER``, ``kind`` (counter | flag | join
 * join: ``n`` (count of distinct members), ``expected``, ``last`` (the member that completed it),
   ``gen`` (the join's generation, a token made when it is created) and ``c{b}`` (how many
   members bucket ``b`` held when its count was last carried here); the members live in bucket
-  items beside it (below). A join written by the previous design holds its members in one
-  string set ``members`` on this item (no ``gen``) and keeps that form until it ends.
+  items beside it (below).
 
 **Joins at a constant cost.** An arrival writes two small items instead of rewriting one that
-grows with the members (the previous design: up to ~250 WCU for the last arrivals of a
-2,000-member join):
+grows with the members (one string set of every member would cost up to ~250 WCU for the last
+arrivals of a 2,000-member join):
 
 1. its bucket, ``sk=JOIN#{gen}#{b}`` with ``b = crc32(member) % buckets`` (``buckets`` from
    ``expected``, at most :data:`_MAX_BUCKETS`): ``ADD members :m, n :1`` unless the member is in
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import codec
+from ..._table_state import MAX_REMEMBERED
 from ...counters import (
     COUNTER,
     FLAG,
@@ -79,7 +79,6 @@ _NAMES = {
     "#kind": "kind",
     "#n": "n",
     "#value": "value",
-    "#members": "members",
     "#expected": "expected",
     "#last": "last",
     "#ttl": "ttl",
@@ -148,31 +147,7 @@ def _replacing(sets: str, removes: str, with_ttl: bool) -> _Write:
 def _restart_write(with_ttl: bool) -> _Write:
     return _replacing(
         "SET #kind = :kind, #n = :by",
-        "REMOVE #value, #members, #expected",
-        with_ttl,
-    )
-
-
-@functools.cache
-def _join_add_write(with_ttl: bool) -> _Write:
-    sets = "SET #kind = :kind, #expected = :expected, #last = :member"
-    return _write(
-        f"{sets}{_KEEP_EXPIRY if with_ttl else ''} ADD #members :mset, #n :one",
-        f"attribute_not_exists(pk) OR ({_JOIN_LIVE} AND NOT contains(#members, :member) "
-        "AND #n < :expected)",
-    )
-
-
-#: the second request of an arrival beyond ``expected``: it leaves ``last`` alone
-_JOIN_BEYOND = _write(
-    "ADD #members :mset, #n :one", f"{_JOIN_LIVE} AND NOT contains(#members, :member)"
-)
-
-
-def _join_restart_write(with_ttl: bool) -> _Write:
-    return _replacing(
-        "SET #kind = :kind, #expected = :expected, #members = :mset, #n = :one, #last = :member",
-        "REMOVE #value",
+        "REMOVE #value, #expected",
         with_ttl,
     )
 
@@ -188,18 +163,6 @@ def _expiry_values(values: dict[str, Any], ttl_ms: int, now_ms: int) -> dict[str
     values[":exp"] = {"N": str(expires)}
     values[":ttl"] = {"N": str(_ttl_s(expires))}
     return values
-
-
-def _join_values(member: str, expected: int, now_ms: int) -> dict[str, Any]:
-    """The marshalled values of a join write (the ints are small: plain N strings)."""
-    return {
-        ":kind": {"S": JOIN},
-        ":expected": {"N": str(expected)},
-        ":mset": {"SS": [member]},
-        ":member": {"S": member},
-        ":one": {"N": "1"},
-        ":now": {"N": str(now_ms)},
-    }
 
 
 def _read(raw: Mapping[str, Any] | None, now_ms: int) -> CounterItem | None:
@@ -228,14 +191,14 @@ def _read(raw: Mapping[str, Any] | None, now_ms: int) -> CounterItem | None:
         if kind == COUNTER:
             return _counter_item(kind, n, expires_at_ms)
         if kind == JOIN:
-            members = raw.get("members")
+            # its members are in its buckets (read by get() when asked for)
             last = raw.get("last")
             return _counter_item(
                 kind,
                 n,
                 expires_at_ms,
                 int(raw["expected"]["N"]),
-                frozenset(() if members is None else members["SS"]),
+                frozenset(),
                 None if last is None else last["S"],
             )
     except (KeyError, ValueError):
@@ -247,12 +210,11 @@ def _read(raw: Mapping[str, Any] | None, now_ms: int) -> CounterItem | None:
 #: to 2,560 members; more per bucket past that): the join item holds one small count per bucket
 _MAX_BUCKETS = 160
 _MEMBERS_PER_BUCKET = 16
-#: pk -> (gen, expected, expires_at_ms) of the joins this process has seen (bounded: cleared
-#: when full); a stale entry is found out by the join item's condition on ``gen``
-_gens: dict[str, tuple[str, int, int | None]] = {}
-_GENS_KEPT = 4096
 _JOIN_ROUNDS = 8
-_LEGACY = "legacy"
+#: (gen, expected, expires_at_ms) of a join, as this process knows it: kept per table session
+#: (``TableState.join_gens``) by the join's pk; a stale one is found out by the join item's
+#: condition on ``gen``
+_Gen = tuple[str, int, int | None]
 
 
 def join_buckets(expected: int) -> int:
@@ -268,10 +230,26 @@ def _bucket_of(member: str, buckets: int) -> int:
     return zlib.crc32(member.encode("utf-8")) % buckets
 
 
-def _remember_gen(pk: str, known: tuple[str, int, int | None]) -> None:
-    if len(_gens) >= _GENS_KEPT:
-        _gens.clear()
-    _gens[pk] = known
+def _remember_gen(gens: dict[str, _Gen], pk: str, known: _Gen) -> None:
+    if len(gens) >= MAX_REMEMBERED:
+        gens.clear()
+    gens[pk] = known
+
+
+def _join_item(pk: str, gen: str, expected: int, ttl_ms: int | None, now_ms: int) -> dict[str, Any]:
+    """A new join item of generation ``gen`` (no member carried yet)."""
+    item: dict[str, Any] = {
+        "pk": pk,
+        "sk": COUNTER_SK,
+        "kind": JOIN,
+        "expected": expected,
+        "n": 0,
+        "gen": gen,
+    }
+    if ttl_ms is not None:
+        item["expires_at_ms"] = now_ms + ttl_ms
+        item["ttl"] = _ttl_s(now_ms + ttl_ms)
+    return item
 
 
 class DynamoDBCounterStore:
@@ -448,7 +426,7 @@ class DynamoDBCounterStore:
                     pending = left.get(self._table.name, [])
                     if not pending:
                         break
-            _gens.pop(counter_pk(self._ns, key), None)
+            self._table.state.join_gens.pop(counter_pk(self._ns, key), None)
         return _read(old, now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
@@ -483,9 +461,9 @@ class DynamoDBCounterStore:
                     },
                 )
             pk = counter_pk(self._ns, key)
-            known = _gens.get(pk)
+            known = self._table.state.join_gens.get(pk)
             if known is not None:
-                _remember_gen(pk, (known[0], known[1], expires))
+                _remember_gen(self._table.state.join_gens, pk, (known[0], known[1], expires))
         return True
 
     # -- joins -------------------------------------------------------------------------------------
@@ -498,67 +476,52 @@ class DynamoDBCounterStore:
         creating the join item if there is none (once per join)."""
         pk = counter_pk(self._ns, key)
         for _ in range(_JOIN_ROUNDS):
-            known = _gens.get(pk)
+            known = self._table.state.join_gens.get(pk)
             if known is None or known[1] != expected:
                 head = self._join_head(key, pk, expected, ttl_ms, now_ms)
                 if isinstance(head, WriteOutcome):
                     return head
-                if isinstance(head, str):  # a join of the previous design, still live
-                    return self._legacy_join_add(key, member, expected, ttl_ms, now_ms)
                 known = head
             gen, _, expires = known
             if expires is not None and expires <= now_ms:
-                _gens.pop(pk, None)
+                self._table.state.join_gens.pop(pk, None)
                 continue
             bucket = _bucket_of(member, join_buckets(expected))
             count = self._bucket_add(pk, gen, bucket, member, expires, now_ms)
             outcome = self._carry(key, gen, bucket, count, member, expected, now_ms)
             if outcome is not None:
                 return outcome
-            # the join ended or started again: _carry left what it learnt in _gens
+            # the join ended or started again: _carry left what it learnt in the session
         raise BackendError(  # pragma: no cover - needs the join to restart on every round
             f"join {key!r} kept changing generation while joined ({_JOIN_ROUNDS} attempts)"
         )
 
     def _join_head(
         self, key: str, pk: str, expected: int, ttl_ms: int | None, now_ms: int
-    ) -> tuple[str, int, int | None] | WriteOutcome | str:
+    ) -> tuple[str, int, int | None] | WriteOutcome:
         """The join's (gen, expected, expires_at_ms), creating the join item when there is no
-        live one; or the refusal (another kind, another ``expected``, a join of the previous
-        design) as a WriteOutcome for the caller."""
+        live one; or the refusal (another kind, another ``expected``) as a WriteOutcome for the
+        caller."""
         raw = self._table.get_raw(self._key(key), consistent=False)
         for _ in range(_JOIN_ROUNDS):
             current = _read(raw, now_ms)
             if current is not None:
                 if current.kind != JOIN or current.expected != expected:
                     return _write_outcome(False, None, current)
-                if "gen" not in raw:  # type: ignore[operator]  # live, so raw is not None
-                    return _LEGACY
                 known = (raw["gen"]["S"], expected, current.expires_at_ms)  # type: ignore[index]
-                _remember_gen(pk, known)
+                _remember_gen(self._table.state.join_gens, pk, known)
                 return known
             gen = os.urandom(6).hex()
-            item: dict[str, Any] = {
-                "pk": pk,
-                "sk": COUNTER_SK,
-                "kind": JOIN,
-                "expected": expected,
-                "n": 0,
-                "gen": gen,
-            }
-            if ttl_ms is not None:
-                item["expires_at_ms"] = now_ms + ttl_ms
-                item["ttl"] = _ttl_s(now_ms + ttl_ms)
-            marshalled = marshal(item)
+            item = _join_item(pk, gen, expected, ttl_ms, now_ms)
             try:
-                self._table.put_free(marshalled, now_ms)
+                self._table.put_free(marshal(item), now_ms)
             except ConditionFailedError as failed:
                 # another arrival created it first (join that one), or this very put applied
                 # and its answer was lost (the item shows its token: the same join)
                 raw = failed.raw
                 continue
             known = (gen, expected, item.get("expires_at_ms"))
-            _remember_gen(pk, known)
+            _remember_gen(self._table.state.join_gens, pk, known)
             return known
         raise BackendError(  # pragma: no cover
             f"join {key!r} kept expiring while being created ({_JOIN_ROUNDS} attempts)"
@@ -653,14 +616,16 @@ class DynamoDBCounterStore:
                     # absent, expired or started again: the next round joins what is there,
                     # known from this refusal when it is a live join (no stale read again)
                     pk = counter_pk(self._ns, key)
-                    _gens.pop(pk, None)
+                    gens = self._table.state.join_gens
+                    gens.pop(pk, None)
                     if (
-                        current is not None
+                        raw is not None
+                        and current is not None
                         and current.kind == JOIN
                         and current.expected == expected
-                        and "gen" in raw  # type: ignore[operator]
+                        and "gen" in raw
                     ):
-                        _remember_gen(pk, (raw["gen"]["S"], expected, current.expires_at_ms))  # type: ignore[index]
+                        _remember_gen(gens, pk, (raw["gen"]["S"], expected, current.expires_at_ms))
                     return None
                 carried = int(raw.get(slot, {}).get("N", "0"))
                 if carried >= count:
@@ -677,29 +642,22 @@ class DynamoDBCounterStore:
             f"join {key!r}: could not carry bucket {bucket}"
         )
 
-    def _legacy_join_add(
-        self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
-    ) -> WriteOutcome:
-        """An arrival at a join of the previous design (its members in one string set on the
-        join item, no ``gen``) still live: it keeps that form until it ends. One atomic write:
-        the member is added and counted only if it is not in the set yet."""
-        values = _join_values(member, expected, now_ms)
-        if ttl_ms is not None:
-            _expiry_values(values, ttl_ms, now_ms)
-        outcome = self._update(key, _join_add_write(ttl_ms is not None), values, now_ms)
-        current = outcome.current
-        if outcome.ok or current is None or current.kind != JOIN:
-            return outcome
-        if current.expected != expected or member in current.members:
-            return outcome
-        if int(current.value) < expected:  # pragma: no cover - nothing else fails the condition
-            return outcome
-        return self._update(key, _JOIN_BEYOND, _join_values(member, expected, now_ms), now_ms)
-
     def join_restart(
         self, key: str, member: str, expected: int, ttl_ms: int | None, now_ms: int
     ) -> WriteOutcome:
-        values = _join_values(member, expected, now_ms)
-        if ttl_ms is not None:
-            _expiry_values(values, ttl_ms, now_ms)
-        return self._update(key, _join_restart_write(ttl_ms is not None), values, now_ms)
+        """A new join holding ``member`` in place of an absent or expired item: a join item of a
+        new generation, then the arrival. :meth:`join_add` starts a new generation itself, so
+        the counters' policy never needs this here; a live item (another arrival started the
+        join first) is the refusal, and the policy joins it."""
+        pk = counter_pk(self._ns, key)
+        gen = os.urandom(6).hex()
+        known = (gen, expected, None if ttl_ms is None else now_ms + ttl_ms)
+        try:
+            self._table.put_free(marshal(_join_item(pk, gen, expected, ttl_ms, now_ms)), now_ms)
+        except ConditionFailedError as failed:
+            return _write_outcome(False, None, _read(failed.raw, now_ms))
+        _remember_gen(self._table.state.join_gens, pk, known)
+        bucket = _bucket_of(member, join_buckets(expected))
+        count = self._bucket_add(pk, gen, bucket, member, known[2], now_ms)
+        outcome = self._carry(key, gen, bucket, count, member, expected, now_ms)
+        return outcome or self.join_add(key, member, expected, ttl_ms, now_ms)

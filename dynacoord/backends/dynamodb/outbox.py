@@ -92,9 +92,6 @@ class DynamoDBOutboxStore:
         self._batch = BatchWriter(
             table,
             probe_key=marshal({"pk": f"{Kind.OUTBOX.value}#{namespace}#~", "sk": "PARTIQL-PROBE"}),
-            # bound methods: a subclass (a table layout's store) renames the statements
-            statement_op=self._statement_op,
-            statement_refusal=self._statement_refusal,
         )
 
     # -- the namespace's shard count ----------------------------------------------------------------
@@ -593,14 +590,6 @@ class DynamoDBOutboxStore:
     def _statements_supported(self) -> bool:
         return self._batch.statements_supported()
 
-    def _statement_op(self, op: dict[str, Any]) -> dict[str, Any]:
-        """The operation as the table names it (a table layout renames; here: as it is)."""
-        return op
-
-    def _statement_refusal(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
-        """A statement's refused item (``ALL_OLD``) in this store's names."""
-        return unmarshal(raw) if raw else None
-
     def finish_many(
         self,
         outcomes: Sequence[Outcome],
@@ -976,6 +965,10 @@ class DynamoDBOutboxStore:
         """The event a DynamoDB stream image (DynamoDB JSON, as Lambda delivers it) holds if it
         is an outbox event of this namespace, else None. No request: it reads what the stream
         carried, and the relay's claim re-checks the item itself."""
+        own = self._table.stream_image(image)  # a table layout's names back in dynacoord's
+        if own is None:
+            return None  # an item of the application's, not dynacoord's
+        image = own
         raw_id = image.get("event_id")
         event_id = raw_id.get("S") if isinstance(raw_id, Mapping) else None
         if not isinstance(event_id, str):

@@ -65,8 +65,9 @@ from ._limits import (
 
 if TYPE_CHECKING:
     from ...outbox import Event, Outbox
+    from ._table import DynamoTable
 
-__all__ = ["Transaction"]
+__all__ = ["LayoutTransaction", "Transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ class Transaction:
     #: What the outbox calls to add its entries (dynacoord's own items, the
     #: :class:`~dynacoord.outbox.store.OutboxStore` protocol); your put/update/delete/
     #: condition_check collect theirs directly. The same methods here; a table layout's
-    #: transaction (``_layout.LayoutTransaction``) translates dynacoord's entries first.
+    #: transaction (:class:`LayoutTransaction`) translates dynacoord's entries first.
     _add_entry = _collect_entry
     _add_entries = _collect_entries
 
@@ -556,3 +557,66 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"Transaction(items={len(self)}, state={self._state!r})"
+
+
+class LayoutTransaction(Transaction):
+    """``backend.transaction()`` on a table with a layout: what dynacoord adds (outbox events,
+    through ``_add_entry``/``_add_entries``) is translated as it is added, by the table
+    session's translator; what you add with put/update/delete/condition_check is yours, in
+    your names. The items are collected in a ``_layout.LayoutItems`` list, which the session
+    sends as it is."""
+
+    __slots__ = ("_extra", "_translator")
+
+    def __init__(
+        self,
+        table: DynamoTable,
+        *,
+        outbox: Outbox | None = None,
+        client_request_token: str | None = None,
+    ) -> None:
+        from ._layout import LayoutItems
+
+        super().__init__(table, outbox=outbox, client_request_token=client_request_token)
+        translator = table.translator
+        assert translator is not None, "a LayoutTransaction is made on a table with a layout"
+        self._translator = translator
+        self._items = LayoutItems()
+        layout = table.layout
+        # what translation may add to an entry's bytes (the prefix on pk and gsi1pk, longer
+        # names), so the outbox's bounds still bound the entries sent (the 4 MB check)
+        self._extra = 2 * len(layout.prefix.encode("utf-8")) + sum(
+            max(0, len(theirs.encode("utf-8")) - len(ours))
+            for ours, theirs in layout.attribute_names().items()
+        )
+        # the key of the table in the layout's names, so that Puts into it can be compared
+        self._key_names = {table.name: frozenset({layout.pk, layout.sk})}
+
+    def _add_entry(
+        self, label: Label, event_id: str | None, entry: dict[str, Any], bound: int
+    ) -> None:
+        entry = self._translator.transact_item(entry)
+        self._collect_entry(label, event_id, entry, bound + self._extra)
+
+    def _add_entries(
+        self, entries: list[tuple[Label, str | None, dict[str, Any], int | None]]
+    ) -> None:
+        transact_item = self._translator.transact_item
+        extra = self._extra
+        self._collect_entries(
+            [
+                (label, event_id, transact_item(entry), None if bound is None else bound + extra)
+                for label, event_id, entry, bound in entries
+            ]
+        )
+
+    def _explain(self, cancelled: TransactionCancelledError) -> TransactionCancelledError:
+        # dynacoord's refused items (the events) back in its names; yours stay in yours
+        reasons = [
+            {**r, "Item": self._translator.item_in(r["Item"])}
+            if i in self._event_ids and r.get("Item")
+            else r
+            for i, r in enumerate(cancelled.reasons)
+        ]
+        cancelled.reasons = reasons
+        return super()._explain(cancelled)
