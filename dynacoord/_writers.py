@@ -64,10 +64,12 @@ PRUNE_AT = 8
 #: a token is ``until_ms * TOKEN_SCALE`` (or the slot's last token + 1 if larger): 14 digits,
 #: 8 bytes as a DynamoDB number
 TOKEN_SCALE = 10
-#: tokens of the previous design (``made_ms * 10**6``, a 60 s window) have 19 digits
-_LEGACY_TOKEN = 10**17
-_LEGACY_SCALE = 10**6
-_LEGACY_WINDOW_MS = 60_000
+#: A token of 18 digits or more was made as ``made_ms * 10**6`` and may be retried for 60 s
+#: after ``made_ms``: items on a table can still carry such tokens, and a slot holding one must
+#: turn stale when its call can no longer retry, as any other slot does.
+_MADE_MS_TOKEN = 10**17
+_MADE_MS_SCALE = 10**6
+_MADE_MS_WINDOW_MS = 60_000
 
 
 class Slot:
@@ -134,6 +136,6 @@ def token_ms(token: int | str) -> int:
     """Until when (epoch ms) the call that carried ``token`` may retry: past it, its slot is
     stale."""
     value = int(token)
-    if value >= _LEGACY_TOKEN:  # made at made_ms by the previous design, for 60 s
-        return value // _LEGACY_SCALE + _LEGACY_WINDOW_MS
+    if value >= _MADE_MS_TOKEN:  # made_ms * 10**6, retried for 60 s
+        return value // _MADE_MS_SCALE + _MADE_MS_WINDOW_MS
     return value // TOKEN_SCALE

@@ -250,8 +250,8 @@ class Locks:
     #: first retry delay and cap of the exponential backoff of a blocking acquire (seconds)
     backoff_initial = 0.02
     backoff_max = 1.0
-    #: queue blocking acquires of this process per key and hand the lock on at release; False
-    #: is the previous design (every waiter polls the store), kept for comparison in the bench
+    #: queue blocking acquires of this process per key and hand the lock on at release; False:
+    #: every waiter polls the store, which the bench measures against the handoff
     fifo_handoff = True
 
     def __init__(

@@ -81,7 +81,7 @@ def translate_errors(what: str) -> Iterator[None]:
 #: token yet, so a retried write (its first response lost) is refused and recognised. A writer
 #: that sees more than PRUNE_AT slots drops those whose token's time has passed with one more
 #: update, filtered on each dropped slot still holding the token it saw (a slot leased and
-#: written since is kept); the ``rq`` token list of the previous design goes with it. pymongo's
+#: written since is kept); an ``rq`` token list, which nothing reads, goes with it. pymongo's
 #: retry settings are not read: a call's tokens hold for COUNT_WINDOW_MS (ten minutes).
 COUNT_WINDOW_MS = DEFAULT_WINDOW_MS
 
@@ -118,8 +118,8 @@ class CountingToken:
 
 
 def stale_slots(doc: Mapping[str, Any] | None, now_ms: int) -> dict[str, Any] | None:
-    """The filter of the stale slots of ``doc`` (``{"w.x": token, ...}``, plus the legacy ``rq``
-    list) when there is something to drop, else None."""
+    """The filter of the stale slots of ``doc`` (``{"w.x": token, ...}``, plus an ``rq`` token
+    list, which nothing reads) when there is something to drop, else None."""
     if not doc:
         return None
     found: dict[str, Any] = {}

@@ -83,15 +83,17 @@ logger = logging.getLogger("dynacoord.backends.redis")
 COUNT_WINDOW_MS = DEFAULT_WINDOW_MS
 
 #: Lua ``seen(rq, token)`` and ``remember(rq, token, now)`` for counting scripts; ``token`` is
-#: ``{slot}:{token}`` (:func:`counting_token`). A token of 18 digits or more is one of the
-#: previous design's (made at ``ms * 10**6``, held for 60 s), otherwise it is ``until_ms * 10``.
+#: ``{slot}:{token}`` (:func:`counting_token`). A token of 18 digits or more was made as
+#: ``ms * 10**6`` and holds for 60 s (hashes on a server may still carry one: it must turn
+#: stale like the others), otherwise it is ``until_ms * 10``.
 LUA_TOKENS = f"""
 local function slot(token)
   local i = string.find(token, ':', 1, true)
   return string.sub(token, 1, i - 1), string.sub(token, i + 1)
 end
 local function seen(rq, token)
-  -- the previous design kept a sorted set of tokens under this name: drop it
+  -- a sorted set under this name holds tokens in a form HGET cannot read: drop it, or every
+  -- counting write on this key would fail with WRONGTYPE
   if redis.call('TYPE', rq).ok == 'zset' then redis.call('DEL', rq) end
   local w, t = slot(token)
   return redis.call('HGET', rq, w) == t
