@@ -1,5 +1,5 @@
 """The outbox's conditional writes on the single table, built as transaction items (``{"Update":
-{...}}``): claims, outcomes, the relay's settlements, an ordered group's gate moves and redrives.
+{...}}``): claims, lease extensions, outcomes, the relay's settlements, an ordered group's gate moves and redrives.
 Pure: each method returns a request and sends nothing; the store decides what travels with
 what (see :mod:`._batch`)."""
 
@@ -77,6 +77,26 @@ class OutboxRequests:
             ),
             "ExpressionAttributeNames": NAMES,
             "ExpressionAttributeValues": values(**args),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+
+    def extend(self, held: EventRecord, lease_until_ms: int, now_ms: int) -> dict[str, Any]:
+        """The conditional update that moves ``held``'s lease to ``lease_until_ms`` (its due
+        time and index place with it), while the worker's claim still holds it."""
+        _, gsk = self._items.record_index(held.event, EventStatus.IN_FLIGHT, lease_until_ms)
+        return {
+            "TableName": self._table_name,
+            "Key": self._items.key(held.id),
+            "ConditionExpression": HOLDS_LEASE,
+            "UpdateExpression": "SET due_ms = :until, gsi1sk = :gsk, updated_ms = :now",
+            "ExpressionAttributeNames": NAMES,
+            "ExpressionAttributeValues": values(
+                in_flight=EventStatus.IN_FLIGHT.value,
+                token=held.lease_token or "",
+                until=lease_until_ms,
+                gsk=gsk,
+                now=now_ms,
+            ),
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
