@@ -5,15 +5,13 @@ delete the table it kept."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dynacoord.cli import main
 from dynacoord.provision import create_table, template_body
-from dynacoord.testing import DUMMY_CREDENTIALS
+from tests.cli_helpers import cli_aws, run_cli  # noqa: F401
 from tests.test_cloudformation import _template
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS.+CloudWatch.+Alarm:UserWarning")
@@ -22,24 +20,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "serverless_outb
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(["--region", "us-east-1", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture()
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    import boto3
-    from moto import mock_aws
-
-    for name in ("DYNACOORD_TABLE", "DYNACOORD_NAMESPACE", "DYNACOORD_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    with mock_aws():
-        yield {
-            service: boto3.client(service, **DUMMY_CREDENTIALS)
-            for service in ("cloudformation", "dynamodb", "s3")
-        }
+    return run_cli(capsys, "--region", "us-east-1", *argv)
 
 
 # --- what a deletion keeps ------------------------------------------------------------------------
@@ -56,9 +37,9 @@ def test_a_stack_deletion_keeps_the_dead_letters_and_the_logs() -> None:
 
 
 def test_table_delete_can_turn_deletion_protection_off(
-    aws: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    cli_aws: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    create_table(aws["dynamodb"], "kept-table", deletion_protection=True)
+    create_table(cli_aws["dynamodb"], "kept-table", deletion_protection=True)
     code, _, err = run(capsys, "--table", "kept-table", "table", "delete", "--yes")
     assert code == 1 and "--disable-deletion-protection" in err
     code, out, err = run(
@@ -66,7 +47,7 @@ def test_table_delete_can_turn_deletion_protection_off(
     )
     assert code == 0, err
     assert "deleted: true" in out and "turning off deletion protection" in err
-    assert aws["dynamodb"].list_tables()["TableNames"] == []
+    assert cli_aws["dynamodb"].list_tables()["TableNames"] == []
 
 
 # --- the package check ----------------------------------------------------------------------------
@@ -97,9 +78,9 @@ def test_package_of_the_example_names_the_settings_variable_and_no_check(
 
 
 def test_relay_values_are_checked_before_the_bundle_is_uploaded(
-    aws: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cli_aws: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s3 = aws["s3"]
+    s3 = cli_aws["s3"]
     s3.create_bucket(Bucket="code-bucket")
     monkeypatch.chdir(EXAMPLE)
     monkeypatch.setenv("DYNACOORD_HANDLER_SETTINGS", json.dumps({"queue_url": "https://q"}))
@@ -118,7 +99,7 @@ def test_relay_values_are_checked_before_the_bundle_is_uploaded(
     )
     assert code == 2 and "RelayNamespace 'orders' is not one of Namespaces" in err
     assert s3.list_objects_v2(Bucket="code-bucket").get("KeyCount", 0) == 0  # nothing uploaded
-    assert aws["cloudformation"].list_stacks()["StackSummaries"] == []
+    assert cli_aws["cloudformation"].list_stacks()["StackSummaries"] == []
 
 
 @pytest.mark.parametrize(
@@ -132,12 +113,12 @@ def test_relay_values_are_checked_before_the_bundle_is_uploaded(
     ],
 )
 def test_allowed_values_and_rules_are_checked_before_any_request(
-    aws: dict[str, Any], capsys: pytest.CaptureFixture[str], parameter: str, message: str
+    cli_aws: dict[str, Any], capsys: pytest.CaptureFixture[str], parameter: str, message: str
 ) -> None:
     code, _, err = run(capsys, "stack", "deploy", "--parameter", parameter)
     assert code == 2, err
     assert message in err
-    assert aws["cloudformation"].list_stacks()["StackSummaries"] == []
+    assert cli_aws["cloudformation"].list_stacks()["StackSummaries"] == []
 
 
 def test_every_default_of_the_template_passes_the_local_checks() -> None:
