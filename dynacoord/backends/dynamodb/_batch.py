@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 #: sent again without the items that refused, throttled statements again; after this many
 #: rounds of the whole rest, each group of tied items goes alone for LAST_ROUNDS more. Between
 #: rounds a jittered pause from ROUND_PAUSE_FIRST seconds, doubling up to ROUND_PAUSE_MAX:
-#: without it, writers conflicting on a hot gate retried in lockstep and gave up together.
+#: without it, writers conflicting on a hot gate retry in lockstep and give up together.
 BATCH_ROUNDS = 3
 LAST_ROUNDS = 8
 ROUND_PAUSE_FIRST = 0.01

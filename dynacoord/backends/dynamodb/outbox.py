@@ -378,7 +378,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
 
     def _fail_unclaimable(self, seen: EventRecord, message: str, now_ms: int) -> None:
         """Store ``seen`` as failed when the store refuses to claim it for its own item (it
-        fills the item limit: written by a version that left no room for delivery, or by hand).
+        fills the item limit: written by hand, or by a writer that left no room for delivery).
         Left pending it would take a place in every poll and never be delivered. The write
         keeps the item's size (a shorter status, no error text) when even a short error does
         not fit; conditional on the event still being as seen. An ordered event is left where
@@ -518,8 +518,8 @@ class DynamoDBOutboxStore(StreamRelayStore):
         except BaseException:
             # A later transaction of the batch raised (throttling, a network error, an
             # interrupt): the earlier ones' claims hold events no worker will handle. Give them
-            # back, due now and their attempt not counted, then raise;
-            # without this they waited a whole lease with an attempt counted.
+            # back, due now and their attempt not counted, then raise; otherwise they would wait
+            # a whole lease with an attempt counted.
             if claimed:
                 back = [
                     Outcome(record, "pending", due_ms=now_ms, count_attempt=False)
@@ -557,8 +557,8 @@ class DynamoDBOutboxStore(StreamRelayStore):
         """Move ``seen``, held back by its group's gate, out of the due queue's way until
         ``due_ms``: a pending event is pushed back; an in-flight one whose lease ran out (its
         worker died or overran) goes back to pending, its counted attempts kept. Left in flight,
-        blocked followers found by the expired-lease scan stayed at the front of the in-flight
-        queue, and a scan full of them found nothing else, poll after poll."""
+        blocked followers found by the expired-lease scan would stay at the front of the
+        in-flight queue, and a scan full of them would find nothing else, poll after poll."""
         self._record_shards()
         gpk, gsk = self._items.record_index(seen.event, EventStatus.PENDING, due_ms)
         args: dict[str, Any] = {
