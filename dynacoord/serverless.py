@@ -11,7 +11,7 @@ invocation:
   event, or a mapping of event type to callable) in a module of the code bundle
   (``dynacoord stack package``);
 * ``DYNACOORD_OUTBOX_OPTIONS``: worker options as a JSON object (``{"max_attempts": 8}``; the
-  names in :data:`dynacoord.outbox.stream.OUTBOX_OPTIONS`);
+  names in :data:`dynacoord.outbox.options.STACK_OPTIONS`);
 * ``DYNACOORD_HANDLER_SETTINGS``: settings for your handlers as a JSON object (stack parameter
   ``HandlerSettings``), read with :func:`handler_settings`;
 * sweeper only: ``DYNACOORD_RECONCILE_HANDLER`` (``MODULE:ATTRIBUTE`` of a callback taking a
@@ -33,7 +33,8 @@ import threading
 from typing import Any
 
 from .errors import ConfigurationError
-from .outbox.stream import OUTBOX_OPTIONS, BatchResponse, StreamHandler, SweepHandler
+from .outbox.options import stack_options
+from .outbox.stream import BatchResponse, StreamHandler, SweepHandler
 
 __all__ = ["handler_settings", "load_object", "outbox_options", "relay", "sweep"]
 
@@ -71,12 +72,7 @@ def outbox_options(text: str | None) -> dict[str, Any]:
         raise ConfigurationError(f"outbox options are not JSON: {exc}") from exc
     if not isinstance(options, dict):
         raise ConfigurationError(f"outbox options must be a JSON object, got {text!r}")
-    unknown = sorted(set(options) - set(OUTBOX_OPTIONS))
-    if unknown:
-        raise ConfigurationError(
-            f"unknown outbox option(s) {unknown}; the options are {', '.join(OUTBOX_OPTIONS)}"
-        )
-    return options
+    return stack_options(options)
 
 
 def handler_settings() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dynacoord.outbox._decide import (
     raised,
     retry_delay_ms,
 )
+from dynacoord.outbox.options import WorkerOptions
 
 NOW = 1_700_000_000_000
 CRASHED = (
@@ -59,16 +60,10 @@ def run(
     jitter: Any = no_jitter,
     max_attempts: int = 5,
 ) -> Outcome:
-    return decide(
-        held(attempts),
-        result,
-        max_attempts=max_attempts,
-        backoff=1.0,
-        max_backoff=5.0,
-        missing_policy=policy,
-        now_ms=NOW,
-        jitter=jitter,
+    options = WorkerOptions(
+        max_attempts=max_attempts, backoff=1.0, max_backoff=5.0, on_missing_handler=policy
     )
+    return decide(held(attempts), result, options, now_ms=NOW, jitter=jitter)
 
 
 # (case, attempts, result, missing-handler policy, jitter, expected (kind, due_ms, error));

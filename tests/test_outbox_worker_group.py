@@ -42,7 +42,7 @@ def test_another_store_has_its_own_group() -> None:
 
 def test_a_group_passed_in_is_used() -> None:
     group = _WorkerGroup()
-    a, b = make(Store(), _group=group), make(Store(), _group=group)
+    a, b = make(Store(), group=group), make(Store(), group=group)
     assert a._group is group and b._group is group
     assert (a._number, b._number) == (0, 1)
 

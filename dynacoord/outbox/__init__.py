@@ -33,12 +33,15 @@ handlers extend the lease with a heartbeat every ``lease / 3``). Make handlers i
 
 The package's parts: :mod:`.event` (the event model), :mod:`.store` (the storage protocol a
 backend implements), :mod:`.publisher` (``backend.outbox``: publish and manage) and
-:mod:`.worker` (delivery). Imports run event → store → worker → publisher.
+:mod:`.worker` (polling), :mod:`.delivery` (the engine the worker and the stream relay share),
+:mod:`.options` (a worker's options). Imports run event → options → store → delivery → worker →
+publisher.
 """
 
 from __future__ import annotations
 
 from .event import DELIVERY_ROOM, Event, EventRecord, EventStatus, order_key, pending_fields
+from .options import DEFAULT_RETENTION_SECONDS, DeliveryHooks, MissingHandlerPolicy, WorkerOptions
 from .publisher import MAX_EVENTS_PER_PUBLISH, Outbox
 from .store import (
     ORDERED_RECHECK_MS,
@@ -50,13 +53,14 @@ from .store import (
     RetryReport,
     TransactionEntries,
 )
-from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
+from .worker import Handler, OutboxWorker
 
 __all__ = [
     "DEFAULT_RETENTION_SECONDS",
     "DELIVERY_ROOM",
     "MAX_EVENTS_PER_PUBLISH",
     "ORDERED_RECHECK_MS",
+    "DeliveryHooks",
     "Event",
     "EventRecord",
     "EventStatus",
@@ -71,6 +75,7 @@ __all__ = [
     "RetryOutcome",
     "RetryReport",
     "TransactionEntries",
+    "WorkerOptions",
     "order_key",
     "pending_fields",
 ]

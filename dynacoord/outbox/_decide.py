@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from .event import EventRecord
+from .options import MissingHandlerPolicy
 from .store import Outcome
 
 __all__ = [
@@ -19,13 +20,27 @@ __all__ = [
     "MissingHandlerPolicy",
     "Result",
     "ResultKind",
+    "RetryPolicy",
     "decide",
     "no_handler_error",
     "raised",
     "retry_delay_ms",
 ]
 
-MissingHandlerPolicy = Literal["fail", "retry", "skip"]
+
+class RetryPolicy(Protocol):
+    """The options :func:`decide` reads (a :class:`~.options.WorkerOptions` has them)."""
+
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def backoff(self) -> float: ...
+    @property
+    def max_backoff(self) -> float: ...
+    @property
+    def on_missing_handler(self) -> MissingHandlerPolicy: ...
+
+
 #: what came of an event the worker held: its handler returned, raised, there was none for its
 #: type, or it was not run because the event had been claimed more than ``max_attempts`` times
 ResultKind = Literal["succeeded", "raised", "no_handler", "claimed_too_often"]
@@ -53,18 +68,15 @@ def raised(error: str) -> Result:
 def decide(
     record: EventRecord,
     result: Result,
+    policy: RetryPolicy,
     *,
-    max_attempts: int,
-    backoff: float,
-    max_backoff: float,
-    missing_policy: MissingHandlerPolicy,
     now_ms: int,
     jitter: Jitter,
 ) -> Outcome:
     """The outcome to store for ``record`` (as claimed, ``record.attempts`` counting this
-    attempt). A failure is retried after ``min(max_backoff, backoff * 2**(attempts-1))``
-    seconds with equal jitter, or is final on the last attempt. ``jitter`` is asked only for a
-    retry."""
+    attempt) under ``policy``. A failure is retried after
+    ``min(max_backoff, backoff * 2**(attempts-1))`` seconds with equal jitter, or is final on
+    the last attempt. ``jitter`` is asked only for a retry."""
     if result.kind == "succeeded":
         return Outcome(record, "completed")
     if result.kind == "claimed_too_often":
@@ -75,16 +87,16 @@ def decide(
             f"claimed {record.attempts} times; the last attempt ended without an outcome "
             "(worker crashed or overran its lease)"
         )
-        return _failure(record, error, max_attempts, backoff, max_backoff, now_ms, jitter)
+        return _failure(record, error, policy, now_ms, jitter)
     if result.kind == "no_handler":
         error = no_handler_error(record)
-        if missing_policy == "skip":
+        if policy.on_missing_handler == "skip":
             return Outcome(record, "completed", error=error)  # completed, not delivered
-        if missing_policy == "retry":
-            return _failure(record, error, max_attempts, backoff, max_backoff, now_ms, jitter)
+        if policy.on_missing_handler == "retry":
+            return _failure(record, error, policy, now_ms, jitter)
         return Outcome(record, "failed", error=error)
     assert result.error is not None, "a raised result carries the handler's error"
-    return _failure(record, result.error, max_attempts, backoff, max_backoff, now_ms, jitter)
+    return _failure(record, result.error, policy, now_ms, jitter)
 
 
 def no_handler_error(record: EventRecord) -> str:
@@ -100,15 +112,11 @@ def retry_delay_ms(attempt: int, *, backoff: float, max_backoff: float, jitter: 
 
 
 def _failure(
-    record: EventRecord,
-    error: str,
-    max_attempts: int,
-    backoff: float,
-    max_backoff: float,
-    now_ms: int,
-    jitter: Jitter,
+    record: EventRecord, error: str, policy: RetryPolicy, now_ms: int, jitter: Jitter
 ) -> Outcome:
-    if record.attempts >= max_attempts:
+    if record.attempts >= policy.max_attempts:
         return Outcome(record, "failed", error=error)
-    delay = retry_delay_ms(record.attempts, backoff=backoff, max_backoff=max_backoff, jitter=jitter)
+    delay = retry_delay_ms(
+        record.attempts, backoff=policy.backoff, max_backoff=policy.max_backoff, jitter=jitter
+    )
     return Outcome(record, "pending", due_ms=now_ms + delay, error=error)

@@ -23,8 +23,9 @@ from ..errors import (
 )
 from ..metrics import NO_SCOPE, MetricsScope
 from .event import Event, EventRecord, EventStatus, new_event_id
+from .options import DeliveryHooks, WorkerOptions
 from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
-from .worker import DEFAULT_RETENTION_SECONDS, Handler, MissingHandlerPolicy, OutboxWorker
+from .worker import Handler, OutboxWorker
 
 if TYPE_CHECKING:
     from .stream import StreamHandler, SweepHandler
@@ -235,44 +236,27 @@ class Outbox:
     def worker(
         self,
         handlers: Handler | Mapping[str, Handler],
+        options: WorkerOptions | None = None,
         *,
-        batch_size: int = 25,
-        lease: float = 30.0,
-        max_attempts: int = 5,
-        backoff: float = 1.0,
-        max_backoff: float = 300.0,
-        poll_interval: float = 1.0,
-        on_missing_handler: MissingHandlerPolicy = "fail",
-        retention: float | None = DEFAULT_RETENTION_SECONDS,
-        heartbeat: bool = True,
         name: str | None = None,
-        batch_claim: bool = True,
         on_delivered: Callable[[Event], Any] | None = None,
         on_error: Callable[[Event, Exception], Any] | None = None,
         on_failed: Callable[[Event], Any] | None = None,
-        leave_new_for: float = 0.0,
+        **option_values: Any,
     ) -> OutboxWorker:
-        """A worker that delivers due events to ``handlers`` (see :class:`OutboxWorker`)."""
+        """A worker that delivers due events to ``handlers`` (see :class:`OutboxWorker`).
+
+        Its options are ``options`` (a :class:`WorkerOptions`) with ``option_values`` in place
+        of its own, by name (``batch_size=10, lease=60``: each name of :class:`WorkerOptions`);
+        an unknown name is refused. The hooks are called with the event after its outcome."""
         return OutboxWorker(
             self._store,
             handlers,
             clock=self.clock,
-            batch_size=batch_size,
-            lease=lease,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            poll_interval=poll_interval,
-            on_missing_handler=on_missing_handler,
-            retention=retention,
-            heartbeat=heartbeat,
+            options=WorkerOptions.of(options, **option_values),
+            hooks=DeliveryHooks(on_delivered, on_error, on_failed),
             name=name,
             metrics=self._metrics,
-            batch_claim=batch_claim,
-            on_delivered=on_delivered,
-            on_error=on_error,
-            on_failed=on_failed,
-            leave_new_for=leave_new_for,
         )
 
     def stream_handler(
@@ -320,10 +304,15 @@ class Outbox:
         ``runs.reconcile(stalled_after, on_stalled)``. Its worker leaves a new event to the
         stream relay for one lease after it became due (``leave_new_for``: by default the lease
         where the store has a stream, the DynamoDB backend, else 0). See :mod:`dynacoord.outbox.stream`."""
-        if worker_options.get("leave_new_for") is None:
+        base = worker_options.get("options")
+        base_share = base.leave_new_for if isinstance(base, WorkerOptions) else 0
+        if worker_options.get("leave_new_for") is None and not base_share:
             # The relay's share: only a store with a stream (DynamoDB) has a relay.
             has_stream = callable(getattr(self._store, "stream_record", None))
-            worker_options["leave_new_for"] = worker_options.get("lease", 30.0) if has_stream else 0
+            lease = worker_options.get("lease")
+            if lease is None:
+                lease = base.lease if isinstance(base, WorkerOptions) else WorkerOptions().lease
+            worker_options["leave_new_for"] = lease if has_stream else 0
         return self._make_sweep_handler(
             self.worker(handlers, **worker_options),
             runs=runs,

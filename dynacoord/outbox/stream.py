@@ -59,6 +59,7 @@ from .._clock import now_ms
 from .._validate import non_negative_seconds
 from ..errors import ConfigurationError, InvalidValueError, NotSupportedError
 from .event import EventRecord, EventStatus, new_event_id
+from .options import STACK_OPTIONS
 from .store import OutboxStore, Outcome
 from .worker import OutboxWorker
 
@@ -74,16 +75,7 @@ logger = logging.getLogger(__name__)
 
 #: The worker options the bundled stack's functions take (``OutboxOptions`` / the environment
 #: variable ``DYNACOORD_OUTBOX_OPTIONS``, a JSON object).
-OUTBOX_OPTIONS = (
-    "batch_size",
-    "lease",
-    "max_attempts",
-    "backoff",
-    "max_backoff",
-    "on_missing_handler",
-    "retention",
-    "heartbeat",
-)
+OUTBOX_OPTIONS = STACK_OPTIONS
 
 #: Time kept beyond one lease before claiming: storing the outcome needs a request or two.
 OUTCOME_MARGIN_MS = 1000
@@ -280,14 +272,14 @@ class StreamHandler:
         # claim_many, not claim: it also checks an ordered event's group gate, so an event whose
         # group's head is not delivered yet is not claimed (it is postponed; the sweeper
         # delivers it in order).
-        worker = self.worker
+        delivery = self.worker.delivery
         token = new_event_id()
-        now = now_ms(worker.clock)
-        claimed = self._store.claim_many([seen], [token], now + worker.lease_ms, now)
+        now = now_ms(delivery.clock)
+        claimed = self._store.claim_many([seen], [token], now + delivery.lease_ms, now)
         if not claimed:
             self.not_claimed += 1
             return
-        worker.deliver(claimed[0], token)
+        delivery.deliver(claimed[0], token)
 
     def _deliver_unclaimed(self, seen: EventRecord, current: EventRecord | None) -> None:
         """Deliver a new event with one write: its outcome, stored only while the event is
@@ -295,7 +287,7 @@ class StreamHandler:
         polling worker leaves a new event alone for one lease after it became due (the
         sweeper's ``leave_new_for``): that lease is the relay's. The relay runs the handler
         only while it fits in that lease; after it, the event is the sweeper's."""
-        worker = self.worker
+        delivery = self.worker.delivery
         if (
             current is None
             or current.status.value != "pending"
@@ -305,9 +297,9 @@ class StreamHandler:
         ):
             self.not_claimed += 1  # delivered already (a retried stream batch), or taken
             return
-        lease_end = current.due_at_ms + worker.lease_ms
-        now = now_ms(worker.clock)
-        keeper = worker.lease_keeper()
+        lease_end = current.due_at_ms + delivery.lease_ms
+        now = now_ms(delivery.clock)
+        keeper = delivery.keeper
         # What must be left of the lease when the handler starts: the clock skew to the
         # sweeper (whose clock may run ahead), the outcome's write, and one beat of the keeper,
         # which claims the event if the handler is still running then.
@@ -317,7 +309,7 @@ class StreamHandler:
             # without a claim. Claimed (refused if the sweeper has it already), as claim=True.
             logger.info(
                 "%s: event %r claimed: %d ms of the relay's lease left, %d needed",
-                worker.name,
+                delivery.name,
                 seen.id,
                 lease_end - now,
                 needed,
@@ -333,23 +325,23 @@ class StreamHandler:
             lease_token=token,
             due_at_ms=lease_end,
         )
+        lost, claimed = False, None
         if keeper is not None:
             keeper.hold_unclaimed(current, record, lease_end)
-            keeper.start()
         try:
-            outcome = worker.handle(record)
+            outcome = delivery.handle(record)
         finally:
             if keeper is not None:
-                keeper.stop()
-        if keeper is not None and record.id in keeper.lost:
-            worker.count(outcome, False)  # taken over: the outcome is not ours to store
-        elif keeper is not None and record.id in keeper.claimed:
-            worker.store_outcomes([outcome])  # claimed while it ran: stored under the claim
+                lost, claimed = keeper.take_back(record.id)
+        if lost:
+            delivery.count(outcome, False)  # taken over: the outcome is not ours to store
+        elif claimed is not None:
+            delivery.store_outcomes([outcome])  # claimed while it ran: stored under the claim
         else:
             (ok,) = self._store.settle_unclaimed(
-                [(current, outcome)], now_ms(worker.clock), worker.retention_ms
+                [(current, outcome)], now_ms(delivery.clock), delivery.retention_ms
             )
-            worker.count(outcome, ok)
+            delivery.count(outcome, ok)
 
     def __repr__(self) -> str:
         return f"StreamHandler(worker={self.worker!r}, claim={self.claim})"

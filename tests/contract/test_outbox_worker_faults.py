@@ -13,31 +13,28 @@ import pytest
 
 from dynacoord import ManualClock
 from dynacoord.outbox import Event, EventStatus
-from dynacoord.outbox.worker import OutboxWorker, _LeaseKeeper
+from dynacoord.outbox.delivery import LeaseKeeper
+from dynacoord.outbox.worker import OutboxWorker
 
 LEASE = 3.0
 
 
-class ManualKeeper(_LeaseKeeper):
-    """A lease keeper whose beats the test calls."""
+class ManualKeeper(LeaseKeeper):
+    """A lease keeper whose beats the test calls (no thread)."""
 
-    def start(self) -> None:
+    def _wake(self) -> None:
         pass
 
-    def stop(self) -> None:
-        pass
+    def _rest(self) -> None:
+        return None
 
 
 def manual_keepers(worker: OutboxWorker) -> list[ManualKeeper]:
-    """Make ``worker`` use keepers the test beats; returns the list they are added to."""
-    made: list[ManualKeeper] = []
-
-    def new_keeper() -> ManualKeeper:
-        made.append(ManualKeeper(worker, worker.lease_ms / 3000))
-        return made[-1]
-
-    worker._new_keeper = new_keeper
-    return made
+    """Give ``worker`` a keeper the test beats (one for the worker's life, as its own is);
+    returns it in a list."""
+    keeper = ManualKeeper(worker.delivery, worker.lease_ms / 3000)
+    worker.delivery.keeper = keeper
+    return [keeper]
 
 
 def one_shard(make_backend: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ hypothesis, interleaved with:
 
 * **time**: a :class:`ManualClock` moves in slices of half a lease-keeper beat; after each slice
   the lease keeper of every live worker that is not frozen beats (the keeper is the worker's
-  own ``_LeaseKeeper``, driven by the scheduler instead of a thread);
+  own ``LeaseKeeper``, driven by the scheduler instead of a thread);
 * **slow handlers**: a worker parked inside a handler while time passes;
 * **death** at any checkpoint (after a claim, mid-handler, before or after a flush): the actor's
   thread ends there, nothing of it is sent any more, and a new worker takes its place;
@@ -72,7 +72,9 @@ from dynacoord._clock import now_ms
 from dynacoord.codec import DYNAMODB_ITEM_LIMIT
 from dynacoord.errors import ValueTooLargeError
 from dynacoord.outbox import Event, EventRecord, EventStatus, Outcome
-from dynacoord.outbox.worker import OutboxWorker, _LeaseKeeper
+from dynacoord.outbox.delivery import LeaseKeeper
+from dynacoord.outbox.options import WorkerOptions
+from dynacoord.outbox.worker import OutboxWorker
 from dynacoord.testing import unique_name
 from tests.reliability._injected import (
     STATEMENT_CODES,
@@ -151,23 +153,24 @@ class HandlerFailedError(Exception):
     """The downstream said no."""
 
 
-class ModelKeeper(_LeaseKeeper):
-    """The worker's own lease keeper, beaten by the scheduler instead of a thread."""
+class ModelKeeper(LeaseKeeper):
+    """The worker's own lease keeper (one for its life), beaten by the scheduler instead of a
+    thread."""
 
-    def start(self) -> None:
-        self._worker.actor.keeper = self  # type: ignore[attr-defined]
+    def _wake(self) -> None:
+        pass
 
-    def stop(self) -> None:
-        actor = self._worker.actor  # type: ignore[attr-defined]
-        if actor.keeper is self:
-            actor.keeper = None
+    def _rest(self) -> None:
+        return None
 
 
 class ModelWorker(OutboxWorker):
     actor: Actor
 
-    def _new_keeper(self) -> _LeaseKeeper | None:
-        return ModelKeeper(self, self.lease_ms / 3000)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.delivery.keeper is not None:
+            self.delivery.keeper = ModelKeeper(self.delivery, self.lease_ms / 3000)
 
 
 class GatedStore:
@@ -260,6 +263,7 @@ class Actor:
         self.options = options
         self.worker = self._make_worker(backend, options)
         self.worker.actor = self
+        self.keeper = self.worker.delivery.keeper
         self.thread = threading.Thread(target=self._main, name=f"model-{name}", daemon=True)
         self.thread.start()
         if not self._parked.wait(30):
@@ -273,13 +277,15 @@ class Actor:
             self.store_class(backend.outbox._store, self),  # type: ignore[arg-type]
             self.handle,
             clock=self.clock,
-            lease=LEASE_MS / 1000,
-            max_attempts=MAX_ATTEMPTS,
-            backoff=0.2,
-            max_backoff=1.0,
-            retention=3600,
+            options=WorkerOptions(
+                lease=LEASE_MS / 1000,
+                max_attempts=MAX_ATTEMPTS,
+                backoff=0.2,
+                max_backoff=1.0,
+                retention=3600,
+                **options,
+            ),
             name=self.name,
-            **options,
         )
 
     def __repr__(self) -> str:

@@ -85,11 +85,17 @@ class RelayWorker(ModelWorker):
     """A relay's worker: an event it delivers without a claim is held from its handler's start
     until its outcome is stored, and its lease ends one lease after the event became due."""
 
-    def _handle(self, record: EventRecord) -> Any:
-        if record.id not in self.actor.held:  # not claimed: the relay's own lease
-            self.actor.held[record.id] = record.due_at_ms
-            self.actor.machine.log(record.id, f"relayed by {self.actor.name}")
-        return super()._handle(record)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        handle = self.delivery.handle
+
+        def relayed(record: EventRecord) -> Any:
+            if record.id not in self.actor.held:  # not claimed: the relay's own lease
+                self.actor.held[record.id] = record.due_at_ms
+                self.actor.machine.log(record.id, f"relayed by {self.actor.name}")
+            return handle(record)
+
+        self.delivery.handle = relayed  # type: ignore[method-assign]
 
 
 class RelayStore(GatedStore):
