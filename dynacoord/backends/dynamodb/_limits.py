@@ -14,11 +14,13 @@ from typing import Any
 from ...errors import InvalidValueError, TransactionTooLargeError
 
 __all__ = [
+    "CHAR_BYTES_BOUND",
     "MAX_BATCH_GET_KEYS",
     "MAX_BATCH_WRITES",
     "MAX_STATEMENTS",
     "MAX_TRANSACTION_BYTES",
     "MAX_TRANSACTION_ITEMS",
+    "NUMBER_BYTES_BOUND",
     "NUMBER_LIMIT",
     "PK_SK",
     "Label",
@@ -35,6 +37,10 @@ __all__ = [
     "twice_error",
 ]
 
+#: Upper bounds on DynamoDB's size of a character of a name or string (UTF-8) and of a number
+#: (38 digits), so a writer can bound an item's bytes without estimating it.
+CHAR_BYTES_BOUND = 4
+NUMBER_BYTES_BOUND = 21
 #: The most keys one BatchGetItem reads.
 MAX_BATCH_GET_KEYS = 100
 #: The most puts and deletes one BatchWriteItem sends.

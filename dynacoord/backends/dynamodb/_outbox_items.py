@@ -20,6 +20,7 @@ from ...keys import (
 )
 from ...outbox import Event, EventRecord, EventStatus, order_key
 from ...outbox.event import DELIVERY_ROOM, _new_event, _status, check_event_size, new_record
+from ._limits import CHAR_BYTES_BOUND, NUMBER_BYTES_BOUND
 from ._table import marshal, unmarshal
 
 __all__ = ["EVENT_SK", "OutboxItems", "event_record"]
@@ -189,7 +190,7 @@ class OutboxItems:
             assert seq is not None, "the store assigns an ordered event its place in the group"
             item["seq"] = {"N": str(seq)}
             numbers += 1
-        bound = 4 * chars + 21 * numbers
+        bound = CHAR_BYTES_BOUND * chars + NUMBER_BYTES_BOUND * numbers
         if bound > _EVENT_ROOM:  # else it fits for certain: no estimate needed
             check_event_size(unmarshal(item), key=event_id)
         return item, bound

@@ -47,8 +47,10 @@ from ...errors import (
     TransactionTooLargeError,
 )
 from ._limits import (
+    CHAR_BYTES_BOUND,
     MAX_TRANSACTION_BYTES,
     MAX_TRANSACTION_ITEMS,
+    NUMBER_BYTES_BOUND,
     NUMBER_LIMIT,
     PK_SK,
     Label,
@@ -111,11 +113,11 @@ def marshal_with_bound(values: Any, what: str) -> tuple[dict[str, Any], int]:
             chars += len(value)
         elif cls is int and -NUMBER_LIMIT < value < NUMBER_LIMIT:
             out[name] = {"N": str(value)}
-            exact += 21
+            exact += NUMBER_BYTES_BOUND
         else:
             av = out[name] = _serialize(value, f"{what} attribute {name!r}")
             exact += av_size(av)
-    return out, 4 * chars + exact
+    return out, CHAR_BYTES_BOUND * chars + exact
 
 
 #: the states in which a transaction takes nothing more
