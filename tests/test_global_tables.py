@@ -23,6 +23,7 @@ from dynacoord.backends.dynamodb._verify import wait_for_ttl_checks
 from dynacoord.errors import ConfigurationError, GlobalTableError
 from dynacoord.testing import DynamoDBLocal, unique_name
 from tests.cli_helpers import cli_tables  # noqa: F401  (the fixture, by name)
+from tests.outbox_helpers import drain
 
 #: the fields DescribeTable adds for an eventually consistent (MREC) global table, seen from
 #: us-east-1 (the Region of DynamoDB Local's clients here)
@@ -362,8 +363,7 @@ def test_a_worker_delivers_each_event_once(
     worker = backend.outbox.worker(
         lambda event: delivered.append(event.payload["n"]), batch_claim=batch_claim
     )
-    while worker.run_once():
-        pass
+    drain(worker)
     assert sorted(delivered) == [0, 1, 2]
     assert backend.outbox.pending() == []
     assert "TransactWriteItems" not in sent.names

@@ -15,6 +15,7 @@ from dynacoord import ManualClock
 from dynacoord.outbox import Event, EventStatus
 from dynacoord.outbox.delivery import LeaseKeeper
 from dynacoord.outbox.worker import OutboxWorker
+from tests.outbox_helpers import drain
 
 LEASE = 3.0
 
@@ -107,8 +108,7 @@ def test_a_follower_waits_for_a_head_its_worker_lost_while_frozen(make_backend: 
     # Once the head is delivered, the follower goes.
     clock.advance(2)
     delivered: list[str] = []
-    while outbox.worker(lambda e: delivered.append(e.id), lease=LEASE).run_once():
-        clock.advance(2)
+    drain(outbox.worker(lambda e: delivered.append(e.id), lease=LEASE), clock=clock)
     assert [i for i in delivered if i != "a-x"] == ["b-head", "c-follower"], delivered
 
 
