@@ -94,8 +94,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: ``result_text`` of a call whose result could not be stored, followed by the result's type
-#: name, ``;`` and the advice its first call gave (records written before the advice was kept
-#: have the type name only). The codec only ever writes JSON text, which never starts with ``!``.
+#: name, ``;`` and the advice its first call gave (a marker with the type name only still reads:
+#: its duplicates are refused without advice). The codec only ever writes JSON text, which never
+#: starts with ``!``.
 UNSTORABLE_PREFIX = "!unstorable:"
 
 #: The in-progress lease of a plain function call when ``in_progress_ttl`` is not given (seconds).

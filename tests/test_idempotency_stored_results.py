@@ -128,7 +128,7 @@ def codec_type_name(value: Any) -> str:
     )
 
 
-def test_a_record_marked_unstorable_by_an_older_version_still_reads() -> None:
+def test_an_unstorable_marker_without_advice_still_reads() -> None:
     from dynacoord.idempotency import IdempotencyRecord, IdempotencyStatus
 
     record = IdempotencyRecord("k", IdempotencyStatus.COMPLETED, 1, None, "!unstorable:int")
