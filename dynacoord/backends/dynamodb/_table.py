@@ -549,14 +549,7 @@ class DynamoTable:
             kwargs.setdefault("TableName", self.name)
         if self.translator is not None:
             return self._translated(operation, kwargs)
-        # _send's lines, inline: the default layout's requests pay no second frame
-        if self.metrics.enabled:
-            return self._measured(operation, kwargs)
-        try:
-            response: dict[str, Any] = getattr(self.client, operation)(**kwargs)
-        except self._client_error as exc:
-            raise self.translate(exc) from exc
-        return response
+        return self._send(operation, kwargs)
 
     def _send(self, operation: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The request as it is, its errors translated, measured."""
