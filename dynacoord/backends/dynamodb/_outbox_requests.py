@@ -103,7 +103,7 @@ class OutboxRequests:
     def unclaimed(
         self, seen: EventRecord, outcome: Outcome, now_ms: int, retention_ms: int | None
     ) -> dict[str, Any]:
-        """:meth:`_outcome_op`'s write, conditional on the event being still as ``seen`` instead
+        """:meth:`outcome`'s write, conditional on the event being still as ``seen`` instead
         of on a claim, and counting the attempt."""
         ((action, op),) = self.outcome(outcome, now_ms, retention_ms).items()
         op = dict(op)
