@@ -132,7 +132,7 @@ def test_work_per_event_claims_one_event_per_request(env, monkeypatch):
     original = OutboxWorker.run_once
 
     def spy(self: OutboxWorker, **kwargs: Any) -> int:
-        designs.append(self.batch_claim)
+        designs.append(self.options.batch_claim)
         return original(self, **kwargs)
 
     monkeypatch.setattr(OutboxWorker, "run_once", spy)
