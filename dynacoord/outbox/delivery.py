@@ -136,7 +136,11 @@ class Delivery:
                 record.attempts,
                 text,
             )
-            self._hook("on_error", self.hooks.on_error, event, exc)
+            if self.hooks.on_error is not None:
+                try:
+                    self.hooks.on_error(event, exc)
+                except Exception:
+                    logger.exception("%s: on_error hook raised (ignored)", self.name)
             return self._decide(record, handler_raised(text))
         return self._decide(record, SUCCEEDED)
 
@@ -199,7 +203,6 @@ class Delivery:
     def count(self, outcome: Outcome, stored: bool) -> None:
         """Count an outcome stored (or refused: ``stored`` False), and call the hooks."""
         record = outcome.record
-        event = record.event.with_attempt(record.attempts)
         if not stored:
             self.lost += 1
             logger.warning(
@@ -216,9 +219,9 @@ class Delivery:
             self.delivered += 1
             self._metrics.count("OutboxDelivered")
             self._metrics.milliseconds(
-                "OutboxDeliveryLatency", now_ms(self.clock) - event.occurred_at * 1000
+                "OutboxDeliveryLatency", now_ms(self.clock) - record.event.occurred_at * 1000
             )
-            self._hook("on_delivered", self.hooks.on_delivered, event)
+            self._hook("on_delivered", self.hooks.on_delivered, record)
         elif outcome.kind == "failed":
             self.failed += 1
             self._metrics.count("OutboxFailed")
@@ -230,16 +233,17 @@ class Delivery:
                 record.attempts,
                 outcome.error,
             )
-            self._hook("on_failed", self.hooks.on_failed, event)
+            self._hook("on_failed", self.hooks.on_failed, record)
         elif outcome.count_attempt:
             self.retried += 1
             self._metrics.count("OutboxRetried")
 
-    def _hook(self, name: str, hook: Callable[..., Any] | None, *args: Any) -> None:
+    def _hook(self, name: str, hook: Callable[[Event], Any] | None, record: EventRecord) -> None:
+        """Call an outcome's hook with the event as its handler saw it (attempt set)."""
         if hook is None:
             return
         try:
-            hook(*args)
+            hook(record.event.with_attempt(record.attempts))
         except Exception:
             logger.exception("%s: %s hook raised (ignored)", self.name, name)
 
