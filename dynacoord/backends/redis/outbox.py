@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+from typing_extensions import NotRequired, TypedDict
 
 from ...errors import NotSupportedError
 from ...keys import Kind, outbox_index_pk, outbox_index_sk, outbox_key, time_sk_bound
@@ -75,6 +77,105 @@ _CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
 #: The widest place in a group the size check of a publish allows for (15 digits).
 _WIDEST_SEQ = 10**15 - 1
 
+# -- what each script reads from its JSON argument -----------------------------------------------
+#
+# Every entry is an object read by name in Lua; each is built by one function below. Numbers the
+# script writes into a hash are exact decimal strings (Lua numbers are doubles); ``key`` and
+# ``gate`` are small JSON numbers: the entry's position in KEYS (1-based) and its group gate's
+# position after the items (0 = not ordered). A field left out reads as nil in Lua.
+
+
+class _PublishEntry(TypedDict):
+    gsk: str  # the pending index entry
+    fields: list[str]  # the item's hash: name, value, name, value, ...
+    gate: int
+
+
+class _ClaimEntry(TypedDict):
+    key: int
+    status: str  # the status the caller saw
+    seen_token: NotRequired[str]  # the lease token the caller saw; absent = none
+    attempts: str  # the attempts the caller saw
+    token: str  # the claim's own lease token
+    gsk: str  # the in-flight index entry
+    id: str
+    gate: int
+    place: NotRequired[Literal["run", "gap"]]  # in its group's run, or behind a missing place
+
+
+class _ClaimSpec(TypedDict):
+    lease_until: str
+    recheck: str  # how long a refused place keeps out of the due queue (ms)
+    starts: list[str]  # per gate: the first place of the run this claim takes
+    events: list[_ClaimEntry]  # each group's run in place order
+
+
+class _OutcomeEntry(TypedDict):
+    key: int
+    kind: str  # 'completed' | 'pending' | 'failed'
+    token: str  # the lease token the outcome is written under
+    expires: NotRequired[str]  # completed and kept until then; absent = deleted at once
+    gc_ms: NotRequired[str]  # completed and kept: its relative PEXPIRE
+    due: NotRequired[str]  # pending: when it is due again
+    gsk: NotRequired[str]  # pending or failed: the new index entry
+    error: NotRequired[str]  # failed: always; pending: only when there is one
+    counted: NotRequired[bool]  # pending: the attempt counts (false = given back unhandled)
+
+
+class _ExtendEntry(TypedDict):
+    token: str
+    gsk: str  # the in-flight index entry until the new lease ends
+
+
+class _RetryEntry(TypedDict):
+    seq: str  # the place the failed event holds in its group
+    gsk: str  # its pending index entry
+
+
+def _publish_entry(fields: dict[str, str], gate: int) -> _PublishEntry:
+    flat = [part for pair in fields.items() for part in pair]
+    return {"gsk": fields["gsi1sk"], "fields": flat, "gate": gate}
+
+
+def _claim_entry(
+    key: int,
+    record: EventRecord,
+    token: str,
+    lease_until_ms: int,
+    gate: int,
+    place: Literal["run", "gap"] | None,
+) -> _ClaimEntry:
+    entry: _ClaimEntry = {
+        "key": key,
+        "status": record.status.value,
+        "attempts": str(record.attempts),
+        "token": token,
+        "gsk": outbox_index_sk(lease_until_ms, record.id),
+        "id": record.id,
+        "gate": gate,
+    }
+    if record.lease_token:
+        entry["seen_token"] = record.lease_token
+    if place is not None:
+        entry["place"] = place
+    return entry
+
+
+def _extend_entry(record: EventRecord, lease_until_ms: int) -> _ExtendEntry:
+    return {
+        "token": record.lease_token or "",
+        "gsk": outbox_index_sk(lease_until_ms, record.id),
+    }
+
+
+def _retry_entry(record: EventRecord, now_ms: int) -> _RetryEntry:
+    return {"seq": str(record.seq), "gsk": outbox_index_sk(now_ms, record.id)}
+
+
+def _as_json(spec: object) -> str:
+    return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+
+
 # ARGV[1] = now, ARGV[2] = index prefix "idx|OUTBOX#{ns}#", ARGV[3] = index suffix "#0"
 _HEAD = (
     LUA_REPLY
@@ -100,8 +201,8 @@ end
 """
 )
 
-# KEYS = items, then the gates of their ordered groups; ARGV[4] = JSON list of
-# {gsk, fields: [name, value, ...], g: gate number (1-based after the items) or 0}, in KEYS order.
+# KEYS = items, then the gates of their ordered groups; ARGV[4] = JSON list of _PublishEntry, in
+# KEYS order.
 # An ordered event takes the next place of its group (HINCRBY) only once no id clashed.
 _PUBLISH = (
     _HEAD
@@ -121,8 +222,8 @@ for i = 1, n do
   unindex(key)
   redis.call('DEL', key)
   redis.call('HSET', key, unpack(events[i].fields))
-  if events[i].g > 0 then
-    local gate = KEYS[n + events[i].g]
+  if events[i].gate > 0 then
+    local gate = KEYS[n + events[i].gate]
     local seq = redis.call('HINCRBY', gate, 'published', 1)
     redis.call('HSET', key, 'seq', string.format('%d', seq))
     redis.call('HSET', gate, 'published_ms', ARGV[1])
@@ -133,15 +234,13 @@ return {1}
 """
 )
 
-# KEYS = items, then the gates of the ordered groups; ARGV[4] = JSON
-# {until, recheck, starts: [run start per gate], ev: [[key number, status seen, token seen|'',
-# token, in_flight gsk, attempts seen, event id, gate number|0, 'run'|'gap'|''], ...]}, each
-# group's run in place order. Replies {key number, fields, ...} of the events claimed.
+# KEYS = items, then the gates of the ordered groups; ARGV[4] = JSON _ClaimSpec. Replies
+# {key number, fields, ...} of the events claimed.
 _CLAIM_MANY = (
     _HEAD
     + """
 local spec = cjson.decode(ARGV[4])
-local n = #spec.ev
+local n = #spec.events
 local open, retry = {}, {}
 for j, start in ipairs(spec.starts) do
   local gate = KEYS[n + j]
@@ -149,32 +248,33 @@ for j, start in ipairs(spec.starts) do
   retry[j] = tonumber(redis.call('HGET', gate, 'retry_due_ms') or '0')
 end
 local function as_seen(key, e)
-  if not live(key, now) or redis.call('HGET', key, 'status') ~= e[2] then return false end
+  if not live(key, now) or redis.call('HGET', key, 'status') ~= e.status then return false end
   if tonumber(redis.call('HGET', key, 'due_ms') or '0') > now then return false end
-  local current = redis.call('HGET', key, 'lease_token')
-  if (e[3] == '' and current) or (e[3] ~= '' and current ~= e[3]) then return false end
-  return (redis.call('HGET', key, 'attempts') or '0') == e[6]
+  -- HGET answers false for a missing field: no token seen must find none
+  if redis.call('HGET', key, 'lease_token') ~= (e.seen_token or false) then return false end
+  return (redis.call('HGET', key, 'attempts') or '0') == e.attempts
 end
 local out = {}
-for _, e in ipairs(spec.ev) do
-  local key = KEYS[e[1]]
-  local j = e[8]
-  if held_at(key, e[4]) then
+for _, e in ipairs(spec.events) do
+  local key = KEYS[e.key]
+  local j = e.gate
+  if held_at(key, e.token) then
     -- this very claim, sent again after its response was lost: it is ours
-    table.insert(out, e[1])
+    table.insert(out, e.key)
     table.insert(out, redis.call('HGETALL', key))
-  elseif j > 0 and (e[9] == 'gap' or not open[j]) then
+  elseif j > 0 and (e.place == 'gap' or not open[j]) then
     -- waits behind its group's head: out of the way of the due queue for a while
     if as_seen(key, e) then
       local due = math.max(now + tonumber(spec.recheck), retry[j])
-      move_at(key, e[2], string.format('%015d', due) .. '#' .. e[7])
+      move_at(key, e.status, string.format('%015d', due) .. '#' .. e.id)
       redis.call('HSET', key, 'due_ms', string.format('%d', due))
     end
   elseif as_seen(key, e) then
-    move_at(key, 'in_flight', e[5])
-    redis.call('HSET', key, 'lease_token', e[4], 'due_ms', spec['until'], 'updated_ms', ARGV[1])
+    move_at(key, 'in_flight', e.gsk)
+    redis.call('HSET', key, 'lease_token', e.token, 'due_ms', spec.lease_until,
+               'updated_ms', ARGV[1])
     redis.call('HINCRBY', key, 'attempts', 1)
-    table.insert(out, e[1])
+    table.insert(out, e.key)
     table.insert(out, redis.call('HGETALL', key))
   elseif j > 0 and live(key, now) then
     local st = redis.call('HGET', key, 'status')
@@ -186,10 +286,8 @@ return out
 """
 )
 
-# KEYS = items; ARGV[4] = gate prefix, ARGV[5] = JSON list of outcomes, each group's in place
-# order: [key number, 'completed', token, expires|'' (''=delete), gc ms] |
-# [key number, 'pending', token, due, gsk, error|'', count attempt '0'|'1'] |
-# [key number, 'failed', token, error, gsk]. Replies 1/0 per key.
+# KEYS = items; ARGV[4] = gate prefix, ARGV[5] = JSON list of _OutcomeEntry, each group's in
+# place order. Replies 1/0 per key.
 # An ordered event's gate is named from its own stored group (same tag, so the same slot).
 _FINISH_MANY = (
     _HEAD
@@ -205,8 +303,8 @@ local function finished(gate, seq)
   end
 end
 for _, o in ipairs(spec) do
-  local key = KEYS[o[1]]
-  local kind, token = o[2], o[3]
+  local key = KEYS[o.key]
+  local kind, token = o.kind, o.token
   if held_at(key, token) then
     local gate, seq = nil, nil
     local place = redis.call('HGET', key, 'seq')
@@ -216,45 +314,45 @@ for _, o in ipairs(spec) do
     end
     if kind == 'completed' then
       unindex(key)
-      if o[4] == '' then
+      if o.expires == nil then
         redis.call('DEL', key)
       else
         redis.call('HSET', key, 'status', 'completed', 'completed_ms', ARGV[1],
-                   'updated_ms', ARGV[1], 'expires_at_ms', o[4], 'finished_by', token)
+                   'updated_ms', ARGV[1], 'expires_at_ms', o.expires, 'finished_by', token)
         redis.call('HDEL', key, 'gsi1sk', 'lease_token', 'due_ms')
-        redis.call('PEXPIRE', key, o[5])
+        redis.call('PEXPIRE', key, o.gc_ms)
       end
       finished(gate, seq)
     elseif kind == 'pending' then
-      move_at(key, 'pending', o[5])
-      redis.call('HSET', key, 'due_ms', o[4], 'updated_ms', ARGV[1], 'finished_by', token)
-      if o[6] ~= '' then redis.call('HSET', key, 'last_error', o[6]) end
-      if o[7] == '0' then
+      move_at(key, 'pending', o.gsk)
+      redis.call('HSET', key, 'due_ms', o.due, 'updated_ms', ARGV[1], 'finished_by', token)
+      if o.error ~= nil then redis.call('HSET', key, 'last_error', o.error) end
+      if not o.counted then
         redis.call('HINCRBY', key, 'attempts', -1)
       elseif gate and next_of(gate) == seq then
-        redis.call('HSET', gate, 'retry_due_ms', o[4])  -- the group's head waits for its retry
+        redis.call('HSET', gate, 'retry_due_ms', o.due)  -- the group's head waits for its retry
       end
       redis.call('HDEL', key, 'lease_token')
     else
-      move_at(key, 'failed', o[5])
+      move_at(key, 'failed', o.gsk)
       redis.call('HSET', key, 'due_ms', ARGV[1], 'updated_ms', ARGV[1], 'failed_ms', ARGV[1],
-                 'last_error', o[4], 'finished_by', token)
+                 'last_error', o.error, 'finished_by', token)
       redis.call('HDEL', key, 'lease_token')
       finished(gate, seq)
     end
-    result[o[1]] = 1
+    result[o.key] = 1
   elseif redis.call('EXISTS', key) == 0 then
     -- deleted: by this very completion when its first response was lost (or by its taker)
-    if kind == 'completed' and o[4] == '' then result[o[1]] = 1 end
+    if kind == 'completed' and o.expires == nil then result[o.key] = 1 end
   elseif redis.call('HGET', key, 'finished_by') == token then
-    result[o[1]] = 1  -- this outcome, sent again after its response was lost
+    result[o.key] = 1  -- this outcome, sent again after its response was lost
   end
 end
 return result
 """
 )
 
-# KEYS = items; ARGV[4] = lease until, ARGV[5] = JSON list of [token, gsk] in KEYS order
+# KEYS = items; ARGV[4] = lease until, ARGV[5] = JSON list of _ExtendEntry in KEYS order
 _EXTEND_MANY = (
     _HEAD
     + """
@@ -262,8 +360,8 @@ local held = cjson.decode(ARGV[5])
 local result = {}
 for i, key in ipairs(KEYS) do
   result[i] = 0
-  if held_at(key, held[i][1]) then
-    move_at(key, 'in_flight', held[i][2])
+  if held_at(key, held[i].token) then
+    move_at(key, 'in_flight', held[i].gsk)
     redis.call('HSET', key, 'due_ms', ARGV[4], 'updated_ms', ARGV[1])
     result[i] = 1
   end
@@ -291,7 +389,7 @@ return 'retried'
 )
 
 # KEYS = items in their old place order, then the group's gate; ARGV[4] = the call's token,
-# ARGV[5] = the group, ARGV[6] = JSON list of [old place, pending gsk] in KEYS order. Each item
+# ARGV[5] = the group, ARGV[6] = JSON list of _RetryEntry in KEYS order. Each item
 # still failed in the group at its old place takes the group's next place (HINCRBY, as a publish
 # does). Replies the key numbers moved, in their new order.
 _RETRY_GROUP = (
@@ -311,9 +409,9 @@ for i = 1, n do
   local key = KEYS[i]
   if live(key, now) and redis.call('HGET', key, 'status') == 'failed'
      and redis.call('HGET', key, 'event_group') == ARGV[5]
-     and redis.call('HGET', key, 'seq') == spec[i][1] then
+     and redis.call('HGET', key, 'seq') == spec[i].seq then
     local seq = redis.call('HINCRBY', gate, 'published', 1)
-    move_at(key, 'pending', spec[i][2])
+    move_at(key, 'pending', spec[i].gsk)
     redis.call('HSET', key, 'seq', string.format('%d', seq), 'attempts', 0, 'due_ms', ARGV[1],
       'updated_ms', ARGV[1], 'retried_by', ARGV[4])
     redis.call('HINCRBY', key, 'manual_retries', 1)
@@ -381,20 +479,19 @@ class RedisOutboxStore:
     # -- publishing ------------------------------------------------------------------------------
 
     def publish(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
-        payload = []
+        payload: list[_PublishEntry] = []
         gates: dict[str, int] = {}  # group -> its gate's number after the items (1-based)
         for event in events:
-            due = min(event.occurred_at_ms, now_ms)
-            fields = self._fields(event, due)
-            flat = [part for pair in fields.items() for part in pair]
             gate = 0
             if event.ordered and event.group is not None:
                 gate = gates.setdefault(event.group, len(gates) + 1)
-            payload.append({"gsk": fields["gsi1sk"], "fields": flat, "g": gate})
+            payload.append(
+                _publish_entry(self._fields(event, min(event.occurred_at_ms, now_ms)), gate)
+            )
         reply = self._conn.run(
             _PUBLISH,
             [self._item(e.id) for e in events] + [self._gate(g) for g in gates],
-            [*self._head(now_ms), json.dumps(payload, ensure_ascii=False)],
+            [*self._head(now_ms), _as_json(payload)],
             "outbox publish",
         )
         if as_int(reply[0]) == 1:
@@ -473,33 +570,21 @@ class RedisOutboxStore:
         runs = group_runs(seen)
         gates = {group: number for number, group in enumerate(runs, start=1)}
         keys: list[str] = []
-        entries: list[list[Any]] = []
+        entries: list[_ClaimEntry] = []
         listed: set[str] = set()
 
-        def add(record: EventRecord, token: str, place: str) -> None:
+        def add(record: EventRecord, token: str, place: Literal["run", "gap"] | None) -> None:
             if record.id in listed or record.status not in _CLAIMABLE:
                 return
             listed.add(record.id)
             keys.append(self._item(record.id))
             gate = gates[record.event.group or ""] if place else 0
-            entries.append(
-                [
-                    len(keys),
-                    record.status.value,
-                    record.lease_token or "",
-                    token,
-                    outbox_index_sk(lease_until_ms, record.id),
-                    str(record.attempts),
-                    record.id,
-                    gate,
-                    place,
-                ]
-            )
+            entries.append(_claim_entry(len(keys), record, token, lease_until_ms, gate, place))
 
         token_of = {record.id: token for record, token in zip(seen, tokens, strict=True)}
         for record in seen:
             if record.seq is None:
-                add(record, token_of[record.id], "")
+                add(record, token_of[record.id], None)
         for run in runs.values():  # each run in place order: a place refused stops the rest
             for record in run.members:
                 add(record, token_of[record.id], "run")
@@ -507,16 +592,16 @@ class RedisOutboxStore:
                 add(record, token_of[record.id], "gap")
         if not entries:
             return []
-        spec = {
-            "until": str(lease_until_ms),
+        spec: _ClaimSpec = {
+            "lease_until": str(lease_until_ms),
             "recheck": str(ORDERED_RECHECK_MS),
             "starts": [str(run.start) for run in runs.values()],
-            "ev": entries,
+            "events": entries,
         }
         reply = self._conn.run(
             _CLAIM_MANY,
             keys + [self._gate(group) for group in runs],
-            [*self._head(now_ms), json.dumps(spec, ensure_ascii=False)],
+            [*self._head(now_ms), _as_json(spec)],
             "outbox claim",
         )
         claimed: dict[str, EventRecord] = {}
@@ -558,11 +643,11 @@ class RedisOutboxStore:
         ]
         return self._finish(keys, spec, now_ms)
 
-    def _finish(self, keys: list[str], spec: list[list[Any]], now_ms: int) -> list[bool]:
+    def _finish(self, keys: list[str], spec: list[_OutcomeEntry], now_ms: int) -> list[bool]:
         reply = self._conn.run(
             _FINISH_MANY,
             keys,
-            [*self._head(now_ms), self._gate_prefix, json.dumps(spec, ensure_ascii=False)],
+            [*self._head(now_ms), self._gate_prefix, _as_json(spec)],
             "outbox finish",
         )
         return [as_int(flag) == 1 for flag in reply]
@@ -579,35 +664,35 @@ class RedisOutboxStore:
         due_ms: int = 0,
         error: str | None = None,
         count_attempt: bool = True,
-    ) -> list[Any]:
-        """One outcome of the finish script (numbers as exact decimal strings)."""
+    ) -> _OutcomeEntry:
+        """One outcome of the finish script."""
+        entry: _OutcomeEntry = {"key": number, "kind": kind, "token": token}
         if kind == "completed":
-            if retention_ms is None:
-                return [number, kind, token, "", ""]
-            expires = now_ms + retention_ms
-            return [number, kind, token, str(expires), str(self._conn.gc_ms(expires, now_ms))]
-        if kind == "pending":
-            return [
-                number,
-                kind,
-                token,
-                str(due_ms),
-                outbox_index_sk(due_ms, event_id),
-                error or "",
-                "1" if count_attempt else "0",
-            ]
-        return [number, kind, token, error or "", outbox_index_sk(now_ms, event_id)]
+            if retention_ms is not None:
+                expires = now_ms + retention_ms
+                entry["expires"] = str(expires)
+                entry["gc_ms"] = str(self._conn.gc_ms(expires, now_ms))
+        elif kind == "pending":
+            entry["due"] = str(due_ms)
+            entry["gsk"] = outbox_index_sk(due_ms, event_id)
+            entry["counted"] = count_attempt
+            if error:
+                entry["error"] = error
+        else:
+            entry["gsk"] = outbox_index_sk(now_ms, event_id)
+            entry["error"] = error or ""
+        return entry
 
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
     ) -> list[bool]:
         if not held:
             return []
-        spec = [[r.lease_token or "", outbox_index_sk(lease_until_ms, r.id)] for r in held]
+        spec = [_extend_entry(r, lease_until_ms) for r in held]
         reply = self._conn.run(
             _EXTEND_MANY,
             [self._item(r.id) for r in held],
-            [*self._head(now_ms), lease_until_ms, json.dumps(spec, ensure_ascii=False)],
+            [*self._head(now_ms), lease_until_ms, _as_json(spec)],
             "outbox extend",
         )
         return [as_int(flag) == 1 for flag in reply]
@@ -632,11 +717,11 @@ class RedisOutboxStore:
         mine = [r for r in records if r.seq is not None and r.event.group == group]
         if not mine:
             return []
-        spec = [[str(r.seq), outbox_index_sk(now_ms, r.id)] for r in mine]
+        spec = [_retry_entry(r, now_ms) for r in mine]
         reply = self._conn.run(
             _RETRY_GROUP,
             [self._item(r.id) for r in mine] + [self._gate(group)],
-            [*self._head(now_ms), token, group, json.dumps(spec, ensure_ascii=False)],
+            [*self._head(now_ms), token, group, _as_json(spec)],
             "outbox retry",
         )
         return [mine[as_int(number) - 1].id for number in reply]
