@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from ..._table_schema import DEFAULT_LAYOUT, TableLayout
 from ..._table_state import MAX_REMEMBERED, TableState, table_state
 from ..._writers import PRUNE_AT, lease, release, token_ms
-from ...codec import DYNAMODB_ITEM_LIMIT
 from ...errors import (
     BackendError,
     InvalidValueError,
@@ -678,6 +677,9 @@ class DynamoTable:
             and "size" in message.lower()
             and "item" in message.lower()
         ):
+            # imported here: a rare error, and the codec stays off a Lambda's cold path
+            from ...codec import DYNAMODB_ITEM_LIMIT
+
             return ValueTooLargeError(
                 f"DynamoDB refused the item as too large: {message}",
                 size=-1,
