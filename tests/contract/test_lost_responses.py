@@ -364,10 +364,8 @@ def test_outbox_claim_with_a_lost_response_delivers_in_the_same_pass(lossy):
     backend = lossy.backend()
     backend.outbox.publish(Event("t", {"n": 1}, id="e1"))
     seen: list[int] = []
-    worker = (
-        backend.outbox.worker(lambda e: seen.append(e.attempt), max_attempts=1, batch_claim=False)
-        if _has_batch_claim(backend)
-        else backend.outbox.worker(lambda e: seen.append(e.attempt), max_attempts=1)
+    worker = backend.outbox.worker(
+        lambda e: seen.append(e.attempt), max_attempts=1, batch_claim=False
     )
     lossy.lose_next(operation=UPDATE[lossy.kind])
     assert worker.run_once() == 1
@@ -419,12 +417,6 @@ def test_an_outbox_retry_with_a_lost_response_is_not_applied_again(lossy):
     assert lossy.lost == 1 and len(attempts) == 2
     assert outbox.get("x").status is EventStatus.FAILED
     assert worker.run_once() == 0 and len(attempts) == 2
-
-
-def _has_batch_claim(backend) -> bool:
-    import inspect
-
-    return "batch_claim" in inspect.signature(backend.outbox.worker).parameters
 
 
 @pytest.mark.parametrize("n", [1])
