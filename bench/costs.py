@@ -479,7 +479,13 @@ def _publish(outbox: Any, n: int, per_call: int) -> list[str]:
 
 
 def _worker_options(outbox: Any) -> set[str]:
-    return set(inspect.signature(outbox.worker).parameters)
+    """The worker options of the checkout measured (its WorkerOptions' names, or, before the
+    options were an object, the keywords of ``outbox.worker``)."""
+    try:
+        from dynacoord.outbox.options import OPTION_NAMES
+    except ImportError:
+        return set(inspect.signature(outbox.worker).parameters)
+    return set(OPTION_NAMES)
 
 
 def _deliver(
