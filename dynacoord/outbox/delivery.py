@@ -137,10 +137,7 @@ class Delivery:
                 text,
             )
             if self.hooks.on_error is not None:
-                try:
-                    self.hooks.on_error(event, exc)
-                except Exception:
-                    logger.exception("%s: on_error hook raised (ignored)", self.name)
+                self._hook("on_error", self.hooks.on_error, event, exc)
             return self._decide(record, handler_raised(text))
         return self._decide(record, SUCCEEDED)
 
@@ -221,7 +218,8 @@ class Delivery:
             self._metrics.milliseconds(
                 "OutboxDeliveryLatency", now_ms(self.clock) - record.event.occurred_at * 1000
             )
-            self._hook("on_delivered", self.hooks.on_delivered, record)
+            if self.hooks.on_delivered is not None:
+                self._hook("on_delivered", self.hooks.on_delivered, _as_handled(record))
         elif outcome.kind == "failed":
             self.failed += 1
             self._metrics.count("OutboxFailed")
@@ -233,19 +231,22 @@ class Delivery:
                 record.attempts,
                 outcome.error,
             )
-            self._hook("on_failed", self.hooks.on_failed, record)
+            if self.hooks.on_failed is not None:
+                self._hook("on_failed", self.hooks.on_failed, _as_handled(record))
         elif outcome.count_attempt:
             self.retried += 1
             self._metrics.count("OutboxRetried")
 
-    def _hook(self, name: str, hook: Callable[[Event], Any] | None, record: EventRecord) -> None:
-        """Call an outcome's hook with the event as its handler saw it (attempt set)."""
-        if hook is None:
-            return
+    def _hook(self, name: str, hook: Callable[..., Any], *args: Any) -> None:
         try:
-            hook(record.event.with_attempt(record.attempts))
+            hook(*args)
         except Exception:
             logger.exception("%s: %s hook raised (ignored)", self.name, name)
+
+
+def _as_handled(record: EventRecord) -> Event:
+    """The event as its handler saw it (attempt set): made only when a hook wants it."""
+    return record.event.with_attempt(record.attempts)
 
 
 class ClaimedBatch:
