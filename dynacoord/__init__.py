@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .aws_lambda import process_sqs_batch, process_stream_batch
     from .backends.dynamodb import DynamoDBBackend
     from .backends.dynamodb.transaction import Transaction
-    from .breaker import BreakerStatus, CircuitBreaker, FailureRate
+    from .breaker import BreakerOptions, BreakerStatus, CircuitBreaker, FailureRate
     from .breaker import State as BreakerState
     from .cache import Cache
     from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         Claim,
         ClaimResult,
         Idempotency,
+        IdempotencyOptions,
         IdempotencyRecord,
         IdempotencyStatus,
         register_lambda_context,
@@ -82,6 +83,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MANUAL_CLOCK_START",
     "BackendError",
+    "BreakerOptions",
     "BreakerState",
     "BreakerStatus",
     "Cache",
@@ -114,6 +116,7 @@ __all__ = [
     "IdempotencyError",
     "IdempotencyInProgressError",
     "IdempotencyKeyMismatchError",
+    "IdempotencyOptions",
     "IdempotencyRecord",
     "IdempotencyStatus",
     "IdempotencyValueError",
@@ -167,6 +170,7 @@ __all__ = [
 # in a Lambda cold start then costs only what the handler uses (and never boto3 by itself).
 _LAZY: dict[str, tuple[str, str]] = {
     "DynamoDBBackend": ("dynacoord.backends.dynamodb", "DynamoDBBackend"),
+    "BreakerOptions": ("dynacoord.breaker", "BreakerOptions"),
     "BreakerState": ("dynacoord.breaker", "State"),
     "BreakerStatus": ("dynacoord.breaker", "BreakerStatus"),
     "Cache": ("dynacoord.cache", "Cache"),
@@ -185,6 +189,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "EventRecord": ("dynacoord.outbox", "EventRecord"),
     "EventStatus": ("dynacoord.outbox", "EventStatus"),
     "Idempotency": ("dynacoord.idempotency", "Idempotency"),
+    "IdempotencyOptions": ("dynacoord.idempotency", "IdempotencyOptions"),
     "IdempotencyRecord": ("dynacoord.idempotency", "IdempotencyRecord"),
     "IdempotencyStatus": ("dynacoord.idempotency", "IdempotencyStatus"),
     "JoinResult": ("dynacoord.counters", "JoinResult"),

@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 
     from typing_extensions import ParamSpec
 
-    from .breaker import BreakerStore, CircuitBreaker, FailureRate, TransitionCallback
+    from .breaker import BreakerOptions, BreakerStore, CircuitBreaker, TransitionCallback
     from .cache import Cache, CacheStore
     from .checkpoints import Checkpoints, CheckpointStore
     from .counters import Counters, CounterStore
-    from .idempotency import Idempotency, IdempotencyRecord, IdempotencyStore
+    from .idempotency import Idempotency, IdempotencyOptions, IdempotencyStore
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
     from .runs import Runs, RunStore
@@ -159,37 +159,26 @@ class Backend(abc.ABC):
     def breaker(
         self,
         name: str,
+        options: BreakerOptions | None = None,
         *,
-        failure_threshold: int | None = None,
-        reset_timeout: float = 30.0,
-        success_threshold: int = 1,
-        half_open_max_calls: int = 1,
-        ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
         on_transition: TransitionCallback | None = None,
-        consistent_reads: bool = False,
-        state_cache: float = 0.0,
-        policy: FailureRate | None = None,
+        **option_values: Any,
     ) -> CircuitBreaker:
         """A circuit breaker named ``name`` whose state every process shares (see breaker.py):
         it trips after ``failure_threshold`` consecutive failures (default 5), or on the
-        failure rate with ``policy=FailureRate(...)``."""
-        from .breaker import CircuitBreaker
+        failure rate with ``policy=FailureRate(...)``. Its options are ``options`` (a
+        :class:`~dynacoord.BreakerOptions`) with ``option_values`` in place of its own, by name;
+        an unknown name is refused."""
+        from .breaker import BreakerOptions, CircuitBreaker
 
         return CircuitBreaker(
             self._breaker_store(self.namespace),
             name,
-            failure_threshold=failure_threshold,
-            reset_timeout=reset_timeout,
-            success_threshold=success_threshold,
-            half_open_max_calls=half_open_max_calls,
-            ignore=ignore,
+            BreakerOptions.of(options, **option_values),
             on_transition=on_transition,
             clock=self.clock,
             namespace=self.namespace,
             metrics=self._scope("breaker"),
-            consistent_reads=consistent_reads,
-            state_cache=state_cache,
-            policy=policy,
         )
 
     @property
@@ -224,34 +213,16 @@ class Backend(abc.ABC):
 
     def idempotent(
         self,
+        options: IdempotencyOptions | None = None,
         *,
         key: str | Callable[..., Any],
-        ttl: float = 3600,
-        in_progress_ttl: float | None = None,
-        payload: str | Callable[..., Any] | None = None,
-        wait: bool = False,
-        wait_timeout: float = 30.0,
-        raise_on_no_key: bool = True,
-        output_type: Any = None,
-        use_local_cache: bool = False,
-        local_cache_max_items: int = 256,
-        response_hook: Callable[[Any, IdempotencyRecord], Any] | None = None,
+        **option_values: Any,
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-        """Decorator: run a function or Lambda handler once per key (see
-        :meth:`dynacoord.idempotency.Idempotency.idempotent`)."""
-        return self.idempotency.idempotent(
-            key=key,
-            ttl=ttl,
-            in_progress_ttl=in_progress_ttl,
-            payload=payload,
-            wait=wait,
-            wait_timeout=wait_timeout,
-            raise_on_no_key=raise_on_no_key,
-            output_type=output_type,
-            use_local_cache=use_local_cache,
-            local_cache_max_items=local_cache_max_items,
-            response_hook=response_hook,
-        )
+        """Decorator: run a function or Lambda handler once per ``key``, with ``options`` (an
+        :class:`~dynacoord.IdempotencyOptions`) and ``option_values`` by name. The same as
+        ``backend.idempotency.idempotent(...)``, where the options are described:
+        :meth:`dynacoord.idempotency.Idempotency.idempotent`."""
+        return self.idempotency.idempotent(options, key=key, **option_values)
 
     @property
     def outbox(self) -> Outbox:

@@ -65,6 +65,7 @@ that dies loses at most one ``flush_interval`` of counts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -86,10 +87,12 @@ from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import member_reader
 from ._validate import check_int, ttl_to_ms
-from .errors import CircuitOpenError, InvalidValueError
+from .errors import CircuitOpenError, ConfigurationError, InvalidValueError
 from .metrics import NO_SCOPE, MetricsScope
 
 __all__ = [
+    "DEFAULT_FAILURE_THRESHOLD",
+    "BreakerOptions",
     "BreakerRecord",
     "BreakerStatus",
     "BreakerStore",
@@ -277,6 +280,97 @@ class BreakerStore(Protocol):
         ...
 
 
+#: consecutive failures that open a breaker made without ``failure_threshold`` (and no policy)
+DEFAULT_FAILURE_THRESHOLD = 5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BreakerOptions:
+    """How a breaker trips and recovers (see :class:`CircuitBreaker` for what each does).
+    Checked when made: a wrong value raises at once, naming the option.
+
+    ``backend.breaker(name, failure_threshold=3)`` and
+    ``backend.breaker(name, BreakerOptions(failure_threshold=3))`` are the same breaker. The
+    options are not stored with the breaker's state: give every process the same ones."""
+
+    #: consecutive failures (since the last success) that open it; None: 5, or, with
+    #: ``policy``, the failure rate decides (a number beside a policy is refused)
+    failure_threshold: int | None = None
+    #: seconds open before a trial call is let through; also how long a trial slot is held
+    reset_timeout: float = 30.0
+    #: trial successes needed to close it
+    success_threshold: int = 1
+    #: trial calls let through at once while half-open
+    half_open_max_calls: int = 1
+    #: exception classes re-raised without counting as failures (one class or a tuple; kept
+    #: as a tuple)
+    ignore: type[BaseException] | tuple[type[BaseException], ...] = ()
+    #: the read that admits a call is strongly consistent (DynamoDB: twice the price)
+    consistent_reads: bool = False
+    #: seconds (0-60) a closed state seen by this process admits calls without a read; 0: off
+    state_cache: float = 0.0
+    #: trip on the failure rate over a sliding window instead (:class:`FailureRate`)
+    policy: FailureRate | None = None
+
+    def __post_init__(self) -> None:
+        policy = self.policy
+        if policy is not None and not isinstance(policy, FailureRate):
+            raise TypeError(f"policy must be a FailureRate or None, got {policy!r}")
+        if policy is not None and self.failure_threshold is not None:
+            raise InvalidValueError(
+                "failure_threshold counts consecutive failures; with policy=FailureRate(...) "
+                "the breaker trips on the failure rate: give one of them"
+            )
+        if self.failure_threshold is not None:
+            check_int(self.failure_threshold, "failure_threshold", minimum=1)
+        ttl_to_ms(self.reset_timeout, "reset_timeout")
+        check_int(self.success_threshold, "success_threshold", minimum=1)
+        check_int(self.half_open_max_calls, "half_open_max_calls", minimum=1)
+        ignore = self.ignore
+        ignored = ignore if isinstance(ignore, tuple) else (ignore,)
+        for exc_type in ignored:
+            if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+                raise TypeError(f"ignore must hold exception classes, got {exc_type!r}")
+        state_cache = self.state_cache
+        if not isinstance(state_cache, int | float) or not 0 <= state_cache <= 60:
+            raise InvalidValueError(f"state_cache must be 0..60 seconds, got {state_cache!r}")
+        # kept in one form each (frozen: set once, here)
+        object.__setattr__(self, "ignore", ignored)
+        object.__setattr__(self, "consistent_reads", bool(self.consistent_reads))
+        object.__setattr__(self, "state_cache", float(state_cache))
+
+    @classmethod
+    def of(cls, base: BreakerOptions | None = None, /, **values: Any) -> BreakerOptions:
+        """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
+        refused with the list of known ones."""
+        if base is not None and not isinstance(base, BreakerOptions):
+            raise TypeError(f"options must be a BreakerOptions, got {type(base).__name__}")
+        unknown = sorted(set(values) - set(OPTION_NAMES))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown breaker option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}"
+            )
+        if base is None:
+            return cls(**values)
+        return dataclasses.replace(base, **values) if values else base
+
+    @property
+    def failures_to_trip(self) -> int:
+        """The consecutive failures that open the breaker (consecutive-failure policy)."""
+        threshold = self.failure_threshold
+        return DEFAULT_FAILURE_THRESHOLD if threshold is None else threshold
+
+    @property
+    def ignored(self) -> tuple[type[BaseException], ...]:
+        """``ignore`` as the tuple it is kept as."""
+        ignore = self.ignore
+        return ignore if isinstance(ignore, tuple) else (ignore,)
+
+
+#: every breaker option's name, in declaration order
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(BreakerOptions))
+
+
 class _Ticket(NamedTuple):
     """Why a call was let through: as a closed call (and the failures seen) or as a trial.
     (A NamedTuple: made on every protected call, and cheaper to make than a dataclass.)
@@ -291,6 +385,11 @@ class _Ticket(NamedTuple):
 
 class CircuitBreaker:
     """A circuit breaker named ``name``, shared through the store. ``backend.breaker(name)``.
+
+    Its tuning is ``options`` (a :class:`BreakerOptions`) with ``option_values`` in place of its
+    own, by name (``failure_threshold=3, reset_timeout=10``: each name of
+    :class:`BreakerOptions`); an unknown name is refused. The other parameters wire it in: the
+    store, ``on_transition``, the clock, the namespace and the metrics scope.
 
     Use it as ``breaker.call(fn, *args, **kwargs)``, as ``with breaker:`` or as a decorator
     ``@breaker``. Exceptions that are instances of ``ignore`` do not count as failures (they count
@@ -319,62 +418,44 @@ class CircuitBreaker:
         self,
         store: BreakerStore,
         name: str,
+        options: BreakerOptions | None = None,
         *,
-        failure_threshold: int | None = None,
-        reset_timeout: float = 30.0,
-        success_threshold: int = 1,
-        half_open_max_calls: int = 1,
-        ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
         on_transition: TransitionCallback | None = None,
         clock: Clock | None = None,
         namespace: str = "default",
         metrics: MetricsScope | None = None,
-        consistent_reads: bool = False,
-        state_cache: float = 0.0,
-        policy: FailureRate | None = None,
+        **option_values: Any,
     ) -> None:
         keys.breaker_key(namespace, name)  # empty, not a str, or too long: InvalidKeyError now
-        self.name: str = name
-        self.namespace = namespace
-        if policy is not None and not isinstance(policy, FailureRate):
-            raise TypeError(f"policy must be a FailureRate or None, got {policy!r}")
-        if policy is not None and failure_threshold is not None:
-            raise InvalidValueError(
-                "failure_threshold counts consecutive failures; with policy=FailureRate(...) "
-                "the breaker trips on the failure rate: give one of them"
-            )
-        #: None: the consecutive-failure policy (``failure_threshold``)
-        self.policy = policy
-        self.failure_threshold = check_int(
-            5 if failure_threshold is None else failure_threshold, "failure_threshold", minimum=1
-        )
-        self._reset_ms = ttl_to_ms(reset_timeout, "reset_timeout")
-        self.success_threshold = check_int(success_threshold, "success_threshold", minimum=1)
-        self.half_open_max_calls = check_int(half_open_max_calls, "half_open_max_calls", minimum=1)
-        ignored = ignore if isinstance(ignore, tuple) else (ignore,)
-        for exc_type in ignored:
-            if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
-                raise TypeError(f"ignore must hold exception classes, got {exc_type!r}")
-        self.ignore: tuple[type[BaseException], ...] = ignored
+        options = BreakerOptions.of(options, **option_values)
         if on_transition is not None and not callable(on_transition):
             raise TypeError("on_transition must be callable or None")
+        self.name: str = name
+        self.namespace = namespace
+        #: what this breaker was made with (its tuning; the attributes below are read from it)
+        self.options = options
+        #: None: the consecutive-failure policy (``failure_threshold``)
+        self.policy = options.policy
+        self.failure_threshold = options.failures_to_trip
+        self._reset_ms = ttl_to_ms(options.reset_timeout, "reset_timeout")
+        self.success_threshold = options.success_threshold
+        self.half_open_max_calls = options.half_open_max_calls
+        self.ignore: tuple[type[BaseException], ...] = options.ignored
         self.on_transition = on_transition
         self.clock: Clock = clock or SystemClock()
         self._store = store
         self._local = threading.local()
         self._metrics = metrics if metrics is not None else NO_SCOPE
         #: the read that admits a call: eventually consistent by default (see _admit)
-        self.consistent_reads = bool(consistent_reads)
-        if not isinstance(state_cache, int | float) or not 0 <= state_cache <= 60:
-            raise ValueError(f"state_cache must be 0..60 seconds, got {state_cache!r}")
-        self.state_cache = float(state_cache)
+        self.consistent_reads = options.consistent_reads
+        self.state_cache = float(options.state_cache)
         #: (monotonic deadline, failures) of the last closed state seen, when state_cache > 0
         self._cached_closed: tuple[float, int] | None = None
         self._cache_lock = threading.Lock()
         #: bumped by every drop of the cached closed state: a read or write sent before a drop
         #: must not cache what it saw (its answer may predate the trip that caused the drop)
         self._cache_gen = 0
-        self._window = None if policy is None else _LocalWindow(self.clock.monotonic())
+        self._window = None if self.policy is None else _LocalWindow(self.clock.monotonic())
 
     @property
     def reset_timeout(self) -> float:

@@ -27,6 +27,7 @@ a failing call 2 (claim, release).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -37,7 +38,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
@@ -79,6 +80,7 @@ __all__ = [
     "Claim",
     "ClaimResult",
     "Idempotency",
+    "IdempotencyOptions",
     "IdempotencyRecord",
     "IdempotencyStatus",
     "IdempotencyStore",
@@ -261,7 +263,98 @@ def _is_empty(value: Any) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Options:
+class IdempotencyOptions:
+    """How ``@idempotent`` runs a function once per key (see :meth:`Idempotency.idempotent` for
+    what each does). Checked when made: a wrong value raises at once, naming the option.
+
+    ``@backend.idempotent(key="order_id", ttl=60)`` and
+    ``@backend.idempotent(IdempotencyOptions(ttl=60), key="order_id")`` are the same; one
+    object can serve many functions (each keeps its own local cache)."""
+
+    #: seconds a completed result is replayed
+    ttl: float = 3600
+    #: seconds a running call holds its key (None: 60, or the Lambda invocation's remaining time)
+    in_progress_ttl: float | None = None
+    #: a callable or JMESPath selecting what must be equal on a replay (None: nothing compared)
+    payload: str | Callable[..., Any] | None = None
+    #: a duplicate of a running call polls for its result instead of raising at once
+    wait: bool = False
+    #: seconds a waiting duplicate polls at most
+    wait_timeout: float = 30.0
+    #: a key that comes out None or empty raises (False: the function runs unprotected)
+    raise_on_no_key: bool = True
+    #: the type of the result, or a ``(to_store, from_store)`` pair (None: codec values only)
+    output_type: Any = None
+    #: replay completed results from process memory (no request)
+    use_local_cache: bool = False
+    #: completed results the local cache keeps, per decorated function
+    local_cache_max_items: int = 256
+    #: ``f(result, record)`` called on every replay; what it returns is returned
+    response_hook: Callable[[Any, IdempotencyRecord], Any] | None = None
+    # what the checks made, kept for the decorator: not options themselves
+    _payload: Selector | None = field(default=None, init=False, repr=False, compare=False)
+    _output: OutputType | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ttl_to_ms(self.ttl)
+        if self.in_progress_ttl is not None:
+            ttl_to_ms(self.in_progress_ttl, "in_progress_ttl")
+        if self.payload is not None:
+            object.__setattr__(self, "_payload", _selector(self.payload, "payload"))
+        check_bool(self.wait, "wait")
+        non_negative_seconds(self.wait_timeout, "wait_timeout")
+        check_bool(self.raise_on_no_key, "raise_on_no_key")
+        if self.output_type is not None:
+            object.__setattr__(self, "_output", output_type_of(self.output_type))
+        if check_bool(self.use_local_cache, "use_local_cache"):
+            check_int(self.local_cache_max_items, "local_cache_max_items", minimum=1)
+        if self.response_hook is not None and not callable(self.response_hook):
+            raise ConfigurationError(
+                f"response_hook must be callable, got {type(self.response_hook).__name__}"
+            )
+
+    @classmethod
+    def of(cls, base: IdempotencyOptions | None = None, /, **values: Any) -> IdempotencyOptions:
+        """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
+        refused with the list of known ones."""
+        if base is not None and not isinstance(base, IdempotencyOptions):
+            hint = (
+                " (the key is given by name: @idempotent(key=...))"
+                if callable(base) or isinstance(base, str)
+                else ""
+            )
+            raise TypeError(
+                f"options must be an IdempotencyOptions, got {type(base).__name__}{hint}"
+            )
+        unknown = sorted(set(values) - set(OPTION_NAMES))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown idempotency option(s) {unknown}; the options are "
+                f"{', '.join(OPTION_NAMES)}"
+            )
+        if base is None:
+            return cls(**values)
+        return dataclasses.replace(base, **values) if values else base
+
+    @property
+    def ttl_ms(self) -> int:
+        return ttl_to_ms(self.ttl)
+
+    @property
+    def in_progress_ms(self) -> int | None:
+        if self.in_progress_ttl is None:
+            return None
+        return ttl_to_ms(self.in_progress_ttl, "in_progress_ttl")
+
+
+#: every option's name, in declaration order
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(IdempotencyOptions) if f.init)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Compiled:
+    """One decorated function's options, in the form its calls use (made once, at decoration)."""
+
     key: Selector
     key_spec: str
     payload: Selector | None
@@ -447,20 +540,17 @@ class Idempotency:
 
     def idempotent(
         self,
+        options: IdempotencyOptions | None = None,
         *,
         key: str | Callable[..., Any],
-        ttl: float = 3600,
-        in_progress_ttl: float | None = None,
-        payload: str | Callable[..., Any] | None = None,
-        wait: bool = False,
-        wait_timeout: float = 30.0,
-        raise_on_no_key: bool = True,
-        output_type: Any = None,
-        use_local_cache: bool = False,
-        local_cache_max_items: int = 256,
-        response_hook: Callable[[Any, IdempotencyRecord], Any] | None = None,
+        **option_values: Any,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Make a function (or a Lambda handler ``(event, context)``) run once per key.
+
+        Its options are ``options`` (an :class:`IdempotencyOptions`) with ``option_values`` in
+        place of its own, by name (``ttl=60, wait=True``: each name of
+        :class:`IdempotencyOptions`); an unknown name is refused. This is the one definition:
+        ``backend.idempotent`` forwards here.
 
         ``key``: a callable taking the function's arguments, or a JMESPath expression applied to
         the first positional argument (the Lambda event), e.g. ``"body.order_id"``, or
@@ -501,42 +591,33 @@ class Idempotency:
         costs no request. ``response_hook(result, record)`` is called on every replay (not on a
         first call) and its return value is returned instead, e.g. to mark replayed responses.
         """
-        if use_local_cache:
-            check_int(local_cache_max_items, "local_cache_max_items", minimum=1)
-        if response_hook is not None and not callable(response_hook):
-            raise ConfigurationError(
-                f"response_hook must be callable, got {type(response_hook).__name__}"
-            )
-        options = _Options(
+        opts = IdempotencyOptions.of(options, **option_values)
+        compiled = _Compiled(
             key=_selector(key, "key"),
             key_spec=key if isinstance(key, str) else getattr(key, "__name__", repr(key)),
-            payload=None if payload is None else _selector(payload, "payload"),
-            ttl_ms=ttl_to_ms(ttl),
-            in_progress_ms=None
-            if in_progress_ttl is None
-            else ttl_to_ms(in_progress_ttl, "in_progress_ttl"),
-            wait=check_bool(wait, "wait"),
-            wait_timeout=non_negative_seconds(wait_timeout, "wait_timeout"),
-            raise_on_no_key=check_bool(raise_on_no_key, "raise_on_no_key"),
-            output=None if output_type is None else output_type_of(output_type),
-            local=_LocalCache(local_cache_max_items)
-            if check_bool(use_local_cache, "use_local_cache")
-            else None,
-            response_hook=response_hook,
+            payload=opts._payload,
+            ttl_ms=opts.ttl_ms,
+            in_progress_ms=opts.in_progress_ms,
+            wait=opts.wait,
+            wait_timeout=float(opts.wait_timeout),
+            raise_on_no_key=opts.raise_on_no_key,
+            output=opts._output,
+            local=_LocalCache(opts.local_cache_max_items) if opts.use_local_cache else None,
+            response_hook=opts.response_hook,
         )
 
         def decorator(func: Callable[P, R]) -> Callable[P, R]:
             @functools.wraps(func)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-                return self._call(func, options, args, kwargs)
+                return self._call(func, compiled, args, kwargs)
 
-            if options.local is not None:
-                wrapper.local_cache = options.local  # type: ignore[attr-defined]
+            if compiled.local is not None:
+                wrapper.local_cache = compiled.local  # type: ignore[attr-defined]
             return wrapper
 
         return decorator
 
-    def _key_of(self, func: Callable[..., Any], options: _Options, raw: Any) -> str | None:
+    def _key_of(self, func: Callable[..., Any], options: _Compiled, raw: Any) -> str | None:
         """The idempotency key of the selected value ``raw`` (None: run without idempotency)."""
         if _is_empty(raw):
             message = (
@@ -557,7 +638,7 @@ class Idempotency:
     def _call(
         self,
         func: Callable[..., R],
-        options: _Options,
+        options: _Compiled,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> R:
@@ -591,7 +672,7 @@ class Idempotency:
     def _claim_and_run(
         self,
         func: Callable[..., R],
-        options: _Options,
+        options: _Compiled,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         key: str,
@@ -653,7 +734,7 @@ class Idempotency:
                 if record is None:
                     break  # released (the call failed) or its lease expired: try to claim it
 
-    def _replay(self, options: _Options, record: IdempotencyRecord) -> Any:
+    def _replay(self, options: _Compiled, record: IdempotencyRecord) -> Any:
         """The result a duplicate gets from a completed record."""
         self._metrics.count("IdempotencyReplay")
         # record.unstorable and record.result, read once
@@ -688,7 +769,7 @@ class Idempotency:
                 key=record.key,
             )
 
-    def _encode(self, options: _Options, claim: Claim, result: Any) -> str | _Refused:
+    def _encode(self, options: _Compiled, claim: Claim, result: Any) -> str | _Refused:
         """The codec text of ``result`` for ``claim``, or why it cannot be stored and the fix."""
         data = result
         try:
@@ -703,7 +784,7 @@ class Idempotency:
     def _run(
         self,
         func: Callable[..., R],
-        options: _Options,
+        options: _Compiled,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         claim: Claim,
@@ -801,7 +882,7 @@ class _Refused:
 _CODEC_TYPES = (int, float, str, bool, type(None), bytes, bytearray, Decimal, list, tuple, dict)
 
 
-def _fix_for(exc: Exception, options: _Options, result: Any, data: Any) -> str:
+def _fix_for(exc: Exception, options: _Compiled, result: Any, data: Any) -> str:
     """The advice for a result that cannot be stored, by cause: too large, a number out of the
     codec's range (no output_type helps), or a type the codec does not know (output_type)."""
     if isinstance(exc, ValueTooLargeError):
