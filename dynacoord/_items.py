@@ -15,7 +15,7 @@ __all__ = ["is_live", "member_reader", "optional_int", "optional_str", "unfrozen
 E = TypeVar("E", bound=Enum)
 
 
-def unfrozen_twin(cls: type) -> Any:
+def unfrozen_twin(cls: type, *, derived: tuple[str, ...] = ()) -> Any:
     """A class with the ``__slots__`` of ``cls`` (a frozen, slotted dataclass) but not its frozen
     ``__setattr__``: what the stores build the records they return in.
 
@@ -24,9 +24,13 @@ def unfrozen_twin(cls: type) -> Any:
     ``object.__new__(twin)``, stores each field as a plain slot, and sets ``__class__`` to ``cls``
     (Python allows that between classes of the same ``__slots__``): the same object ``cls(...)``
     makes, equal, hashed, printed and frozen alike, at a fraction of the cost. Only for classes
-    without ``__post_init__``; a builder must set every field (tests hold each builder equal to
-    the constructor)."""
-    assert "__post_init__" not in vars(cls), f"{cls.__name__} checks its fields when made"
+    without ``__post_init__``, or whose ``__post_init__`` only sets the ``derived`` fields from
+    the others (no checks); a builder must set every field, derived ones too (tests hold each
+    builder equal to the constructor)."""
+    assert not derived or "__post_init__" in vars(cls), f"{cls.__name__} derives nothing"
+    assert derived or "__post_init__" not in vars(cls), (
+        f"{cls.__name__} checks its fields when made"
+    )
     return type(f"_{cls.__name__}Slots", (), {"__slots__": vars(cls)["__slots__"]})
 
 

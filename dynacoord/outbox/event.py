@@ -274,10 +274,11 @@ class EventRecord:
     updated_at_ms: int | None = None
     #: an ordered event's place in its group (1, 2, ...); None for unordered events
     seq: int | None = None
+    #: the event's id, kept as a field (read for every held event, many times a delivery)
+    id: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        return self.event.id
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", self.event.id)
 
     @property
     def type(self) -> str:
@@ -338,7 +339,7 @@ class EventRecord:
 
 _PENDING = EventStatus.PENDING.value
 _status = member_reader(EventStatus)
-_EventRecordSlots = unfrozen_twin(EventRecord)
+_EventRecordSlots = unfrozen_twin(EventRecord, derived=("id",))
 
 
 def new_record(
@@ -362,6 +363,7 @@ def new_record(
     record.last_error = last_error
     record.updated_at_ms = updated_at_ms
     record.seq = seq
+    record.id = event.id
     record.__class__ = EventRecord
     made: EventRecord = record
     return made
