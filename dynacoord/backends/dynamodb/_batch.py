@@ -28,7 +28,7 @@ from . import _partiql
 from ._limits import MAX_STATEMENTS, MAX_TRANSACTION_ITEMS
 from ._table import ConditionFailedError, DynamoTable, unmarshal
 
-__all__ = ["Answers", "BatchWriter", "Entry", "chunks", "no_closure", "tied"]
+__all__ = ["Answers", "BatchWriter", "Entry", "chunks", "tied"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ class Entry:
     token: str = ""
     group: str | None = None
     index: int | None = None
+    #: the name of the entries this one travels with in one transaction (None: on its own)
+    tie: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -105,10 +107,6 @@ def denied(code: str | None) -> bool:
     return code is not None and code.startswith("AccessDenied")
 
 
-#: Which entries travel together (a name), or None for an entry on its own.
-Closure = Callable[["Entry"], "str | None"]
-
-
 class BatchWriter:
     """Sends batches of conditional writes to one table (see the module docstring), through its
     session (which translates a table layout's names both ways, statements included);
@@ -127,14 +125,13 @@ class BatchWriter:
         self,
         entries: list[Entry],
         answers: Answers,
-        closure: Closure,
         *,
         must_write: bool = True,
     ) -> None:
-        """Send ``entries``: the ones no other ties (``closure`` None) as independent
+        """Send ``entries``: the ones tied to no other (``tie`` None) as independent
         conditional writes, up to 25 a request at plain-write prices (``BatchExecuteStatement``,
         where the endpoint runs it); the rest in transactions of at most 100 items (the items
-        ``closure`` ties together stay in one). ``answers`` hears what became of each entry.
+        of one ``tie`` stay in one). ``answers`` hears what became of each entry.
 
         Entries that came back throttled or in another transaction's way (no fault of theirs)
         are sent again after a jittered pause that doubles each round: ``BATCH_ROUNDS`` rounds
@@ -152,7 +149,7 @@ class BatchWriter:
                 pause.wait()
             again: list[Entry] = []
             transactional = pending
-            alone = [e for e in pending if closure(e) is None]
+            alone = [e for e in pending if e.tie is None]
             if len(alone) > 1 and self.statements_supported():
                 statements = self._statement_entries(alone)
                 sent: set[int] = set()
@@ -166,11 +163,11 @@ class BatchWriter:
                         raise
                     self._partiql_denied(error.code)  # the rest goes the transactional way
                 transactional = [e for e in pending if id(e) not in sent]
-            for chunk in chunks(transactional, closure):
+            for chunk in chunks(transactional):
                 again.extend(self._send(chunk, answers))
             pending = again
         unsent = 0
-        for group in tied(answers.wanted(pending), closure):
+        for group in tied(answers.wanted(pending)):
             leftover = list(group)
             for _ in range(LAST_ROUNDS):
                 leftover = answers.wanted(leftover)
@@ -299,16 +296,12 @@ class BatchWriter:
         return []
 
 
-def no_closure(entry: Entry) -> str | None:
-    return None
-
-
-def tied(entries: Iterable[Entry], closure: Closure) -> list[list[Entry]]:
+def tied(entries: Iterable[Entry]) -> list[list[Entry]]:
     """``entries`` in groups that must travel together (each untied entry alone)."""
     tied: dict[str, list[Entry]] = {}
     groups: list[list[Entry]] = []
     for entry in entries:
-        name = closure(entry)
+        name = entry.tie
         if name is None:
             groups.append([entry])
         elif name in tied:
@@ -319,11 +312,11 @@ def tied(entries: Iterable[Entry], closure: Closure) -> list[list[Entry]]:
     return groups
 
 
-def chunks(entries: list[Entry], closure: Closure) -> list[list[Entry]]:
+def chunks(entries: list[Entry]) -> list[list[Entry]]:
     """Transactions of at most 100 items, tied entries never split."""
     chunks: list[list[Entry]] = []
     current: list[Entry] = []
-    for group in tied(entries, closure):
+    for group in tied(entries):
         if current and len(current) + len(group) > MAX_TRANSACTION_ITEMS:
             chunks.append(current)
             current = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import InvalidKeyError
 from ...outbox import EventRecord, Outcome
-from ._batch import Answers, BatchWriter, Entry, no_closure
+from ._batch import Answers, BatchWriter, Entry
 from ._limits import MAX_BATCH_GET_KEYS
 from ._outbox_items import OutboxItems, event_record
 from ._outbox_requests import OutboxRequests
@@ -107,7 +107,7 @@ class StreamRelayStore:
             )
             results[entry.index] = False
 
-        self._batch.write(entries, Answers(refused, written, rejected), no_closure)
+        self._batch.write(entries, Answers(refused, written, rejected))
         return [results.get(i, False) for i in range(len(settled))]
 
     def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:

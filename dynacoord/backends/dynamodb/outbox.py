@@ -50,7 +50,7 @@ from ...outbox import (
 from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS
 from ...outbox._gates import by_group as ordered_by_group
 from ...outbox._runs import group_runs
-from ._batch import Answers, BatchWriter, Entry, no_closure
+from ._batch import Answers, BatchWriter, Entry
 from ._limits import (
     MAX_TRANSACTION_BYTES,
     MAX_TRANSACTION_ITEMS,
@@ -355,7 +355,8 @@ class DynamoDBOutboxStore(StreamRelayStore):
     def _claim_one(
         self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
     ) -> EventRecord | None:
-        """One unordered event, one conditional UpdateItem returning the claimed item."""
+        """One unordered event, one conditional UpdateItem. Written, the event is as seen with
+        the claim's changes (its condition held the item as seen), as a batch's claims are."""
         if seen.status not in (EventStatus.PENDING, EventStatus.IN_FLIGHT):
             return None
         self._record_shards()
@@ -364,7 +365,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
         op = dict(self._requests.claim(seen, token, lease_until_ms, now_ms))
         op.pop("TableName")
         try:
-            response = self._table.call("update_item", **op, ReturnValues="ALL_NEW")
+            self._table.call("update_item", **op)
         except ConditionFailedError as failed:
             # The lease token is this claim's request token: a refusal that shows it is a retry
             # of this very claim whose first response was lost. The claim is ours.
@@ -374,7 +375,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
         except ValueTooLargeError as too_large:
             self._fail_unclaimable(seen, str(too_large), now_ms)
             return None
-        return event_record(response["Attributes"], now_ms)
+        return _as_claimed(seen, token, lease_until_ms)
 
     def _fail_unclaimable(self, seen: EventRecord, message: str, now_ms: int) -> None:
         """Store ``seen`` as failed when the store refuses to claim it for its own item (it
@@ -455,6 +456,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
                     {"Update": self._requests.claim(record, token, lease_until_ms, now_ms)},
                     record=record,
                     token=token,
+                    tie=_group_tie(record),
                 )
             )
         for group, start in runs.starts.items():
@@ -470,6 +472,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
                         }
                     },
                     group=group,
+                    tie=group,
                 )
             )
         claimed: dict[str, EventRecord] = {}
@@ -486,7 +489,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
                 if record is not None:
                     claimed[record.id] = record
             else:
-                group = _group_closure(entry)
+                group = entry.tie
                 if group is not None:
                     # A member of the run is someone else's: claiming the rest could deliver a
                     # later event before it. The group waits for the next poll.
@@ -498,7 +501,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
 
         def still_wanted(entry: Entry) -> bool:
             # A group whose gate or member refused is not claimed at all, not in a later round.
-            group = _group_closure(entry)
+            group = entry.tie
             return group not in blocked and group not in contended
 
         unclaimable: list[tuple[EventRecord, str]] = []
@@ -508,13 +511,13 @@ class DynamoDBOutboxStore(StreamRelayStore):
             # claim's attributes): that event's answer, never the batch's.
             if entry.record is not None:
                 unclaimable.append((entry.record, message))
-            group = _group_closure(entry)
+            group = entry.tie
             if group is not None:
                 contended.add(group)  # its group waits: the event keeps its place
 
         answers = Answers(refused, written, rejected, still_wanted)
         try:
-            self._batch.write(entries, answers, _group_closure, must_write=False)
+            self._batch.write(entries, answers, must_write=False)
         except BaseException:
             # A later transaction of the batch raised (throttling, a network error, an
             # interrupt): the earlier ones' claims hold events no worker will handle. Give them
@@ -609,6 +612,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
                     record=outcome.record,
                     token=outcome.token,
                     index=index,
+                    tie=_group_tie(outcome.record),
                 )
             )
         by_group = ordered_by_group(outcomes)
@@ -616,7 +620,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
         for group, members in by_group.items():
             gate_op = self._requests.gate_finish(group, members)
             if gate_op is not None:
-                gates[group] = Entry({"Update": gate_op}, group=group)
+                gates[group] = Entry({"Update": gate_op}, group=group, tie=group)
                 entries.append(gates[group])
         # Indexes of the outcomes refused (not our own write): their group's gate must not move
         # past them. A group's items travel in one transaction, so a refusal cancels the gate
@@ -663,8 +667,9 @@ class DynamoDBOutboxStore(StreamRelayStore):
             if entry.index is not None:
                 too_large.append(entry.index)
 
+        # Only a gate can stop being wanted (see still_wanted): without one, no question.
         self._batch.write(
-            entries, Answers(refused, written, rejected, still_wanted), _group_closure
+            entries, Answers(refused, written, rejected, still_wanted if gates else None)
         )
         if too_large and not _shrunk:
             short = [
@@ -708,7 +713,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
             assert entry.index is not None
             results[entry.index] = False  # not extended: the worker does not start it
 
-        self._batch.write(entries, Answers(refused, written, rejected), no_closure)
+        self._batch.write(entries, Answers(refused, written, rejected))
         return [results.get(i, False) for i in range(len(held))]
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
@@ -879,11 +884,6 @@ def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventReco
     )
 
 
-def _group_closure(entry: Entry) -> str | None:
+def _group_tie(record: EventRecord) -> str | None:
     """Items of one ordered group (its events and its gate) go in one transaction."""
-    if entry.group is not None:
-        return entry.group
-    record = entry.record
-    if record is not None and record.seq is not None:
-        return record.event.group
-    return None
+    return record.event.group if record.seq is not None else None
