@@ -25,7 +25,7 @@ from ..metrics import NO_SCOPE, MetricsScope
 from .event import Event, EventRecord, EventStatus, new_event_id
 from .options import DeliveryHooks, WorkerOptions
 from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
-from .worker import Handler, OutboxWorker
+from .worker import Handler, OutboxWorker, WorkerGroup
 
 if TYPE_CHECKING:
     from .stream import StreamHandler, SweepHandler
@@ -103,6 +103,8 @@ class Outbox:
         self._store = store
         self.clock: Clock = clock or SystemClock()
         self._metrics = metrics if metrics is not None else NO_SCOPE
+        #: the workers this outbox makes: they spread over the shards and take turns at them
+        self._workers = WorkerGroup()
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -124,8 +126,8 @@ class Outbox:
         Both ways record the caller's trace context in each event's metadata (see
         :mod:`dynacoord.tracing`; with tracing off or unavailable, nothing).
         """
-        carrier = tracing.capture() if tracing.capturing else None
         if tx is not None:
+            carrier = tracing.capture() if tracing.capturing else None
             if type(events) is Event and carrier is None:  # the usual: in the fewest steps
                 event_id = events.id
                 # now_ms(self.clock), inline
@@ -167,12 +169,16 @@ class Outbox:
             )
         if not items:
             return []
+        ids = [e.id for e in items]
+        # Captured once the events are known good: a refused publish records nothing.
+        carrier = tracing.capture() if tracing.capturing else None
         if carrier is None:
             self._publish(items)
         else:
             self._publish_traced(items, carrier)
-        self._metrics.count("OutboxPublished", len(items))
-        return [e.id for e in items]
+        if self._metrics.enabled:
+            self._metrics.count("OutboxPublished", len(ids))
+        return ids
 
     def _entry(self, event: Event, carrier: Mapping[str, str] | None, now: int) -> tuple[Any, int]:
         """The transaction entry of ``event``, with the trace context when it fits."""
@@ -257,6 +263,7 @@ class Outbox:
             hooks=DeliveryHooks(on_delivered, on_error, on_failed),
             name=name,
             metrics=self._metrics,
+            group=self._workers,
         )
 
     def stream_handler(

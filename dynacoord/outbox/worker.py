@@ -8,7 +8,6 @@ import logging
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ __all__ = [
     "Handler",
     "MissingHandlerPolicy",
     "OutboxWorker",
+    "WorkerGroup",
     "WorkerOptions",
 ]
 
@@ -34,9 +34,10 @@ logger = logging.getLogger(__name__)
 _ZOMBIE_TURN = -1  # the turn key of the expired-lease scan (shards are 0, 1, ...)
 
 
-class _WorkerGroup:
-    """The workers of this process that deliver from one store: their shard spread and their
-    turns at its queues.
+class WorkerGroup:
+    """The workers that deliver from one store in this process: their shard spread and their
+    turns at its queues. Each :class:`~dynacoord.outbox.Outbox` has one, and the workers it
+    makes join it.
 
     Worker i of a group starts on shard (offset + i) % shards: the workers of one process
     spread over the shards, and processes spread by their random offsets.
@@ -44,13 +45,11 @@ class _WorkerGroup:
     Its workers take turns to poll and claim from the same home shard: the claim takes the
     events out of the due queue before the next worker reads it, so threads of one process
     never claim over each other (measured on Redis, which has one queue: a fifth of the polls
-    of 4 threads came back empty without it). ``shared_turns=False``: a fresh lock at each
-    ask, so no turn is shared (the group of stores that cannot be weakly referenced)."""
+    of 4 threads came back empty without it)."""
 
-    def __init__(self, *, shared_turns: bool = True) -> None:
+    def __init__(self) -> None:
         self.offset = random.randrange(1 << 16)
         self._numbers = itertools.count()
-        self._shared_turns = shared_turns
         self._turns: dict[int, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -60,29 +59,8 @@ class _WorkerGroup:
 
     def turn(self, shard: int) -> threading.Lock:
         """The turn at ``shard``'s queue (``_ZOMBIE_TURN``: at the expired-lease scan)."""
-        if not self._shared_turns:
-            return threading.Lock()
         with self._guard:
             return self._turns.setdefault(shard, threading.Lock())
-
-
-# One group per store (held while the store lives), so that every worker made on a store, by
-# any Outbox or thread of the process, takes its turns with the others.
-_groups: weakref.WeakKeyDictionary[Any, _WorkerGroup] = weakref.WeakKeyDictionary()
-_groups_guard = threading.Lock()
-# Stores that cannot be weakly referenced share this one: its numbers spread them, no turns.
-_UNSHARED = _WorkerGroup(shared_turns=False)
-
-
-def _group_of(store: Any) -> _WorkerGroup:
-    with _groups_guard:
-        try:
-            group = _groups.get(store)
-            if group is None:
-                group = _groups[store] = _WorkerGroup()
-        except TypeError:  # a store that cannot be weakly referenced
-            return _UNSHARED
-        return group
 
 
 class OutboxWorker:
@@ -135,7 +113,7 @@ class OutboxWorker:
         hooks: DeliveryHooks | None = None,
         name: str | None = None,
         metrics: MetricsScope | None = None,
-        group: _WorkerGroup | None = None,
+        group: WorkerGroup | None = None,
     ) -> None:
         options = WorkerOptions() if options is None else WorkerOptions.of(options)
         hooks = DeliveryHooks() if hooks is None else hooks
@@ -164,9 +142,9 @@ class OutboxWorker:
         # there can deadlock on the lock the interrupted main thread holds inside Event.wait().
         self._stop_requested = False
         self._external_stop: threading.Event | None = None
-        # The workers it takes turns with, and its place among them (by default the group of
-        # every worker of this process on the same store).
-        self._group = _group_of(store) if group is None else group
+        # The workers it takes turns with (its Outbox's), and its place among them; a worker
+        # made alone is a group of one.
+        self._group = WorkerGroup() if group is None else group
         self._number = self._group.join()
         self._shards = 0  # read from the store at the first poll
         self._next_zombie_scan_ms = 0
