@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-from .errors import InvalidValueError
+from .errors import ConfigurationError, InvalidValueError
 
 __all__ = [
     "MAX_TTL_SECONDS",
@@ -142,3 +144,39 @@ def check_utf8(value: str, name: str) -> str:
             f"{name} is not valid UTF-8 text (it contains a lone surrogate): {value!r}"
         ) from exc
     return value
+
+
+_Options = TypeVar("_Options")
+
+
+def option_names(cls: type) -> tuple[str, ...]:
+    """The names an options dataclass takes, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+
+def options_with(
+    cls: type[_Options],
+    base: _Options | None,
+    values: Mapping[str, Any],
+    *,
+    what: str,
+    hint: str = "",
+) -> _Options:
+    """``base`` (or ``cls``'s defaults) with ``values`` in place of its own, by name: the
+    ``of`` of every options dataclass (a worker's, a breaker's, ``@idempotent``'s). An unknown
+    name is refused with the list of the ``what`` options; ``hint`` follows a base that is not
+    a ``cls``."""
+    if base is not None and not isinstance(base, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise TypeError(
+            f"options must be {article} {cls.__name__}, got {type(base).__name__}{hint}"
+        )
+    names = option_names(cls)
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown {what} option(s) {unknown}; the options are {', '.join(names)}"
+        )
+    if base is None:
+        return cls(**values)
+    return dataclasses.replace(base, **values) if values else base  # type: ignore[type-var]

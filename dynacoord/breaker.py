@@ -65,7 +65,6 @@ that dies loses at most one ``flush_interval`` of counts.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
@@ -86,8 +85,8 @@ from ._breaker_window import (
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import member_reader
-from ._validate import check_int, ttl_to_ms
-from .errors import CircuitOpenError, ConfigurationError, InvalidValueError
+from ._validate import check_int, option_names, options_with, ttl_to_ms
+from .errors import CircuitOpenError, InvalidValueError
 from .metrics import NO_SCOPE, MetricsScope
 
 __all__ = [
@@ -343,16 +342,7 @@ class BreakerOptions:
     def of(cls, base: BreakerOptions | None = None, /, **values: Any) -> BreakerOptions:
         """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
         refused with the list of known ones."""
-        if base is not None and not isinstance(base, BreakerOptions):
-            raise TypeError(f"options must be a BreakerOptions, got {type(base).__name__}")
-        unknown = sorted(set(values) - set(OPTION_NAMES))
-        if unknown:
-            raise ConfigurationError(
-                f"unknown breaker option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}"
-            )
-        if base is None:
-            return cls(**values)
-        return dataclasses.replace(base, **values) if values else base
+        return options_with(cls, base, values, what="breaker")
 
     @property
     def failures_to_trip(self) -> int:
@@ -368,7 +358,7 @@ class BreakerOptions:
 
 
 #: every breaker option's name, in declaration order
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(BreakerOptions))
+OPTION_NAMES = option_names(BreakerOptions)
 
 
 class _Ticket(NamedTuple):

@@ -27,7 +27,6 @@ a failing call 2 (claim, release).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -60,7 +59,15 @@ from ._invocation import jmespath_options as jmespath_options
 from ._items import member_reader
 from ._typed import OutputType
 from ._typed import output_type as output_type_of
-from ._validate import check_bool, check_int, check_str, non_negative_seconds, ttl_to_ms
+from ._validate import (
+    check_bool,
+    check_int,
+    check_str,
+    non_negative_seconds,
+    option_names,
+    options_with,
+    ttl_to_ms,
+)
 from .errors import (
     ConfigurationError,
     IdempotencyInProgressError,
@@ -317,24 +324,12 @@ class IdempotencyOptions:
     def of(cls, base: IdempotencyOptions | None = None, /, **values: Any) -> IdempotencyOptions:
         """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
         refused with the list of known ones."""
-        if base is not None and not isinstance(base, IdempotencyOptions):
-            hint = (
-                " (the key is given by name: @idempotent(key=...))"
-                if callable(base) or isinstance(base, str)
-                else ""
-            )
-            raise TypeError(
-                f"options must be an IdempotencyOptions, got {type(base).__name__}{hint}"
-            )
-        unknown = sorted(set(values) - set(OPTION_NAMES))
-        if unknown:
-            raise ConfigurationError(
-                f"unknown idempotency option(s) {unknown}; the options are "
-                f"{', '.join(OPTION_NAMES)}"
-            )
-        if base is None:
-            return cls(**values)
-        return dataclasses.replace(base, **values) if values else base
+        hint = (
+            " (the key is given by name: @idempotent(key=...))"
+            if callable(base) or isinstance(base, str)
+            else ""
+        )
+        return options_with(cls, base, values, what="idempotency", hint=hint)
 
     @property
     def ttl_ms(self) -> int:
@@ -348,7 +343,7 @@ class IdempotencyOptions:
 
 
 #: every option's name, in declaration order
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(IdempotencyOptions) if f.init)
+OPTION_NAMES = option_names(IdempotencyOptions)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,7 +10,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._validate import check_bool, check_int, non_negative_seconds, ttl_to_ms
+from .._validate import (
+    check_bool,
+    check_int,
+    non_negative_seconds,
+    option_names,
+    options_with,
+    ttl_to_ms,
+)
 from ..errors import ConfigurationError
 from .event import Event
 
@@ -83,16 +90,7 @@ class WorkerOptions:
     def of(cls, base: WorkerOptions | None = None, /, **values: Any) -> WorkerOptions:
         """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
         refused with the list of known ones."""
-        if base is not None and not isinstance(base, WorkerOptions):
-            raise TypeError(f"options must be a WorkerOptions, got {type(base).__name__}")
-        unknown = sorted(set(values) - set(OPTION_NAMES))
-        if unknown:
-            raise ConfigurationError(
-                f"unknown worker option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}"
-            )
-        if base is None:
-            return cls(**values)
-        return dataclasses.replace(base, **values) if values else base
+        return options_with(cls, base, values, what="worker")
 
     @property
     def lease_ms(self) -> int:
@@ -108,7 +106,7 @@ class WorkerOptions:
 
 
 #: every option's name, in declaration order
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(WorkerOptions))
+OPTION_NAMES = option_names(WorkerOptions)
 #: the options the bundled stack's functions take (``OutboxOptions`` / ``DYNACOORD_OUTBOX_OPTIONS``)
 STACK_OPTIONS = tuple(f.name for f in dataclasses.fields(WorkerOptions) if f.metadata.get("stack"))
 
