@@ -668,11 +668,13 @@ def test_concurrent_relay_invocations_deliver_every_event_once(
 
 
 def publish_for_the_sweeper(backend: DynamoDBBackend, count: int) -> list[str]:
-    """Publish ``count`` events the sweeper delivers: with a 1 s lease, past the time a sweeper
-    may leave a new event to the stream relay."""
-    os.environ["DYNACOORD_OUTBOX_OPTIONS"] = '{"backoff": 0, "max_backoff": 0, "lease": 1}'
+    """Publish ``count`` events the sweeper delivers: with a 3 s lease, past the time a sweeper
+    may leave a new event to the stream relay. (A 1 s lease, extended every third of it, lapsed
+    on a machine loaded 6 deep on 2 cores, and a second sweep delivered the event again, as a
+    lapsed lease allows: the test is of concurrent sweeps, not of a starved process.)"""
+    os.environ["DYNACOORD_OUTBOX_OPTIONS"] = '{"backoff": 0, "max_backoff": 0, "lease": 3}'
     ids = backend.outbox.publish([Event("order.placed", {"n": n}) for n in range(count)])
-    time.sleep(1.2)
+    time.sleep(3.2)
     return ids
 
 
