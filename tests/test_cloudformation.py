@@ -948,6 +948,9 @@ def test_stack_parameters_are_checked_before_any_request(aws: tuple[Any, Any]) -
         ({"RelayHandlers": "app.handlers"}, ValueError, "MODULE:ATTRIBUTE"),
         ({"ReconcileHandler": "app:"}, ValueError, "MODULE:ATTRIBUTE"),
         ({"OutboxOptions": {"lesae": 5}}, ValueError, "unknown outbox option"),
+        # a value each function would refuse at its first event, refused before the deploy
+        ({"OutboxOptions": {"batch_size": 0}}, ValueError, "OutboxOptions: batch_size must be"),
+        ({"OutboxOptions": {"on_missing_handler": "drop"}}, ValueError, "on_missing_handler"),
         ({"OutboxOptions": "[1]"}, ValueError, "JSON object"),
         ({"OutboxOptions": "{"}, ValueError, "not JSON"),
         ({"HandlerSettings": "[]"}, ValueError, "HandlerSettings must be a JSON object"),
