@@ -31,14 +31,12 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 from typing_extensions import ParamSpec
@@ -59,6 +57,15 @@ from ._invocation import jmespath_options as jmespath_options
 from ._items import member_reader
 from ._typed import OutputType
 from ._typed import output_type as output_type_of
+from ._unstorable import (
+    UNSTORABLE_PREFIX,
+    Refused,
+    fix_for,
+    not_replayable,
+    type_name,
+    unstorable_marker,
+    with_article,
+)
 from ._validate import (
     check_bool,
     check_int,
@@ -75,7 +82,6 @@ from .errors import (
     IdempotencyValueError,
     InvalidKeyError,
     InvalidValueError,
-    ValueTooLargeError,
 )
 from .metrics import NO_SCOPE, MetricsScope
 
@@ -102,11 +108,6 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: ``result_text`` of a call whose result could not be stored, followed by the result's type
-#: name, ``;`` and the advice its first call gave (a marker with the type name only still reads:
-#: its duplicates are refused without advice). The codec only ever writes JSON text, which never
-#: starts with ``!``.
-UNSTORABLE_PREFIX = "!unstorable:"
 
 #: The in-progress lease of a plain function call when ``in_progress_ttl`` is not given (seconds).
 #: In a Lambda handler the default is the invocation's remaining time instead.
@@ -146,7 +147,7 @@ class IdempotencyRecord:
     def unstorable(self) -> str | None:
         """The type name of a result that could not be stored (the call ran, its result was not
         kept: see ``@idempotent``), else None."""
-        marker = _unstorable_marker(self.result_text)
+        marker = unstorable_marker(self.result_text)
         return None if marker is None else marker[0]
 
     @property
@@ -155,9 +156,9 @@ class IdempotencyRecord:
         :class:`IdempotencyValueError` for a record whose result could not be stored."""
         if self.result_text is None:
             return None
-        marker = _unstorable_marker(self.result_text)
+        marker = unstorable_marker(self.result_text)
         if marker is not None:
-            raise IdempotencyValueError(_not_replayable(self.key, *marker), key=self.key)
+            raise IdempotencyValueError(not_replayable(self.key, *marker), key=self.key)
         return codec.decode(self.result_text)
 
     def live(self, now_ms: int) -> bool:
@@ -735,9 +736,9 @@ class Idempotency:
         # record.unstorable and record.result, read once
         text = record.result_text
         if text is not None and text.startswith(UNSTORABLE_PREFIX):
-            kind, fix = _unstorable_marker(text) or ("?", None)
+            kind, fix = unstorable_marker(text) or ("?", None)
             raise IdempotencyValueError(
-                _not_replayable(record.key, kind, fix, duplicate=True), key=record.key
+                not_replayable(record.key, kind, fix, duplicate=True), key=record.key
             )
         data = None if text is None else codec.decode(text)
         if options.output is not None:
@@ -764,7 +765,7 @@ class Idempotency:
                 key=record.key,
             )
 
-    def _encode(self, options: _Compiled, claim: Claim, result: Any) -> str | _Refused:
+    def _encode(self, options: _Compiled, claim: Claim, result: Any) -> str | Refused:
         """The codec text of ``result`` for ``claim``, or why it cannot be stored and the fix."""
         data = result
         try:
@@ -773,7 +774,7 @@ class Idempotency:
             text = codec.encode(data)
             self._check_size(claim, text)
         except Exception as exc:
-            return _Refused(exc, _fix_for(exc, options, result, data))
+            return Refused(exc, fix_for(exc, options.output, result, data))
         return text
 
     def _run(
@@ -799,11 +800,11 @@ class Idempotency:
                 )
             raise
         text = self._encode(options, claim, result)
-        if isinstance(text, _Refused):
+        if isinstance(text, Refused):
             # The side effects happened: never let a duplicate run them again. The record is
             # completed with a marker that makes every duplicate raise with the same advice.
             self._metrics.count("IdempotencyUnstorable")
-            kind = _type_name(result)
+            kind = type_name(result)
             marker = f"{UNSTORABLE_PREFIX}{kind};{text.fix}"
             try:
                 self._store.complete(
@@ -813,7 +814,7 @@ class Idempotency:
                 logger.exception("could not mark idempotency key %r as unstorable", claim.key)
             name = getattr(func, "__qualname__", repr(func))
             raise IdempotencyValueError(
-                f"{name} returned {_a(kind)} for idempotency key {claim.key!r}, which cannot be "
+                f"{name} returned {with_article(kind)} for idempotency key {claim.key!r}, which cannot be "
                 f"stored ({text.cause}). Fix: {text.fix}. This call's side effects ran; its "
                 "duplicates raise this error instead of running again, until the record expires "
                 f"or backend.idempotency.delete({claim.key!r})",
@@ -851,114 +852,3 @@ class Idempotency:
                 )
             )
         return result
-
-
-def _type_name(value: Any) -> str:
-    cls = type(value)
-    return (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
-
-
-def _a(word: str) -> str:
-    """``word`` with its indefinite article (an int, a dict)."""
-    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Refused:
-    """Why a result cannot be stored (the codec's or the size check's error) and what fixes it."""
-
-    cause: Exception
-    fix: str
-
-
-#: the types the codec stores as they are: an output_type of one of them changes nothing
-_CODEC_TYPES = (int, float, str, bool, type(None), bytes, bytearray, Decimal, list, tuple, dict)
-
-
-def _fix_for(exc: Exception, options: _Compiled, result: Any, data: Any) -> str:
-    """The advice for a result that cannot be stored, by cause: too large, a number out of the
-    codec's range (no output_type helps), or a type the codec does not know (output_type)."""
-    if isinstance(exc, ValueTooLargeError):
-        return (
-            "the result is too large for one record (DynamoDB's "
-            f"{codec.DYNAMODB_ITEM_LIMIT}-byte item limit, applied on every backend): return "
-            "less, for example a reference to where the data is (an S3 key)"
-        )
-    if _holds_number_out_of_range(data):
-        return (
-            "it holds a number out of range: the codec stores ints of at most "
-            f"{codec.MAX_INT_DIGITS} digits and finite floats and Decimals (no NaN or "
-            "infinity); return a smaller number, or the number in another form (a Decimal "
-            "holds any finite value, a str any)"
-        )
-    if options.output is not None:
-        return (
-            f"return {_a(options.output.name)} (the output_type), or fix the output_type's "
-            "conversion"
-        )
-    cls = type(result)
-    if not isinstance(result, _CODEC_TYPES):
-        try:
-            output_type_of(cls)
-        except ConfigurationError:
-            pass
-        else:
-            return (
-                f"pass output_type={cls.__qualname__} to @idempotent (a dataclass, a pydantic "
-                "model, datetime, UUID, Enum, list[...] of them), or "
-                "output_type=(to_store, from_store), or return a JSON-compatible value"
-            )
-    return (
-        "return JSON-compatible values only (int, float, str, bool, None, bytes, Decimal, list, "
-        "dict with str keys), or convert the result with a dataclass output_type or "
-        "output_type=(to_store, from_store)"
-    )
-
-
-def _holds_number_out_of_range(value: Any) -> bool:
-    """Whether ``value`` (walked through lists, tuples and mappings) holds an int over the codec's
-    digits, or a NaN or infinite float or Decimal. Only called on a value the codec refused."""
-    stack = [value]
-    seen: set[int] = set()
-    while stack and len(seen) < 100_000:
-        item = stack.pop()
-        if isinstance(item, bool):
-            continue
-        if isinstance(item, int):
-            if (
-                item.bit_length() > 3 * codec.MAX_INT_DIGITS
-                and abs(item) >= 10**codec.MAX_INT_DIGITS
-            ):
-                return True
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return True
-        elif isinstance(item, Decimal):
-            if not item.is_finite():
-                return True
-        elif isinstance(item, (list, tuple, Mapping)) and id(item) not in seen:
-            seen.add(id(item))
-            stack.extend(item.values() if isinstance(item, Mapping) else item)
-    return False
-
-
-def _unstorable_marker(text: str | None) -> tuple[str, str | None] | None:
-    """(type name, advice or None) of an unstorable marker, else None."""
-    if text is None or not text.startswith(UNSTORABLE_PREFIX):
-        return None
-    kind, _, fix = text[len(UNSTORABLE_PREFIX) :].partition(";")
-    return kind, fix or None
-
-
-def _not_replayable(key: str, kind: str, fix: str | None, *, duplicate: bool = False) -> str:
-    who = "the first call" if duplicate else "the call"
-    what = "this duplicate" if duplicate else "it"
-    return (
-        f"{who} with idempotency key {key!r} ran, but its result ({_a(kind)}) could not be "
-        f"stored, so {what} cannot be replayed"
-        + ("; it is not run again either (its side effects happened once)" if duplicate else "")
-        + (f". Fix: {fix}" if fix else "")
-        + f". Then free the key: backend.idempotency.delete({key!r})"
-    )
