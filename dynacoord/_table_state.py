@@ -13,6 +13,7 @@ or verifies (:func:`mark_verified`), and nothing below the CLI imports a backend
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any
@@ -96,3 +97,18 @@ def mark_verified(client: Any, table_name: str, layout: TableLayout) -> None:
 def forget_verified(client: Any, table_name: str) -> None:
     """Forget ``table_name`` under every layout (it was deleted through ``client``)."""
     table_state(client, table_name).verified = set()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child's locks are new: a check another thread of the parent was making when it
+    forked (a backend's early check, say) holds its copy of the lock, and no thread of the
+    child would ever let it go. What the parent had learnt stays."""
+    global _states_guard
+    _states_guard = threading.Lock()
+    for tables in list(_states.values()):
+        for state in tables.values():
+            state.check_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -120,7 +120,7 @@ def test_the_check_is_one_describe_table_per_client_and_table_at_first_use(
     moto_ddb.meta.events.register(
         "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
     )
-    backend = DynamoDBBackend(moto_ddb, table_name="later")
+    backend = DynamoDBBackend(moto_ddb, table_name="later", verify="first-write")
     assert calls == []  # nothing at construction: the table may be created after
     create_table(_other_client(), "later")  # by another client: this one has not seen it
     backend.cache().set("a", 1)

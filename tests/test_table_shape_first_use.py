@@ -232,7 +232,9 @@ def _fresh_client() -> Any:
 def test_a_first_read_on_a_right_table_sends_nothing_before_it(moto_client: Any) -> None:
     create_table(_fresh_client(), "right")  # another client: this one has not seen it
     calls = _calls(moto_client)
-    backend = DynamoDBBackend(moto_client, table_name="right")
+    # the check sent with the first write (the default sends it early, on a thread: see
+    # tests/test_early_check.py)
+    backend = DynamoDBBackend(moto_client, table_name="right", verify="first-write")
     assert backend.cache().get("k") is None
     assert backend.locks.get("k") is None
     assert calls == ["GetItem", "GetItem"]
@@ -286,7 +288,7 @@ def test_a_read_refused_on_a_right_table_raises_its_own_error_and_checks_once(
 ) -> None:
     create_table(_fresh_client(), "right2")
     calls = _calls(moto_client)
-    backend = DynamoDBBackend(moto_client, table_name="right2")
+    backend = DynamoDBBackend(moto_client, table_name="right2", verify="first-write")
     from dynacoord.errors import DynacoordError
 
     # a ValidationException of the request itself (a key without its sort key)

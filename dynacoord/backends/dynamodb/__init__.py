@@ -11,7 +11,7 @@ from ..._table_schema import DEFAULT_LAYOUT, TableLayout
 from ...errors import ConfigurationError
 from ...metrics import Metrics
 from ._global_tables import GlobalTableWrites, check_global_table_writes
-from ._verify import VerifiedTable, check_client
+from ._verify import VerifiedTable, Verify, check_client, check_verify
 
 if TYPE_CHECKING:
     from ...locks import LockStore
@@ -41,11 +41,14 @@ class DynamoDBBackend(Backend):
     does not swallow them. ``shards`` spreads listing indexes (cache keys, outbox due queue) over
     that many gsi1 partitions so one busy namespace does not make a hot partition.
 
-    Before its first request the backend checks the table once (one DescribeTable per client
+    Before its first write the backend checks the table once (one DescribeTable per client
     and table): a missing table, another key schema or a missing ``gsi1`` raise
     :class:`~dynacoord.errors.ConfigurationError` naming the table, the problem and the command
-    that fixes it, before anything is written. ``verify=False`` skips the check (for an IAM
-    policy without ``dynamodb:DescribeTable``).
+    that fixes it, before anything is written. The check is sent when the backend is made, on a
+    thread of its own, and the first write waits for its answer (in a Lambda function, made
+    during init, the first invocation pays nothing for it); ``verify="first-write"`` sends it
+    with the first write instead (no thread), ``verify=False`` skips it (for an IAM policy
+    without ``dynamodb:DescribeTable``).
 
     ``layout`` puts dynacoord in a single table of yours (:class:`TableLayout`: your key and
     index names, a key prefix that keeps its items apart from yours); the default is
@@ -71,7 +74,7 @@ class DynamoDBBackend(Backend):
         shards: int = 4,
         lock_fence_grace: int = 3600,
         metrics: Metrics | None = None,
-        verify: bool = True,
+        verify: Verify = True,
         layout: TableLayout | None = None,
         global_table_writes: GlobalTableWrites = "refuse",
     ) -> None:
@@ -114,7 +117,7 @@ class DynamoDBBackend(Backend):
             client,
             table_name,
             metrics=self.metrics,
-            verify=verify,
+            verify=check_verify(verify),
             layout=layout,
             global_table_writes=self.global_table_writes,
         )

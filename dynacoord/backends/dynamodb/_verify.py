@@ -13,11 +13,17 @@ Reads go first without it. A read cannot damage a table, and DynamoDB refuses ev
 table that could not answer it (``ResourceNotFoundException`` for a missing table or index,
 ``ValidationException`` for a key schema the request does not match); such a refusal runs the
 check, which names the table and the fix. A read that succeeds leaves the check to the first
-write. So a process whose first request is a read pays nothing before it; one whose first
-request is a write pays one DescribeTable, once per process. It is made at first use, not in the
-constructor, because tests and scripts commonly build the backend first and create the table
-after; it is made once per client and table (a process that builds a backend per request pays it
-once), and never with ``verify=False`` (an IAM policy without ``dynamodb:DescribeTable``).
+write. The check is *sent* early: when the backend is made, on a thread of its own, so that its
+answer is in (or on its way) by the first write, which waits for it instead of sending its own.
+A Lambda function makes its backend during its init phase, and its first invocation then pays
+nothing for the check; a script pays what is left of one DescribeTable when its first write is
+ready (measured in bench section 5). An early check never raises: a table created after the
+backend (tests and scripts commonly build the backend first), a role refused DescribeTable or
+no network makes it find nothing, and the first write checks again and raises what it finds,
+as it did before. ``verify="first-write"`` sends the check with the first write instead (no
+thread: for a process that forks right after making its backend, say); ``verify=False`` never
+(an IAM policy without ``dynamodb:DescribeTable``). Either way the check is made once per
+client and table (a process that builds a backend per request pays it once).
 
 The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive on a thread
 of its own, started once the first write after a passing check is done: its finding is a logged
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from ..._table_schema import DEFAULT_LAYOUT, TableLayout, schema_problems, ttl_problem
 from ..._table_state import mark_verified, table_state
@@ -48,13 +54,30 @@ from ._table import DynamoTable
 __all__ = [
     "TableConfigurationError",
     "VerifiedTable",
+    "Verify",
     "check_client",
     "check_table",
+    "check_verify",
     "start_ttl_check",
     "wait_for_ttl_checks",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``verify=`` of a backend: True (the check sent when the backend is made, waited for by the
+#: first write), ``"first-write"`` (sent with the first write) or False (no check)
+Verify = bool | Literal["first-write"]
+
+
+def check_verify(value: Any) -> Verify:
+    """``verify=`` as given, or a :class:`ConfigurationError` naming the choices."""
+    if isinstance(value, bool) or value == "first-write":
+        return value  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"verify must be True (check the table early, before the first write), 'first-write' "
+        f"(check it with the first write) or False (never), got {value!r}"
+    )
+
 
 #: the operations the stores call on the client, and DescribeTable for the check
 _CLIENT_METHODS = (
@@ -257,17 +280,33 @@ class VerifiedTable(DynamoTable):
         table_name: str,
         *,
         metrics: Metrics,
-        verify: bool = True,
+        verify: Verify = True,
         layout: TableLayout = DEFAULT_LAYOUT,
         global_table_writes: GlobalTableWrites = "refuse",
     ) -> None:
         super().__init__(client, table_name, metrics=metrics, layout=layout)
         self._global_table_writes: GlobalTableWrites = global_table_writes
+        #: the early check described the table (the first write then starts the TTL check)
+        self._described_early = False
         if verify and layout not in self.state.verified:
             # An instance attribute shadows DynamoTable.call until the check passed.
             self.__dict__["call"] = self._first_call
+            if verify is True:
+                threading.Thread(
+                    target=self._check_early, name=f"dynacoord-check-{table_name}", daemon=True
+                ).start()
         elif verify:
             guard_writes(self, self.client, global_table_writes)
+
+    def _check_early(self) -> None:
+        """The check, sent before anything asks for it; finds nothing rather than raise (the
+        first write checks again, and raises what it finds there)."""
+        try:
+            with self.state.check_lock:
+                described = check_table(self.client, self.name, self.layout, ttl=False)
+                self._described_early = described
+        except Exception as exc:
+            logger.debug("early check of table %r found nothing: %s", self.name, exc)
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         if operation in _READS:
@@ -292,8 +331,9 @@ class VerifiedTable(DynamoTable):
         """Check the table unless it passed before; whether it was described now."""
         # Threads making their first writes at once (concurrent invocations) wait for one
         # check instead of each sending its own DescribeTable.
-        with self.state.check_lock:
+        with self.state.check_lock:  # an early check in flight is waited for
             checked = check_table(self.client, self.name, self.layout, ttl=False)
+            checked, self._described_early = checked or self._described_early, False
         self.__dict__.pop("call", None)
         guard_writes(self, self.client, self._global_table_writes)
         return checked

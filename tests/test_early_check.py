@@ -1,0 +1,218 @@
+"""The first-use check is sent early: when the backend is made, on a thread of its own, and the
+first write waits for its answer instead of sending its own (dynacoord/backends/dynamodb/_verify.py).
+It never raises: what it could not find, the first write checks again and raises there.
+``verify="first-write"`` sends it with the first write (no thread)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dynacoord.backends.dynamodb import DynamoDBBackend
+from dynacoord.backends.dynamodb._verify import TableConfigurationError, wait_for_ttl_checks
+from dynacoord.errors import BackendError, ConfigurationError
+from dynacoord.provision import create_table, table_definition
+from dynacoord.testing import DUMMY_CREDENTIALS
+
+
+@pytest.fixture()
+def client() -> Iterator[Any]:
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        yield boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+
+
+def _other_client() -> Any:
+    """A client that has not seen the table (the backend's client must find it itself)."""
+    import boto3
+
+    return boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+
+
+def _calls(client: Any) -> list[str]:
+    calls: list[str] = []
+    client.meta.events.register(
+        "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
+    )
+    return calls
+
+
+def _checks(table: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"dynacoord-check-{table}"]
+
+
+def _early_check_done(table: str) -> None:
+    for thread in _checks(table):
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def test_the_check_is_sent_when_the_backend_is_made_and_the_first_write_sends_none(
+    client: Any,
+) -> None:
+    create_table(_other_client(), "early")
+    calls = _calls(client)
+    backend = DynamoDBBackend(client, table_name="early")
+    _early_check_done("early")
+    assert calls == ["DescribeTable"]
+    backend.cache().set("a", 1)
+    backend.cache().set("b", 2)
+    # the TTL is still read once, after the first write (the early check described the table)
+    wait_for_ttl_checks()
+    assert calls.count("DescribeTimeToLive") == 1
+    calls.remove("DescribeTimeToLive")
+    assert calls == ["DescribeTable", "PutItem", "PutItem"]
+    assert "call" not in vars(backend.table)  # later requests go straight to the table
+
+
+def test_the_first_write_waits_for_a_check_in_flight(client: Any) -> None:
+    create_table(_other_client(), "inflight")
+    order: list[str] = []
+    sent, release = threading.Event(), threading.Event()
+
+    def describe(**_: Any) -> None:
+        order.append("DescribeTable sent")
+        sent.set()
+        release.wait(10)
+
+    client.meta.events.register("before-call.dynamodb.DescribeTable", describe)
+    client.meta.events.register(
+        "after-call.dynamodb.DescribeTable", lambda **_: order.append("DescribeTable answered")
+    )
+    client.meta.events.register(
+        "before-call.dynamodb.PutItem", lambda **_: order.append("PutItem sent")
+    )
+    backend = DynamoDBBackend(client, table_name="inflight")
+    assert sent.wait(10)
+    writer = threading.Thread(target=lambda: backend.cache().set("k", 1))
+    writer.start()
+    time.sleep(0.2)
+    assert order == ["DescribeTable sent"]  # the write waits for the check's answer
+    release.set()
+    writer.join(10)
+    assert order == ["DescribeTable sent", "DescribeTable answered", "PutItem sent"]
+    assert backend.cache().get("k") == 1
+
+
+def test_a_table_made_after_the_backend_is_checked_again_by_the_first_write(
+    client: Any,
+) -> None:
+    calls = _calls(client)
+    backend = DynamoDBBackend(client, table_name="later")  # no such table yet: found nothing
+    _early_check_done("later")
+    create_table(_other_client(), "later")
+    backend.cache().set("a", 1)
+    wait_for_ttl_checks()
+    calls.remove("DescribeTimeToLive")  # on a thread of its own, after the first write
+    assert calls == ["DescribeTable", "DescribeTable", "PutItem"]
+    assert backend.cache().get("a") == 1
+
+
+def test_a_wrong_table_found_early_is_refused_at_the_first_write_with_nothing_written(
+    client: Any,
+) -> None:
+    client.create_table(
+        TableName="pkonly",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    backend = DynamoDBBackend(client, table_name="pkonly")  # the constructor raises nothing
+    _early_check_done("pkonly")
+    with pytest.raises(TableConfigurationError, match="pkonly"):
+        backend.cache().set("a", 1)
+    assert client.scan(TableName="pkonly")["Count"] == 0
+
+
+def test_an_early_check_refused_raises_nothing_and_the_first_write_names_it(
+    client: Any,
+) -> None:
+    from botocore.exceptions import ClientError
+
+    create_table(_other_client(), "denied")
+    refused: list[str] = []
+
+    def refuse(**_: Any) -> None:
+        refused.append(threading.current_thread().name)
+        raise ClientError(
+            {"Error": {"Code": "AccessDeniedException", "Message": "not authorized"}},
+            "DescribeTable",
+        )
+
+    client.meta.events.register("before-call.dynamodb.DescribeTable", refuse)
+    backend = DynamoDBBackend(client, table_name="denied")
+    _early_check_done("denied")
+    with pytest.raises(BackendError, match="cannot describe DynamoDB table 'denied'"):
+        backend.cache().set("a", 1)
+    assert refused == ["dynacoord-check-denied", threading.current_thread().name]
+
+
+def test_first_write_mode_sends_nothing_until_the_first_write(client: Any) -> None:
+    create_table(_other_client(), "lazy")
+    calls = _calls(client)
+    backend = DynamoDBBackend(client, table_name="lazy", verify="first-write")
+    assert _checks("lazy") == []
+    time.sleep(0.1)
+    assert calls == []
+    backend.cache().set("a", 1)
+    wait_for_ttl_checks()
+    calls.remove("DescribeTimeToLive")
+    assert calls == ["DescribeTable", "PutItem"]
+
+
+def test_a_checked_table_starts_no_early_check(client: Any) -> None:
+    create_table(client, "known")  # made through this client: known right
+    calls = _calls(client)
+    DynamoDBBackend(client, table_name="known").cache().set("a", 1)
+    assert _checks("known") == []
+    assert calls == ["PutItem"]
+
+
+@pytest.mark.parametrize("value", ["yes", "early", 1, None])
+def test_verify_is_true_first_write_or_false(client: Any, value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="'first-write'"):
+        DynamoDBBackend(client, table_name="any-table", verify=value)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_during_an_early_check_is_not_stuck_behind_it(client: Any) -> None:
+    """A process that makes its backend and then forks (a pre-forking server) may fork while
+    the early check holds its lock: the child, where no thread will ever let that copy go, gets
+    a lock of its own."""
+    create_table(_other_client(), "forked")
+    sent, release = threading.Event(), threading.Event()
+
+    def describe(**_: Any) -> None:
+        sent.set()
+        release.wait(10)
+
+    client.meta.events.register("before-call.dynamodb.DescribeTable", describe)
+    backend = DynamoDBBackend(client, table_name="forked")
+    assert sent.wait(10)  # the early check holds the lock now
+    pid = os.fork()
+    if pid == 0:  # the child: only this thread; the lock's copy was held when it forked
+        got = backend.table.state.check_lock.acquire(timeout=5)
+        os._exit(0 if got else 1)
+    release.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_check_still_guards_every_write_when_verify_is_first_write(client: Any) -> None:
+    definition = table_definition("noindex")
+    del definition["GlobalSecondaryIndexes"]
+    definition["AttributeDefinitions"] = [
+        a for a in definition["AttributeDefinitions"] if a["AttributeName"] in ("pk", "sk")
+    ]
+    client.create_table(**definition)
+    backend = DynamoDBBackend(client, table_name="noindex", verify="first-write")
+    with pytest.raises(TableConfigurationError, match="gsi1"):
+        backend.cache().set("a", 1)
+    assert client.scan(TableName="noindex")["Count"] == 0
