@@ -613,6 +613,17 @@ def _coldstart(s: dict[str, Any]) -> list[str]:
             + ", ".join(_fmt(r, 3) for r in phase["per_padding_ratio"])
             + ".",
         ]
+        if phase.get("ratio_check_at_first_write") is not None:
+            lines += [
+                "",
+                "The first-use table check as it comes is sent when the backend is made (on a "
+                "thread of its own) and waited for by the first write: it cost "
+                f"{_fmt(phase['check_ms'], 2)} ms of the first operation. Sent by the first write "
+                '(`verify="first-write"`) it cost '
+                f"{_fmt(phase['check_at_first_write_ms'], 2)} ms, and the ratio is "
+                f"{_fmt(phase['ratio_check_at_first_write'], 3)}; without the check "
+                f"(`verify=False`) {_fmt(phase['ratio_without_check'], 3)}.",
+            ]
     return lines
 
 
