@@ -13,6 +13,7 @@ from dynacoord.backends.dynamodb._verify import wait_for_ttl_checks
 from dynacoord.errors import ConfigurationError
 from dynacoord.provision import create_table
 from dynacoord.testing import DUMMY_CREDENTIALS
+from tests.dynamodb_calls import operation_names, other_client
 
 
 @pytest.fixture()
@@ -22,12 +23,6 @@ def moto_ddb() -> Iterator[Any]:
 
     with mock_aws():
         yield boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-
-
-def _other_client() -> Any:
-    import boto3
-
-    return boto3.client("dynamodb", **DUMMY_CREDENTIALS)
 
 
 def _scan_count(client: Any, table: str) -> int:
@@ -116,13 +111,10 @@ def test_a_missing_table_is_a_configuration_error_naming_table_create(moto_ddb: 
 def test_the_check_is_one_describe_table_per_client_and_table_at_first_use(
     moto_ddb: Any,
 ) -> None:
-    calls: list[str] = []
-    moto_ddb.meta.events.register(
-        "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
-    )
+    calls = operation_names(moto_ddb)
     backend = DynamoDBBackend(moto_ddb, table_name="later", verify="first-write")
     assert calls == []  # nothing at construction: the table may be created after
-    create_table(_other_client(), "later")  # by another client: this one has not seen it
+    create_table(other_client(), "later")  # by another client: this one has not seen it
     backend.cache().set("a", 1)
     backend.cache().set("b", 2)
     DynamoDBBackend(moto_ddb, table_name="later", namespace="other").cache().set("c", 3)
@@ -142,22 +134,16 @@ def test_a_table_created_or_verified_by_provision_with_that_client_is_not_descri
     from dynacoord.provision import verify_table
 
     create_table(moto_ddb, "made-here")
-    create_table(_other_client(), "made-there")
+    create_table(other_client(), "made-there")
     verify_table(moto_ddb, "made-there")
-    calls: list[str] = []
-    moto_ddb.meta.events.register(
-        "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
-    )
+    calls = operation_names(moto_ddb)
     DynamoDBBackend(moto_ddb, table_name="made-here").cache().set("a", 1)
     DynamoDBBackend(moto_ddb, table_name="made-there").cache().set("a", 1)
     assert calls == ["PutItem", "PutItem"]
 
 
 def test_verify_false_skips_the_check(moto_ddb: Any) -> None:
-    calls: list[str] = []
-    moto_ddb.meta.events.register(
-        "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
-    )
+    calls = operation_names(moto_ddb)
     create_table(moto_ddb, "noverify")
     calls.clear()
     DynamoDBBackend(moto_ddb, table_name="noverify", verify=False).cache().set("a", 1)

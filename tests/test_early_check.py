@@ -18,6 +18,7 @@ from dynacoord.backends.dynamodb._verify import TableConfigurationError, wait_fo
 from dynacoord.errors import BackendError, ConfigurationError
 from dynacoord.provision import create_table, table_definition
 from dynacoord.testing import DUMMY_CREDENTIALS
+from tests.dynamodb_calls import operation_names, other_client
 
 
 @pytest.fixture()
@@ -27,21 +28,6 @@ def client() -> Iterator[Any]:
 
     with mock_aws():
         yield boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-
-
-def _other_client() -> Any:
-    """A client that has not seen the table (the backend's client must find it itself)."""
-    import boto3
-
-    return boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-
-
-def _calls(client: Any) -> list[str]:
-    calls: list[str] = []
-    client.meta.events.register(
-        "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
-    )
-    return calls
 
 
 def _checks(table: str) -> list[threading.Thread]:
@@ -57,8 +43,8 @@ def _early_check_done(table: str) -> None:
 def test_the_check_is_sent_when_the_backend_is_made_and_the_first_write_sends_none(
     client: Any,
 ) -> None:
-    create_table(_other_client(), "early")
-    calls = _calls(client)
+    create_table(other_client(), "early")
+    calls = operation_names(client)
     backend = DynamoDBBackend(client, table_name="early")
     _early_check_done("early")
     assert calls == ["DescribeTable"]
@@ -73,7 +59,7 @@ def test_the_check_is_sent_when_the_backend_is_made_and_the_first_write_sends_no
 
 
 def test_the_first_write_waits_for_a_check_in_flight(client: Any) -> None:
-    create_table(_other_client(), "inflight")
+    create_table(other_client(), "inflight")
     order: list[str] = []
     sent, release = threading.Event(), threading.Event()
 
@@ -104,10 +90,10 @@ def test_the_first_write_waits_for_a_check_in_flight(client: Any) -> None:
 def test_a_table_made_after_the_backend_is_checked_again_by_the_first_write(
     client: Any,
 ) -> None:
-    calls = _calls(client)
+    calls = operation_names(client)
     backend = DynamoDBBackend(client, table_name="later")  # no such table yet: found nothing
     _early_check_done("later")
-    create_table(_other_client(), "later")
+    create_table(other_client(), "later")
     backend.cache().set("a", 1)
     wait_for_ttl_checks()
     calls.remove("DescribeTimeToLive")  # on a thread of its own, after the first write
@@ -136,7 +122,7 @@ def test_an_early_check_refused_raises_nothing_and_the_first_write_names_it(
 ) -> None:
     from botocore.exceptions import ClientError
 
-    create_table(_other_client(), "denied")
+    create_table(other_client(), "denied")
     refused: list[str] = []
 
     def refuse(**_: Any) -> None:
@@ -155,8 +141,8 @@ def test_an_early_check_refused_raises_nothing_and_the_first_write_names_it(
 
 
 def test_first_write_mode_sends_nothing_until_the_first_write(client: Any) -> None:
-    create_table(_other_client(), "lazy")
-    calls = _calls(client)
+    create_table(other_client(), "lazy")
+    calls = operation_names(client)
     backend = DynamoDBBackend(client, table_name="lazy", verify="first-write")
     assert _checks("lazy") == []
     time.sleep(0.1)
@@ -169,7 +155,7 @@ def test_first_write_mode_sends_nothing_until_the_first_write(client: Any) -> No
 
 def test_a_checked_table_starts_no_early_check(client: Any) -> None:
     create_table(client, "known")  # made through this client: known right
-    calls = _calls(client)
+    calls = operation_names(client)
     DynamoDBBackend(client, table_name="known").cache().set("a", 1)
     assert _checks("known") == []
     assert calls == ["PutItem"]
@@ -186,7 +172,7 @@ def test_a_child_forked_during_an_early_check_is_not_stuck_behind_it(client: Any
     """A process that makes its backend and then forks (a pre-forking server) may fork while
     the early check holds its lock: the child, where no thread will ever let that copy go, gets
     a lock of its own."""
-    create_table(_other_client(), "forked")
+    create_table(other_client(), "forked")
     sent, release = threading.Event(), threading.Event()
 
     def describe(**_: Any) -> None:

@@ -22,6 +22,7 @@ from dynacoord.errors import ConfigurationError
 from dynacoord.outbox import Event
 from dynacoord.provision import create_table, table_definition
 from dynacoord.testing import DUMMY_CREDENTIALS, DynamoDBLocal, unique_name
+from tests.dynamodb_calls import operation_names, other_client
 
 _S = "S"
 
@@ -215,23 +216,9 @@ def moto_client() -> Iterator[Any]:
         yield boto3.client("dynamodb", **DUMMY_CREDENTIALS)
 
 
-def _calls(client: Any) -> list[str]:
-    calls: list[str] = []
-    client.meta.events.register(
-        "before-call.dynamodb.*", lambda model, **_: calls.append(model.name)
-    )
-    return calls
-
-
-def _fresh_client() -> Any:
-    import boto3
-
-    return boto3.client("dynamodb", **DUMMY_CREDENTIALS)
-
-
 def test_a_first_read_on_a_right_table_sends_nothing_before_it(moto_client: Any) -> None:
-    create_table(_fresh_client(), "right")  # another client: this one has not seen it
-    calls = _calls(moto_client)
+    create_table(other_client(), "right")  # another client: this one has not seen it
+    calls = operation_names(moto_client)
     # the check sent with the first write (the default sends it early, on a thread: see
     # tests/test_early_check.py)
     backend = DynamoDBBackend(moto_client, table_name="right", verify="first-write")
@@ -253,7 +240,7 @@ def test_the_ttl_check_is_not_on_the_first_writes_path(
 ) -> None:
     import threading
 
-    client = _fresh_client()
+    client = other_client()
     client.create_table(**table_definition("nottl"))  # TTL left off
     release = threading.Event()
     ttl_threads: list[str] = []
@@ -286,8 +273,8 @@ def test_the_ttl_check_is_not_on_the_first_writes_path(
 def test_a_read_refused_on_a_right_table_raises_its_own_error_and_checks_once(
     moto_client: Any,
 ) -> None:
-    create_table(_fresh_client(), "right2")
-    calls = _calls(moto_client)
+    create_table(other_client(), "right2")
+    calls = operation_names(moto_client)
     backend = DynamoDBBackend(moto_client, table_name="right2", verify="first-write")
     from dynacoord.errors import DynacoordError
 
