@@ -105,7 +105,10 @@ _PREFIX_FORBIDDEN = frozenset('*?$"\\')
 _MAX_PREFIX_CHARS = 64
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+#: TableLayout's fields, in the order of its constructor and ``repr``
+_LAYOUT_FIELDS = ("pk", "sk", "index", "index_pk", "index_sk", "ttl", "expires_at", "prefix")
+
+
 class TableLayout:
     """The names of the table's key attributes, index and expiry attributes, and a key prefix:
     how dynacoord lives in a single table you already have.
@@ -120,16 +123,72 @@ class TableLayout:
     Answers are translated back. Redis and MongoDB keep their own key schema.
     """
 
-    pk: str = "pk"
-    sk: str = "sk"
-    index: str = GSI_NAME
-    index_pk: str = "gsi1pk"
-    index_sk: str = "gsi1sk"
-    ttl: str = TTL_ATTRIBUTE
-    expires_at: str = "expires_at_ms"
-    prefix: str = ""
+    # Written out, not a frozen dataclass: the backend's import defines this class, and a
+    # dataclass's methods are generated from source when it is defined, about a millisecond of
+    # every cold start. Frozen all the same: ``dataclasses.FrozenInstanceError`` on assignment.
+    __slots__ = _LAYOUT_FIELDS
 
-    def __post_init__(self) -> None:
+    pk: str
+    sk: str
+    index: str
+    index_pk: str
+    index_sk: str
+    ttl: str
+    expires_at: str
+    prefix: str
+
+    def __init__(
+        self,
+        *,
+        pk: str = "pk",
+        sk: str = "sk",
+        index: str = GSI_NAME,
+        index_pk: str = "gsi1pk",
+        index_sk: str = "gsi1sk",
+        ttl: str = TTL_ATTRIBUTE,
+        expires_at: str = "expires_at_ms",
+        prefix: str = "",
+    ) -> None:
+        put = object.__setattr__
+        put(self, "pk", pk)
+        put(self, "sk", sk)
+        put(self, "index", index)
+        put(self, "index_pk", index_pk)
+        put(self, "index_sk", index_sk)
+        put(self, "ttl", ttl)
+        put(self, "expires_at", expires_at)
+        put(self, "prefix", prefix)
+        self._check()
+
+    def _values(self) -> tuple[str, ...]:
+        return tuple(getattr(self, name) for name in _LAYOUT_FIELDS)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _LAYOUT_FIELDS)
+        return f"TableLayout({fields})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_layout_of, (dict(zip(_LAYOUT_FIELDS, self._values(), strict=True)),))
+
+    def replace(self, **changes: str) -> TableLayout:
+        """This layout with the fields given by name changed (checked as a new one is)."""
+        return TableLayout(**{**dict(zip(_LAYOUT_FIELDS, self._values(), strict=True)), **changes})
+
+    def _check(self) -> None:
         names = self.attribute_names()
         for field, default in _DEFAULT_NAMES.items():
             value = names[default]
@@ -202,9 +261,9 @@ class TableLayout:
         """The layout as a JSON object of its fields that differ from the default (what
         ``DYNACOORD_TABLE_LAYOUT`` and ``--table-layout`` take); ``{}`` for the default."""
         changed = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != f.default
+            name: value
+            for name, value in zip(_LAYOUT_FIELDS, self._values(), strict=True)
+            if value != getattr(DEFAULT_LAYOUT, name)
         }
         return json.dumps(changed, separators=(",", ":"), sort_keys=True)
 
@@ -221,7 +280,7 @@ class TableLayout:
             raise ConfigurationError(f"the table layout is not JSON: {exc}") from exc
         if not isinstance(fields, dict):
             raise ConfigurationError(f"the table layout must be a JSON object, got {text!r}")
-        known = [f.name for f in dataclasses.fields(cls)]
+        known = list(_LAYOUT_FIELDS)
         unknown = sorted(set(fields) - set(known))
         if unknown:
             raise ConfigurationError(
@@ -234,6 +293,11 @@ class TableLayout:
                 )
         layout = cls(**fields)
         return DEFAULT_LAYOUT if layout == DEFAULT_LAYOUT else layout
+
+
+def _layout_of(fields: dict[str, str]) -> TableLayout:
+    """A pickled layout, made again."""
+    return TableLayout(**fields)
 
 
 #: TableLayout field -> dynacoord's (default) attribute name
@@ -341,7 +405,7 @@ def ttl_problem(description: Mapping[str, Any], layout: TableLayout) -> str | No
     other = str(description.get("AttributeName"))
     if other == layout.ttl:
         return None
-    fixed = dataclasses.replace(layout, ttl=other)
+    fixed = layout.replace(ttl=other)
     changed = json.loads(fixed.to_json())
     arguments = ", ".join(f"{name}={value!r}" for name, value in changed.items())
     return (

@@ -34,10 +34,8 @@ def _checks(table: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"dynacoord-check-{table}"]
 
 
-def _early_check_done(table: str) -> None:
-    for thread in _checks(table):
-        thread.join(10)
-        assert not thread.is_alive()
+def _early_check_done(backend: DynamoDBBackend) -> None:
+    assert backend.table.early_check_done.wait(10)
 
 
 def test_the_check_is_sent_when_the_backend_is_made_and_the_first_write_sends_none(
@@ -46,12 +44,14 @@ def test_the_check_is_sent_when_the_backend_is_made_and_the_first_write_sends_no
     create_table(other_client(), "early")
     calls = operation_names(client)
     backend = DynamoDBBackend(client, table_name="early")
-    _early_check_done("early")
+    _early_check_done(backend)
     assert calls == ["DescribeTable"]
     backend.cache().set("a", 1)
     backend.cache().set("b", 2)
-    # the TTL is still read once, after the first write (the early check described the table)
-    wait_for_ttl_checks()
+    # the first write started no thread: the early check's own reads the TTL, a while later
+    assert [t for t in threading.enumerate() if t.name.startswith("dynacoord-ttl-check")] == []
+    assert calls == ["DescribeTable", "PutItem", "PutItem"]
+    wait_for_ttl_checks()  # now, instead of a second from the check
     assert calls.count("DescribeTimeToLive") == 1
     calls.remove("DescribeTimeToLive")
     assert calls == ["DescribeTable", "PutItem", "PutItem"]
@@ -92,7 +92,7 @@ def test_a_table_made_after_the_backend_is_checked_again_by_the_first_write(
 ) -> None:
     calls = operation_names(client)
     backend = DynamoDBBackend(client, table_name="later")  # no such table yet: found nothing
-    _early_check_done("later")
+    _early_check_done(backend)
     create_table(other_client(), "later")
     backend.cache().set("a", 1)
     wait_for_ttl_checks()
@@ -111,7 +111,7 @@ def test_a_wrong_table_found_early_is_refused_at_the_first_write_with_nothing_wr
         BillingMode="PAY_PER_REQUEST",
     )
     backend = DynamoDBBackend(client, table_name="pkonly")  # the constructor raises nothing
-    _early_check_done("pkonly")
+    _early_check_done(backend)
     with pytest.raises(TableConfigurationError, match="pkonly"):
         backend.cache().set("a", 1)
     assert client.scan(TableName="pkonly")["Count"] == 0
@@ -134,7 +134,7 @@ def test_an_early_check_refused_raises_nothing_and_the_first_write_names_it(
 
     client.meta.events.register("before-call.dynamodb.DescribeTable", refuse)
     backend = DynamoDBBackend(client, table_name="denied")
-    _early_check_done("denied")
+    _early_check_done(backend)
     with pytest.raises(BackendError, match="cannot describe DynamoDB table 'denied'"):
         backend.cache().set("a", 1)
     assert refused == ["dynacoord-check-denied", threading.current_thread().name]
@@ -202,3 +202,42 @@ def test_the_check_still_guards_every_write_when_verify_is_first_write(client: A
     with pytest.raises(TableConfigurationError, match="gsi1"):
         backend.cache().set("a", 1)
     assert client.scan(TableName="noindex")["Count"] == 0
+
+
+def test_the_ttl_is_read_a_while_after_the_first_write_not_during_it(client: Any) -> None:
+    """The TTL check's botocore work would share the interpreter with the operations right
+    after the first write (a cold start's first invocation); it waits a second for them."""
+    create_table(other_client(), "ttl-later")
+    calls = operation_names(client)
+    backend = DynamoDBBackend(client, table_name="ttl-later", verify="first-write")
+    backend.cache().set("a", 1)
+    time.sleep(0.3)
+    assert calls == ["DescribeTable", "PutItem"]
+    wait_for_ttl_checks()  # sends it now (a process that exits sooner does so at exit)
+    assert calls == ["DescribeTable", "PutItem", "DescribeTimeToLive"]
+
+
+@pytest.mark.parametrize(
+    ("verify", "thread", "calls_made"),
+    [
+        # the check the first write made: a thread that write starts reads the TTL
+        ("first-write", "dynacoord-ttl-check-", ["DescribeTable", "PutItem", "DescribeTimeToLive"]),
+        # the early check: its own thread reads it, first write or not
+        (True, "dynacoord-check-", ["DescribeTable", "DescribeTimeToLive"]),
+    ],
+)
+def test_the_ttl_is_read_once_its_delay_is_over(
+    client: Any, monkeypatch: pytest.MonkeyPatch, verify: Any, thread: str, calls_made: list[str]
+) -> None:
+    from dynacoord.backends.dynamodb import _verify
+
+    monkeypatch.setattr(_verify, "TTL_CHECK_DELAY_S", 0.05)
+    create_table(other_client(), "ttl-delay")
+    calls = operation_names(client)
+    backend = DynamoDBBackend(client, table_name="ttl-delay", verify=verify)
+    if verify == "first-write":
+        backend.cache().set("a", 1)
+    [check] = [t for t in threading.enumerate() if t.name == thread + "ttl-delay"]
+    check.join(10)  # no one asked for it: the delay ran out
+    assert not check.is_alive()
+    assert calls == calls_made

@@ -10,7 +10,7 @@ from ..._clock import Clock
 from ..._table_schema import DEFAULT_LAYOUT, TableLayout
 from ...errors import ConfigurationError
 from ...metrics import Metrics
-from ._global_tables import GlobalTableWrites, check_global_table_writes
+from ._replication import GlobalTableWrites, check_global_table_writes
 from ._verify import VerifiedTable, Verify, check_client, check_verify
 
 if TYPE_CHECKING:

@@ -28,36 +28,24 @@ installed and the table's ``call`` is :meth:`DynamoTable.call` itself.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import threading
-import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ...errors import ConfigurationError, GlobalTableError
+from ...errors import GlobalTableError
 from ...keys import Kind
 from ._table import DynamoTable
 
+if TYPE_CHECKING:
+    from ._replication import GlobalTableWrites
+
 __all__ = [
-    "GLOBAL_TABLE_WRITES",
     "GlobalTable",
-    "GlobalTableWrites",
-    "check_global_table_writes",
     "global_table_of",
-    "guard_writes",
-    "remember",
-    "ttl_problem_on",
+    "install_gate",
+    "ttl_problem_of",
     "what_works",
 ]
 
-logger = logging.getLogger(__name__)
-
-#: what the backend may do on an eventually consistent global table: refuse the writes that
-#: need exclusivity (the default), or send them on the user's promise that every writer of
-#: dynacoord's items runs in one Region
-GlobalTableWrites = Literal["refuse", "single-region"]
-GLOBAL_TABLE_WRITES: tuple[GlobalTableWrites, ...] = ("refuse", "single-region")
 
 #: operations that read: never refused
 _READS = frozenset({"get_item", "query", "scan", "batch_get_item", "transact_get_items"})
@@ -92,9 +80,9 @@ _AT_RISK = {
 }
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class GlobalTable:
-    """A table DescribeTable shows replicated to other Regions."""
+class GlobalTable(NamedTuple):
+    """A table DescribeTable shows replicated to other Regions (a NamedTuple: every backend's
+    import defines it, and a dataclass costs about a millisecond of a cold start to define)."""
 
     #: ``"EVENTUAL"`` (MREC) or ``"STRONG"`` (MRSC)
     consistency: str
@@ -142,59 +130,12 @@ def _region_names(entries: Any) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if isinstance(n, str) and n))
 
 
-def check_global_table_writes(value: Any) -> GlobalTableWrites:
-    """``value`` as a :data:`GlobalTableWrites`, or a :class:`ConfigurationError` naming the
-    choices."""
-    for choice in GLOBAL_TABLE_WRITES:
-        if value == choice:
-            return choice
-    raise ConfigurationError(
-        f"global_table_writes must be 'refuse' (the default: on an eventually consistent "
-        f"global table, refuse the writes that need exclusivity) or 'single-region' (your "
-        f"promise that every writer of dynacoord's items runs in one Region), got {value!r}"
-    )
-
-
-#: client -> table name -> what its first-use check found (None: not a global table)
-_found: weakref.WeakKeyDictionary[Any, dict[str, GlobalTable | None]] = weakref.WeakKeyDictionary()
-#: the same for a client that cannot be weakly referenced (a wrapper with ``__slots__``): kept
-#: with the client itself, so its id is not reused while the entry lives
-_found_strongly: dict[int, tuple[Any, dict[str, GlobalTable | None]]] = {}
-_found_lock = threading.Lock()
-
-
-def _findings(client: Any) -> dict[str, GlobalTable | None]:
-    """The findings of ``client`` (``_found_lock`` held)."""
-    try:
-        return _found.setdefault(client, {})
-    except TypeError:
-        return _found_strongly.setdefault(id(client), (client, {}))[1]
-
-
-def remember(client: Any, table_name: str, table: Mapping[str, Any]) -> GlobalTable | None:
-    """Keep what the DescribeTable answer ``table`` shows of replication, for every backend
-    of this client and table (:func:`guard_writes` reads it)."""
-    region = getattr(getattr(client, "meta", None), "region_name", None)
-    found = global_table_of(table, region if isinstance(region, str) else None)
-    with _found_lock:
-        _findings(client)[table_name] = found
-    if found is not None:
-        logger.info("DynamoDB table %r is %s", table_name, found.describe())
-    return found
-
-
-def _recorded(client: Any, table_name: str) -> GlobalTable | None:
-    with _found_lock:
-        return _findings(client).get(table_name)
-
-
-def guard_writes(table: DynamoTable, client: Any, writes: GlobalTableWrites) -> None:
-    """Put the gate on ``table`` (an instance ``call``) if what its check found needs one: on
-    an eventually consistent global table unless ``writes`` is ``"single-region"``, on a
-    strongly consistent one always (for its transactions). Nothing on any other table."""
-    found = _recorded(client, table.name)
-    if found is None:
-        return
+def install_gate(
+    table: DynamoTable, client: Any, writes: GlobalTableWrites, found: GlobalTable
+) -> None:
+    """Put the gate on ``table`` (an instance ``call``) if ``found`` needs one: an eventually
+    consistent global table unless ``writes`` is ``"single-region"``, a strongly consistent one
+    always (for its transactions)."""
     refused: Callable[[str, Mapping[str, Any]], bool]
     if found.strong:
         refused = _transaction
@@ -315,11 +256,10 @@ def what_works(found: GlobalTable) -> str:
     )
 
 
-def ttl_problem_on(client: Any, table_name: str, problem: str) -> str:
-    """The TTL check's finding for this table: on an MRSC table, where AWS offers no TTL, what
-    follows from that instead of advice to turn it on."""
-    found = _recorded(client, table_name)
-    if found is None or not found.strong or not problem.startswith("TTL is DISABLED"):
+def ttl_problem_of(found: GlobalTable, problem: str) -> str:
+    """The TTL check's finding for a global table: on an MRSC table, where AWS offers no TTL,
+    what follows from that instead of advice to turn it on."""
+    if not found.strong or not problem.startswith("TTL is DISABLED"):
         return problem
     return (
         f"TTL is not supported on {found.describe()}: dynacoord's expired items are never "

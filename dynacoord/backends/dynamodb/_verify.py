@@ -25,10 +25,14 @@ thread: for a process that forks right after making its backend, say); ``verify=
 (an IAM policy without ``dynamodb:DescribeTable``). Either way the check is made once per
 client and table (a process that builds a backend per request pays it once).
 
-The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive on a thread
-of its own, started once the first write after a passing check is done: its finding is a logged
-warning, never a refusal, so the first write neither waits for it nor shares the connection,
-the server or the interpreter with it.
+The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive a second
+(:data:`TTL_CHECK_DELAY_S`) after a passing check: by the early check's own thread, or, after a
+check the first write made, on a thread that write starts once it is done. Its finding is a
+logged warning, never a refusal, so the first write neither waits for it nor shares the
+connection, the server or the interpreter with it, and neither do the operations right after
+it (a cold start's first invocation: a thread started by the first write and sending at once
+took 1-2 ms of it). A process that exits sooner sends it on its way out (``atexit``), so a
+short script or CLI command still logs its warning.
 
 The same DescribeTable shows whether the table is a DynamoDB global table; what that lets its
 writes promise, and the gate that refuses the others, is :mod:`._global_tables`.
@@ -40,6 +44,7 @@ on the instance, and removes it once the table passed, so later requests find
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from typing import Any, Literal
@@ -48,10 +53,11 @@ from ..._table_schema import DEFAULT_LAYOUT, TableLayout, schema_problems, ttl_p
 from ..._table_state import mark_verified, table_state
 from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
-from ._global_tables import GlobalTableWrites, guard_writes, remember, ttl_problem_on
+from ._replication import GlobalTableWrites, guard_writes, remember, ttl_problem_on
 from ._table import DynamoTable
 
 __all__ = [
+    "TTL_CHECK_DELAY_S",
     "TableConfigurationError",
     "VerifiedTable",
     "Verify",
@@ -208,32 +214,65 @@ def check_table(
     return True
 
 
-#: the TTL checks started by this process and not finished (see :func:`wait_for_ttl_checks`)
-_ttl_checks: list[threading.Thread] = []
+#: seconds from the first write to the TTL check's DescribeTimeToLive (see the module docstring)
+TTL_CHECK_DELAY_S = 1.0
+
+
+class _TTLCheck:
+    """One table's TTL read, :data:`TTL_CHECK_DELAY_S` after it is made or as soon as
+    :func:`wait_for_ttl_checks` asks; logs what is wrong with it."""
+
+    def __init__(self, client: Any, table_name: str, layout: TableLayout) -> None:
+        self.now = threading.Event()
+        self.done = threading.Event()
+        self._args = (client, table_name, layout)
+
+    def run(self) -> None:
+        try:
+            self.now.wait(TTL_CHECK_DELAY_S)
+            _warn_about_ttl(*self._args)
+        finally:
+            self.done.set()
+
+
+#: the TTL checks made by this process and not finished (see :func:`wait_for_ttl_checks`)
+_ttl_checks: list[_TTLCheck] = []
 _ttl_checks_guard = threading.Lock()
 
 
-def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
-    """Read the table's TTL on a thread of its own, which logs what is wrong with it.
-
-    Not a daemon: a short process (a CLI command) still logs its warning before it exits."""
-    thread = threading.Thread(
-        target=_warn_about_ttl,
-        args=(client, table_name, layout),
-        name=f"dynacoord-ttl-check-{table_name}",
-    )
+def _ttl_check(client: Any, table_name: str, layout: TableLayout) -> _TTLCheck:
+    check = _TTLCheck(client, table_name, layout)
     with _ttl_checks_guard:
-        _ttl_checks[:] = [t for t in _ttl_checks if t.is_alive()]
-        _ttl_checks.append(thread)
-    thread.start()
+        _ttl_checks[:] = [c for c in _ttl_checks if not c.done.is_set()]
+        _ttl_checks.append(check)
+    return check
+
+
+def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
+    """Read the table's TTL on a thread of its own, a little later (:data:`TTL_CHECK_DELAY_S`),
+    and log what is wrong with it."""
+    # A daemon, so that its delay holds up no exit; wait_for_ttl_checks runs at exit.
+    threading.Thread(
+        target=_ttl_check(client, table_name, layout).run,
+        name=f"dynacoord-ttl-check-{table_name}",
+        daemon=True,
+    ).start()
 
 
 def wait_for_ttl_checks(timeout: float | None = None) -> None:
-    """Wait until the TTL checks started so far have logged what they found."""
+    """Send the TTL checks made so far now and wait until they have logged what they found
+    (each for at most ``timeout`` seconds)."""
     with _ttl_checks_guard:
-        running = list(_ttl_checks)
-    for thread in running:
-        thread.join(timeout)
+        pending = list(_ttl_checks)
+    for check in pending:
+        check.now.set()
+    for check in pending:
+        check.done.wait(timeout)
+
+
+# A process that exits within the delay still reads its tables' TTL and logs the warning, as it
+# did when the checks were not daemons; bounded, so an unreachable endpoint holds up no exit.
+atexit.register(wait_for_ttl_checks, 10.0)
 
 
 def _warn_about_ttl(client: Any, table_name: str, layout: TableLayout) -> None:
@@ -286,8 +325,8 @@ class VerifiedTable(DynamoTable):
     ) -> None:
         super().__init__(client, table_name, metrics=metrics, layout=layout)
         self._global_table_writes: GlobalTableWrites = global_table_writes
-        #: the early check described the table (the first write then starts the TTL check)
-        self._described_early = False
+        #: set once the early check is over (at once when there is none)
+        self.early_check_done = threading.Event()
         if verify and layout not in self.state.verified:
             # An instance attribute shadows DynamoTable.call until the check passed.
             self.__dict__["call"] = self._first_call
@@ -295,18 +334,25 @@ class VerifiedTable(DynamoTable):
                 threading.Thread(
                     target=self._check_early, name=f"dynacoord-check-{table_name}", daemon=True
                 ).start()
+                return
         elif verify:
             guard_writes(self, self.client, global_table_writes)
+        self.early_check_done.set()
 
     def _check_early(self) -> None:
         """The check, sent before anything asks for it; finds nothing rather than raise (the
-        first write checks again, and raises what it finds there)."""
+        first write checks again, and raises what it finds there). A table it described has
+        its TTL read by this thread too, a while later: the first write starts no thread."""
         try:
             with self.state.check_lock:
                 described = check_table(self.client, self.name, self.layout, ttl=False)
-                self._described_early = described
         except Exception as exc:
             logger.debug("early check of table %r found nothing: %s", self.name, exc)
+            return
+        finally:
+            self.early_check_done.set()
+        if described:
+            _ttl_check(self.client, self.name, self.layout).run()
 
     def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         if operation in _READS:
@@ -333,7 +379,6 @@ class VerifiedTable(DynamoTable):
         # check instead of each sending its own DescribeTable.
         with self.state.check_lock:  # an early check in flight is waited for
             checked = check_table(self.client, self.name, self.layout, ttl=False)
-            checked, self._described_early = checked or self._described_early, False
         self.__dict__.pop("call", None)
         guard_writes(self, self.client, self._global_table_writes)
         return checked
