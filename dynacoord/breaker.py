@@ -85,7 +85,7 @@ from ._breaker_window import (
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
 from ._items import member_reader
-from ._validate import check_int, option_names, options_with, ttl_to_ms
+from ._validate import check_bool, check_int, option_names, options_with, ttl_to_ms
 from .errors import CircuitOpenError, InvalidValueError
 from .metrics import NO_SCOPE, MetricsScope
 
@@ -335,7 +335,7 @@ class BreakerOptions:
             raise InvalidValueError(f"state_cache must be 0..60 seconds, got {state_cache!r}")
         # kept in one form each (frozen: set once, here)
         object.__setattr__(self, "ignore", ignored)
-        object.__setattr__(self, "consistent_reads", bool(self.consistent_reads))
+        check_bool(self.consistent_reads, "consistent_reads")
         object.__setattr__(self, "state_cache", float(state_cache))
 
     @classmethod

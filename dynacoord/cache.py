@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import is_live, optional_int
-from ._validate import check_int, check_iterable, ttl_to_ms
+from ._validate import check_bool, check_int, check_iterable, ttl_to_ms
 from .errors import BackendError, InvalidValueError
 from .metrics import NO_SCOPE, MetricsScope
 
@@ -236,7 +236,7 @@ class Cache:
         local_max: int = 1024,
     ) -> None:
         self._store = store
-        self.consistent_reads = bool(consistent_reads)
+        self.consistent_reads = check_bool(consistent_reads, "consistent_reads")
         if local_ttl is not None and (
             not isinstance(local_ttl, int | float) or isinstance(local_ttl, bool)
         ):

@@ -151,6 +151,8 @@ def test_options_must_be_an_options_object(mongo_backend_factory: Any) -> None:
         ({"state_cache": -1}, ValueError, "state_cache"),
         ({"state_cache": "1"}, ValueError, "state_cache"),
         ({"policy": "rate"}, TypeError, "policy"),
+        ({"consistent_reads": "no"}, TypeError, "consistent_reads"),
+        ({"consistent_reads": 1}, TypeError, "consistent_reads"),
         ({"policy": FailureRate(), "failure_threshold": 3}, InvalidValueError, "failure_threshold"),
     ],
 )

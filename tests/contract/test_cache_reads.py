@@ -140,3 +140,10 @@ def test_the_local_tier_is_bounded(make_backend):
 def test_local_ttl_is_checked(make_backend, bad, error):
     with pytest.raises(error):
         make_backend().cache(local_ttl=bad)
+
+
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_consistent_reads_is_true_or_false(make_backend, bad):
+    # a truthy stand-in would silently mean the opposite of "no"
+    with pytest.raises(TypeError, match="consistent_reads"):
+        make_backend().cache(consistent_reads=bad)
