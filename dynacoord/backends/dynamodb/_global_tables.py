@@ -29,14 +29,11 @@ installed and the table's ``call`` is :meth:`DynamoTable.call` itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ...errors import GlobalTableError
 from ...keys import Kind
 from ._table import DynamoTable
-
-if TYPE_CHECKING:
-    from ._replication import GlobalTableWrites
 
 __all__ = [
     "GlobalTable",
@@ -130,12 +127,11 @@ def _region_names(entries: Any) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if isinstance(n, str) and n))
 
 
-def install_gate(
-    table: DynamoTable, client: Any, writes: GlobalTableWrites, found: GlobalTable
-) -> None:
+def install_gate(table: DynamoTable, client: Any, writes: str, found: GlobalTable) -> None:
     """Put the gate on ``table`` (an instance ``call``) if ``found`` needs one: an eventually
-    consistent global table unless ``writes`` is ``"single-region"``, a strongly consistent one
-    always (for its transactions)."""
+    consistent global table unless ``writes`` (``_replication.GlobalTableWrites``, checked when
+    the backend was made) is ``"single-region"``, a strongly consistent one always (for its
+    transactions)."""
     refused: Callable[[str, Mapping[str, Any]], bool]
     if found.strong:
         refused = _transaction
