@@ -28,6 +28,8 @@ event the relay never saw is delivered within a bounded number of sweeps.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +50,7 @@ from tests.reliability.test_model_delivery import (
     SLICE_MS,
     Actor,
     GatedStore,
+    ModelKeeper,
     ModelWorker,
     Published,
     make_machine,
@@ -75,10 +78,27 @@ BACKLOG = switch("BACKLOG", True)
 REPLAYED_INSERT = switch("REPLAYED_INSERT", True)
 #: the replayed history of case 3 (a relay's handler past its lease)
 RELAY_OVERRUN_REPLAY = switch("RELAY_OVERRUN_REPLAY", True)
+#: a relay's lease keeper beating (a claim or an extension on its way, sent or not yet) at the
+#: moment the relay's handler returns and takes its event back
+KEEPER_RACE = switch("KEEPER_RACE", False)
+#: the replayed history it reached: a relay's outcome written slower than what is left of its
+#: implicit lease
+RELAY_SLOW_OUTCOME_REPLAY = switch("RELAY_SLOW_OUTCOME_REPLAY", False)
 #: (shards, sweeper batch size) of a backlog: young events fill every shard's first page
 BACKLOG_SHAPES = ((4, 1), (4, 2), (8, 1))
 #: young events published during a backlog's sweeps, at most (they keep arriving)
 BACKLOG_ARRIVALS = 3
+
+
+class RelayKeeper(ModelKeeper):
+    """The relay's keeper, which tells the model when the relay asks for an event back (the
+    relay then waits for a beat in flight, outside any checkpoint)."""
+
+    worker: RelayWorker
+
+    def take_back(self, event_id: str) -> tuple[bool, EventRecord | None]:
+        self.worker.actor.taking_back.set()  # type: ignore[attr-defined]
+        return super().take_back(event_id)
 
 
 class RelayWorker(ModelWorker):
@@ -87,6 +107,10 @@ class RelayWorker(ModelWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.delivery.keeper is not None:
+            keeper = RelayKeeper(self.delivery, self.lease_ms / 3000)
+            keeper.worker = self
+            self.delivery.keeper = keeper
         handle = self.delivery.handle
 
         def relayed(record: EventRecord) -> Any:
@@ -98,7 +122,34 @@ class RelayWorker(ModelWorker):
         self.delivery.handle = relayed  # type: ignore[method-assign]
 
 
+class BeatGate:
+    """Holds a lease keeper's beat inside its store call, on a thread of its own, while the
+    relay goes on: ``applied`` holds it after the request was answered (its claim written, the
+    keeper not told yet), else before it is sent."""
+
+    def __init__(self, applied: bool) -> None:
+        self.applied = applied
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def hold(self, call: Callable[[], Any]) -> Any:
+        if not self.applied:
+            self.parked.set()
+            self.go.wait(60)
+            return call()
+        answer = call()
+        self.parked.set()
+        self.go.wait(60)
+        return answer
+
+
 class RelayStore(GatedStore):
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        gate = getattr(self._actor, "beat_gate", None)
+        if gate is None or threading.current_thread() is self._actor.thread:
+            return super()._call(name, *args, **kwargs)
+        return gate.hold(lambda: super(RelayStore, self)._call(name, *args, **kwargs))
+
     def settle_unclaimed(self, settled: Any, now: int, retention_ms: int | None) -> list[bool]:
         written: list[bool] = self._call("settle_unclaimed", settled, now, retention_ms)
         self.stored([outcome for _, outcome in settled], written, " (relay)")
@@ -112,6 +163,8 @@ class RelayActor(Actor):
         self.batches: list[list[dict[str, Any]]] = []
         self.batch: list[dict[str, Any]] | None = None  # the one being run
         self.claim = claim
+        self.beat_gate: BeatGate | None = None  # a beat held inside its store call
+        self.taking_back = threading.Event()  # the relay asked its keeper for an event back
         self._backend = backend
         super().__init__(machine, name, backend, relay=True, claim=claim)
 
@@ -413,6 +466,55 @@ def make_relay_machine(make: Callable[..., Any], lose_next: Any, kind: str) -> t
                 f"{self.history.get(target)}; {self.readers[0].get(target)}"
             )
 
+        @precondition(lambda self: KEEPER_RACE)
+        @rule(index=st.integers(0, 9), applied=st.booleans(), steps=st.integers(1, 6))
+        def beat_meets_take_back(self, index: int, applied: bool, steps: int) -> None:
+            """A relay's lease keeper beats on its own thread (as it does in production) while
+            the relay runs a handler; its claim or extension is held on its way, answered or not
+            yet sent (``applied``), while the relay goes on: its handler returns and it takes
+            its event back (waiting for the beat), then stores the outcome."""
+            inside = [
+                a
+                for a in self.relays()
+                if a.at.startswith("handler") and a.keeper is not None and a.keeper._held
+            ]
+            if not inside:
+                return
+            relay = inside[index % len(inside)]
+            keeper = relay.keeper
+            assert keeper is not None
+            # Half a beat passes with this keeper still (a thread a little late); the others
+            # beat as usual. Then its beat has work: a claim, or an extension.
+            relay.keeper = None
+            self.pass_time(SLICE_MS)
+            relay.keeper = keeper
+            gate = relay.beat_gate = BeatGate(applied)
+            relay.taking_back.clear()
+            beat = threading.Thread(target=keeper.beat, name=f"model-beat-{relay.name}")
+            beat.start()
+            while not gate.parked.wait(0.01) and beat.is_alive():
+                pass
+            try:
+                for _ in range(steps):
+                    if not relay.live:
+                        break
+                    relay._parked.clear()
+                    relay._go.release()
+                    # The relay parks at its next checkpoint, or waits for the beat (in
+                    # take_back, outside any checkpoint): then the beat's answer comes.
+                    deadline = time.monotonic() + 120
+                    while not relay._parked.wait(0.01):
+                        if relay.taking_back.is_set():
+                            gate.go.set()
+                        assert time.monotonic() < deadline, f"{relay!r} reached no checkpoint"
+                    if relay.error is not None:
+                        raise relay.error
+            finally:
+                gate.go.set()
+                beat.join(60)
+                relay.beat_gate = None
+            assert not beat.is_alive(), "the keeper's beat did not end"
+
         def publish_on(self, publisher: Any, shards: int, shard: int | None, rank: int) -> str:
             """Publish one unordered event (on ``shard`` of ``shards`` when given) and stream it;
             its id."""
@@ -562,3 +664,52 @@ def test_replay_relay_handler_past_its_lease_moto(moto_factory: Callable[..., An
 @pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
 def test_replay_relay_handler_past_its_lease(lossy: Any) -> None:
     replay_relay_handler_past_its_lease(lossy.backend, lossy.lose_next, "dynamodb")
+
+
+def replay_relay_outcome_slower_than_its_lease(
+    make: Callable[..., Any], lose_next: Any, kind: str
+) -> None:
+    """A history the keeper race generator reached: a relay without a claim runs a new event's
+    handler at once, which succeeds; its outcome's write (one conditional request) then takes
+    longer than what is left of its implicit lease (botocore's retries, a slow network: the
+    process is not frozen, its keeper beats); a sweeper polls. The event must not be delivered
+    twice: its keeper still holds it while the outcome is written, and claims it before the
+    lease ends, so the outcome goes under the claim."""
+    machine = make_relay_machine(make, lose_next, kind)()
+    try:
+        # every worker's clock 2 s behind the publisher's: the relay has its whole lease to
+        # run the handler without a claim
+        machine.skew_clocks(low=-SKEW_MS, spread=[0])
+        machine.publish(shards=1, batch=[(False, None, 10)], lose=False)
+        [relay] = [a for a in machine.relays() if not a.claim]
+        relay.batches.append(machine.stream[:1])
+        del machine.stream[:1]
+        for _ in range(30):
+            relay.step()
+            if relay.at == "settle_unclaimed" or (relay.at == "idle" and not relay.batches):
+                break
+        assert relay.at == "settle_unclaimed", relay
+        machine.pass_time(2 * LEASE_MS)  # the outcome's write is slow
+        sweeper = next(a for a in machine.actors if a.options.get("batch_size") == 25)
+        sweeper.run_until_idle()
+        sweeper.step()
+        sweeper.run_until_idle()
+        machine.safe()
+        relay.run_until_idle()
+        machine.safe()
+        truth = machine.truth()
+    finally:
+        machine.teardown()
+    assert machine.delivered == {"10-e0": 1}
+    assert truth["10-e0"] is not None and truth["10-e0"].status is EventStatus.DELIVERED
+
+
+@pytest.mark.skipif(not RELAY_SLOW_OUTCOME_REPLAY, reason="RELAY_SLOW_OUTCOME_REPLAY is off")
+def test_replay_relay_outcome_slower_than_its_lease_moto(moto_factory: Callable[..., Any]) -> None:
+    replay_relay_outcome_slower_than_its_lease(moto_factory, None, "moto")
+
+
+@pytest.mark.skipif(not RELAY_SLOW_OUTCOME_REPLAY, reason="RELAY_SLOW_OUTCOME_REPLAY is off")
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
+def test_replay_relay_outcome_slower_than_its_lease(lossy: Any) -> None:
+    replay_relay_outcome_slower_than_its_lease(lossy.backend, lossy.lose_next, "dynamodb")
