@@ -471,6 +471,12 @@ class LeaseKeeper:
         self.release([event_id])
         return lost, claimed
 
+    def taken(self, event_id: str) -> bool:
+        """Whether a held event was claimed by this keeper or lost to another worker (a beat in
+        flight may still change that: :meth:`take_back` waits for it)."""
+        with self._lock:
+            return event_id in self.lost or event_id in self.claimed
+
     def lease_until(self, event_id: str) -> int | None:
         """When the lease of a held event ends as far as this keeper knows (None: lost)."""
         with self._lock:
@@ -565,6 +571,8 @@ class LeaseKeeper:
                 if record.id in claimed:
                     self._held[record.id] = (claimed[record.id], until)
                     self.claimed[record.id] = claimed[record.id]
+                elif record.id in self._closing:
+                    pass  # its outcome was written first, or is refused too: the writer knows
                 else:
                     self._lose(record.id, "taken by another worker while its handler ran")
 

@@ -325,23 +325,39 @@ class StreamHandler:
             lease_token=token,
             due_at_ms=lease_end,
         )
-        lost, claimed = False, None
-        if keeper is not None:
-            keeper.hold_unclaimed(current, record, lease_end)
-        try:
+        if keeper is None:
             outcome = delivery.handle(record)
-        finally:
-            if keeper is not None:
-                lost, claimed = keeper.take_back(record.id)
-        if lost:
-            delivery.count(outcome, False)  # taken over: the outcome is not ours to store
-        elif claimed is not None:
-            delivery.store_outcomes([outcome])  # claimed while it ran: stored under the claim
-        else:
             (ok,) = self._store.settle_unclaimed(
                 [(current, outcome)], now_ms(delivery.clock), delivery.retention_ms
             )
             delivery.count(outcome, ok)
+            return
+        keeper.hold_unclaimed(current, record, lease_end)
+        try:
+            outcome = delivery.handle(record)
+        except BaseException:
+            keeper.take_back(record.id)
+            raise
+        ok = False
+        if not keeper.taken(record.id):
+            # Still held while the outcome is written: a write slower than what is left of the
+            # lease (botocore's retries, a slow network) has the keeper claim the event first,
+            # and the outcome then goes under the claim, instead of a sweeper taking it.
+            keeper.closing([record.id])
+            try:
+                (ok,) = self._store.settle_unclaimed(
+                    [(current, outcome)], now_ms(delivery.clock), delivery.retention_ms
+                )
+            finally:
+                lost, claimed = keeper.take_back(record.id)
+        else:
+            lost, claimed = keeper.take_back(record.id)
+        if ok:
+            delivery.count(outcome, True)
+        elif claimed is not None and not lost:
+            delivery.store_outcomes([outcome])  # claimed while it ran: stored under the claim
+        else:
+            delivery.count(outcome, False)  # taken over: the outcome is not ours to store
 
     def __repr__(self) -> str:
         return f"StreamHandler(worker={self.worker!r}, claim={self.claim})"
