@@ -241,3 +241,57 @@ def test_the_ttl_is_read_once_its_delay_is_over(
     check.join(10)  # no one asked for it: the delay ran out
     assert not check.is_alive()
     assert calls == calls_made
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_with_a_ttl_check_pending_exits_without_waiting_for_it(
+    client: Any,
+) -> None:
+    """A pre-forking server makes its backend, then forks: the parent's thread reads the TTL;
+    the child, which has no such thread, must not wait for it at exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        import boto3
+        from moto import mock_aws
+        from dynacoord.backends.dynamodb import DynamoDBBackend
+        from dynacoord.provision import create_table
+        from dynacoord.testing import DUMMY_CREDENTIALS
+
+        with mock_aws():
+            client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
+            create_table(boto3.client("dynamodb", **DUMMY_CREDENTIALS), "forked-ttl")
+            backend = DynamoDBBackend(client, table_name="forked-ttl")
+            assert backend.table.early_check_done.wait(10)  # its TTL check now waits a second
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)  # atexit runs here, in the child
+            started = time.monotonic()
+            os.waitpid(pid, 0)
+            print(round(time.monotonic() - started, 2))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert float(done.stdout.strip().splitlines()[-1]) < 5, done.stdout
+
+
+def test_waiting_for_ttl_checks_is_bounded_in_all(client: Any) -> None:
+    """At exit the wait is bounded once, not once per check: an unreachable endpoint holds up
+    no exit for long, however many tables a process used."""
+    from dynacoord._table_schema import DEFAULT_LAYOUT
+    from dynacoord.backends.dynamodb import _verify
+
+    stuck = [_verify._ttl_check(client, f"stuck-{i}", DEFAULT_LAYOUT) for i in (1, 2, 3)]
+    try:
+        started = time.monotonic()
+        wait_for_ttl_checks(0.3)  # nothing runs them: each would wait its whole timeout
+        assert time.monotonic() - started < 0.6
+    finally:
+        for check in stuck:
+            check.done.set()

@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+import time
 from typing import Any, Literal
 
 from ..._table_schema import DEFAULT_LAYOUT, TableLayout, schema_problems, ttl_problem
@@ -214,7 +216,8 @@ def check_table(
     return True
 
 
-#: seconds from the first write to the TTL check's DescribeTimeToLive (see the module docstring)
+#: seconds from a passing check (or from the first write, when that write made the check) to the
+#: TTL check's DescribeTimeToLive (see the module docstring)
 TTL_CHECK_DELAY_S = 1.0
 
 
@@ -261,18 +264,29 @@ def start_ttl_check(client: Any, table_name: str, layout: TableLayout) -> None:
 
 def wait_for_ttl_checks(timeout: float | None = None) -> None:
     """Send the TTL checks made so far now and wait until they have logged what they found
-    (each for at most ``timeout`` seconds)."""
+    (for at most ``timeout`` seconds in all)."""
     with _ttl_checks_guard:
         pending = list(_ttl_checks)
     for check in pending:
         check.now.set()
+    deadline = None if timeout is None else time.monotonic() + timeout
     for check in pending:
-        check.done.wait(timeout)
+        check.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def _forget_ttl_checks_in_child() -> None:
+    """A forked child has none of its parent's threads: the parent reads the TTL, and the
+    child's exit must not wait for checks no thread of its own will ever finish."""
+    global _ttl_checks_guard
+    _ttl_checks_guard = threading.Lock()
+    _ttl_checks.clear()
 
 
 # A process that exits within the delay still reads its tables' TTL and logs the warning, as it
 # did when the checks were not daemons; bounded, so an unreachable endpoint holds up no exit.
 atexit.register(wait_for_ttl_checks, 10.0)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_ttl_checks_in_child)
 
 
 def _warn_about_ttl(client: Any, table_name: str, layout: TableLayout) -> None:
