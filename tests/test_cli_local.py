@@ -197,6 +197,11 @@ def _tar_of_the_real_jar(jar_dir: Path, path: Path) -> Path:
     return path
 
 
+def _sigint_as_a_terminal_has_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _wait_for_line(process: subprocess.Popen[str], marker: str, timeout: float) -> list[str]:
     lines: list[str] = []
     deadline = time.monotonic() + timeout
@@ -237,6 +242,10 @@ def test_a_wheel_user_fetches_then_starts_dynamodb_local_until_ctrl_c(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal sends it: a test run started as a shell's background job
+        # (bash without job control) ignores SIGINT, and a child inherits that, as it inherits
+        # a signal mask that blocks it.
+        preexec_fn=_sigint_as_a_terminal_has_it,
     )
     try:
         lines = _wait_for_line(process, "Press Ctrl-C to stop.", timeout=120)
