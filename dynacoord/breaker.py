@@ -71,7 +71,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import keys
 from ._breaker_window import (
@@ -83,7 +83,7 @@ from ._breaker_window import (
     window_from_fields,
 )
 from ._clock import Clock, SystemClock, now_ms
-from ._compat import StrEnum
+from ._compat import Record, StrEnum
 from ._items import member_reader
 from ._validate import check_bool, check_int, option_names, options_with, ttl_to_ms
 from .errors import CircuitOpenError, InvalidValueError
@@ -361,9 +361,9 @@ class BreakerOptions:
 OPTION_NAMES = option_names(BreakerOptions)
 
 
-class _Ticket(NamedTuple):
+class _Ticket(Record):
     """Why a call was let through: as a closed call (and the failures seen) or as a trial.
-    (A NamedTuple: made on every protected call, and cheaper to make than a dataclass.)
+    (A tuple: made on every protected call, and cheaper to make than a dataclass.)
     With a FailureRate policy: the window generation the call was let through in, and its
     start (monotonic seconds; 0 without ``slow_call_seconds``)."""
 

@@ -24,10 +24,11 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
+from ._compat import Record
 from ._items import is_live, optional_int
 from ._validate import check_bool, check_int, check_iterable, ttl_to_ms
 from .errors import BackendError, InvalidValueError
@@ -63,7 +64,7 @@ def is_int64_text(encoded: str) -> bool:
     )
 
 
-class CacheEntry(NamedTuple):
+class CacheEntry(Record):
     """A live entry as a store returns it: the codec text and the expiry (None: never). A named
     tuple: a batch read makes one per entry, and a tuple is the cheapest immutable record."""
 

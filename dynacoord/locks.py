@@ -24,10 +24,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
+from ._compat import Record
 from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
 from .errors import LockNotAcquiredError
 from .metrics import NO_SCOPE, MetricsScope
@@ -37,8 +38,9 @@ __all__ = ["AcquireResult", "Lease", "LockInfo", "LockStore", "Locks", "default_
 logger = logging.getLogger(__name__)
 
 
-class LockInfo(NamedTuple):
-    """A snapshot of a held lock (a NamedTuple: cheap to define, which a cold start pays)."""
+class LockInfo(Record):
+    """A snapshot of a held lock (a NamedTuple to a type checker; a cheaper one to define at
+    run time, which a cold start pays)."""
 
     key: str
     owner: str
@@ -51,7 +53,7 @@ class LockInfo(NamedTuple):
         return self.expires_at_ms / 1000
 
 
-class AcquireResult(NamedTuple):
+class AcquireResult(Record):
     """What one acquisition attempt returned: the new lock, or who holds it now."""
 
     acquired: LockInfo | None

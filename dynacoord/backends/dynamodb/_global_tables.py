@@ -29,8 +29,9 @@ installed and the table's ``call`` is :meth:`DynamoTable.call` itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
+from ..._compat import Record
 from ...errors import GlobalTableError
 from ...keys import Kind
 from ._table import DynamoTable
@@ -77,9 +78,9 @@ _AT_RISK = {
 }
 
 
-class GlobalTable(NamedTuple):
-    """A table DescribeTable shows replicated to other Regions (a NamedTuple: every backend's
-    import defines it, and a dataclass costs about a millisecond of a cold start to define)."""
+class GlobalTable(Record):
+    """A table DescribeTable shows replicated to other Regions (a NamedTuple to a type checker,
+    cheaper to define than one)."""
 
     #: ``"EVENTUAL"`` (MREC) or ``"STRONG"`` (MRSC)
     consistency: str

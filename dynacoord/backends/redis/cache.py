@@ -17,10 +17,11 @@ always fits in the others.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 from ... import codec
 from ..._clock import Clock, now_ms
+from ..._compat import Record
 from ...cache import CacheEntry, KeyPage, is_int64_text
 from ...errors import InvalidValueError
 from ...keys import cache_index_pk, cache_key, cache_pk
@@ -149,7 +150,7 @@ def _field(encoded: str) -> tuple[str, str]:
     return "v", encoded
 
 
-class _Names(NamedTuple):
+class _Names(Record):
     item: str
     zset: str
     tokens: str
