@@ -351,16 +351,45 @@ def user_data_dir() -> Path:
     return Path(base) / "dynacoord" / "dynamodb-local"
 
 
-def _defer_interrupts() -> Any:
-    """Block SIGINT and SIGTERM in this thread (they stay pending); the mask to restore, or None
-    where signal masks do not exist or this is not the thread that handles signals."""
-    import threading
+class _InterruptsDeferred:
+    """SIGINT and SIGTERM held back while a child is launched, then delivered to the handlers
+    that were in place. Python runs signal handlers on the main thread, but the kernel hands a
+    signal the main thread blocks to any other thread of the process, so a mask alone defers
+    nothing in a process with threads (a test suite's, a library's): the Python handlers are
+    swapped for a recorder too. Only the main thread can do either; elsewhere nothing is
+    deferred. An ignored signal stays ignored."""
 
-    if not hasattr(signal, "pthread_sigmask") or (
-        threading.current_thread() is not threading.main_thread()
-    ):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._active = _in_main_thread()
+        self._caught: list[int] = []
+        self._handlers: dict[int, Any] = {}
+        self._mask: Any = None
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self._caught.append(signum)
+
+    def __enter__(self) -> _InterruptsDeferred:
+        if not self._active:
+            return self
+        for signum in self._SIGNALS:
+            handler = signal.getsignal(signum)
+            if handler is not signal.SIG_IGN and handler is not None:  # None: not set by Python
+                self._handlers[signum] = signal.signal(signum, self._record)
+        if hasattr(signal, "pthread_sigmask"):
+            self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(self._SIGNALS))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self._active:
+            return
+        if self._mask is not None:  # one pending reaches the recorder or the restored handler
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+        for signum, handler in self._handlers.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(self._caught):  # each once, in the order they came
+            signal.raise_signal(signum)
 
 
 # -- Java does not outlive the process that started it -------------------------------------------
@@ -408,7 +437,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def in_child() -> None:
-        # Signals blocked by _defer_interrupts while Popen runs would stay blocked in Java.
+        # Signals blocked by _InterruptsDeferred while Popen runs would stay blocked in Java.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         if prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
             return  # not for a valid signal on Linux; Java would then run as before
@@ -568,14 +597,13 @@ class DynamoDBLocal:
         # A file, not a pipe: nothing reads stderr while the server runs, and a full pipe buffer
         # would block it.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        die_with_parent = _die_with_parent()
+        if die_with_parent is None:
+            _install_sigterm_handler()  # before the deferral, which restores what it found
         # Ctrl-C or SIGTERM while Popen runs would raise after Java started but before we hold
         # its process, leaving it running: both wait until we do (then the except stops it).
-        deferred = _defer_interrupts()
         try:
-            try:
-                die_with_parent = _die_with_parent()
-                if die_with_parent is None:
-                    _install_sigterm_handler()
+            with _InterruptsDeferred():
                 self._process = subprocess.Popen(
                     self.command(java),
                     cwd=self.jar_dir,
@@ -585,9 +613,6 @@ class DynamoDBLocal:
                     preexec_fn=die_with_parent,
                 )
                 _RUNNING.add(self)
-            finally:
-                if deferred is not None:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, deferred)
             self._wait_ready(java)
         except BaseException:  # Ctrl-C while waiting too: never leave Java running behind us
             self.stop()

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -335,9 +336,14 @@ class _Stop(BaseException):
 
 
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
-def test_a_signal_while_java_is_being_launched_leaves_no_java_behind(monkeypatch) -> None:
+@pytest.mark.parametrize("other_thread", [False, True], ids=["one thread", "another thread"])
+def test_a_signal_while_java_is_being_launched_leaves_no_java_behind(
+    monkeypatch, other_thread: bool
+) -> None:
     # The signal lands while subprocess.Popen runs: Java exists, the Popen has not returned. It
-    # must wait until the launcher holds the process, so the launcher can stop it.
+    # must wait until the launcher holds the process, so the launcher can stop it. With another
+    # thread alive (a test suite's, a library's), the kernel hands a signal the main thread
+    # blocks to that thread, and Python still runs the handler on the main thread.
     real = find_dynamodb_local()
     if real is None or find_java() is None:
         if os.environ.get("CI", "").lower() == "true":
@@ -358,13 +364,39 @@ def test_a_signal_while_java_is_being_launched_leaves_no_java_behind(monkeypatch
     monkeypatch.setattr(testing.subprocess, "Popen", popen_then_signal)
     port = free_port()
     server = testing.DynamoDBLocal(port=port, in_memory=True, jar_dir=real)
+    release = threading.Event()
+    helper = threading.Thread(target=release.wait, daemon=True)
+    if other_thread:
+        helper.start()
     try:
         with pytest.raises(_Stop):
             server.start()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        release.set()
     monkeypatch.undo()
     left = _java_serving(port)
     for pid in left:  # not ours to keep: end it whatever the verdict
         os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_interrupts_wait_for_the_deferral_to_end_then_come_once() -> None:
+    # Another thread is alive, as in any test suite: the mask alone would not hold SIGINT back.
+    release = threading.Event()
+    helper = threading.Thread(target=release.wait, daemon=True)
+    helper.start()
+    seen: list[str] = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with testing._InterruptsDeferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # an undeferred signal is handled here
+                seen.append("inside, not interrupted")
+        assert seen == ["inside, not interrupted"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        time.sleep(0.05)  # a second delivery of the same interrupt would raise here
+    finally:
+        release.set()
