@@ -613,7 +613,7 @@ def _coldstart(s: dict[str, Any]) -> list[str]:
             + ", ".join(_fmt(r, 3) for r in phase["per_padding_ratio"])
             + ".",
         ]
-        if phase.get("ratio_check_at_first_write") is not None:
+        if phase.get("ratio_check_sent_early") is not None:
             sides = {r["mode"]: r for r in phase["sides"]}
 
             def after_client(mode: str) -> float:
@@ -622,18 +622,16 @@ def _coldstart(s: dict[str, Any]) -> list[str]:
                 return float(sides[mode]["client_ms"] + sides[mode]["first_op_ms"])
 
             bare = after_client("dynacoord, verify=False")
-            late = after_client('dynacoord, verify="first-write"')
+            early = after_client('dynacoord, verify="early"')
             lines += [
                 "",
-                "The first-use table check as it comes is sent when the backend is made (on a "
-                "thread of its own) and waited for by the first write: it cost "
-                f"{_fmt(phase['check_ms'], 2)} ms of the first operation and "
+                "The first-use table check as it comes is sent by the first write, just before "
+                f"it: it cost {_fmt(phase['check_ms'], 2)} ms of the first operation and "
                 f"{_fmt(after_client('dynacoord') - bare, 2)} ms from the client's creation to "
-                "the first result. Sent by the first write "
-                '(`verify="first-write"`) it cost '
-                f"{_fmt(late - bare, 2)} ms of "
-                f"that, and the ratio is "
-                f"{_fmt(phase['ratio_check_at_first_write'], 3)}; without the check "
+                "the first result. Sent early "
+                '(`verify="early"`: when the backend is made, on a thread of its own) it cost '
+                f"{_fmt(early - bare, 2)} ms of that, and the ratio is "
+                f"{_fmt(phase['ratio_check_sent_early'], 3)}; without the check "
                 f"(`verify=False`) {_fmt(phase['ratio_without_check'], 3)}.",
             ]
     return lines

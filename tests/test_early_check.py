@@ -1,7 +1,8 @@
-"""The first-use check is sent early: when the backend is made, on a thread of its own, and the
-first write waits for its answer instead of sending its own (dynacoord/backends/dynamodb/_verify.py).
-It never raises: what it could not find, the first write checks again and raises there.
-``verify="first-write"`` sends it with the first write (no thread)."""
+"""When the first-use check is sent (dynacoord/backends/dynamodb/_verify.py). ``verify="early"``:
+when the backend is made, on a thread of its own, and the first write waits for its answer
+instead of sending its own; it never raises: what it could not find, the first write checks again
+and raises there. ``verify="first-write"``: with the first write (no thread). The default: with
+the first write, or early in a Lambda environment initialised ahead of its requests."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_the_check_is_sent_when_the_backend_is_made_and_the_first_write_sends_no
 ) -> None:
     create_table(other_client(), "early")
     calls = operation_names(client)
-    backend = DynamoDBBackend(client, table_name="early")
+    backend = DynamoDBBackend(client, table_name="early", verify="early")
     _early_check_done(backend)
     assert calls == ["DescribeTable"]
     backend.cache().set("a", 1)
@@ -75,7 +76,7 @@ def test_the_first_write_waits_for_a_check_in_flight(client: Any) -> None:
     client.meta.events.register(
         "before-call.dynamodb.PutItem", lambda **_: order.append("PutItem sent")
     )
-    backend = DynamoDBBackend(client, table_name="inflight")
+    backend = DynamoDBBackend(client, table_name="inflight", verify="early")
     assert sent.wait(10)
     writer = threading.Thread(target=lambda: backend.cache().set("k", 1))
     writer.start()
@@ -91,7 +92,7 @@ def test_a_table_made_after_the_backend_is_checked_again_by_the_first_write(
     client: Any,
 ) -> None:
     calls = operation_names(client)
-    backend = DynamoDBBackend(client, table_name="later")  # no such table yet: found nothing
+    backend = DynamoDBBackend(client, table_name="later", verify="early")  # no such table yet: found nothing
     _early_check_done(backend)
     create_table(other_client(), "later")
     backend.cache().set("a", 1)
@@ -110,7 +111,7 @@ def test_a_wrong_table_found_early_is_refused_at_the_first_write_with_nothing_wr
         AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
         BillingMode="PAY_PER_REQUEST",
     )
-    backend = DynamoDBBackend(client, table_name="pkonly")  # the constructor raises nothing
+    backend = DynamoDBBackend(client, table_name="pkonly", verify="early")  # the constructor raises nothing
     _early_check_done(backend)
     with pytest.raises(TableConfigurationError, match="pkonly"):
         backend.cache().set("a", 1)
@@ -133,7 +134,7 @@ def test_an_early_check_refused_raises_nothing_and_the_first_write_names_it(
         )
 
     client.meta.events.register("before-call.dynamodb.DescribeTable", refuse)
-    backend = DynamoDBBackend(client, table_name="denied")
+    backend = DynamoDBBackend(client, table_name="denied", verify="early")
     _early_check_done(backend)
     with pytest.raises(BackendError, match="cannot describe DynamoDB table 'denied'"):
         backend.cache().set("a", 1)
@@ -161,9 +162,9 @@ def test_a_checked_table_starts_no_early_check(client: Any) -> None:
     assert calls == ["PutItem"]
 
 
-@pytest.mark.parametrize("value", ["yes", "early", 1, None])
-def test_verify_is_true_first_write_or_false(client: Any, value: Any) -> None:
-    with pytest.raises(ConfigurationError, match="'first-write'"):
+@pytest.mark.parametrize("value", ["yes", "Early", "first_write", 1, None])
+def test_verify_is_true_early_first_write_or_false(client: Any, value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="'early'.*'first-write'"):
         DynamoDBBackend(client, table_name="any-table", verify=value)
 
 
@@ -180,7 +181,7 @@ def test_a_child_forked_during_an_early_check_is_not_stuck_behind_it(client: Any
         release.wait(10)
 
     client.meta.events.register("before-call.dynamodb.DescribeTable", describe)
-    backend = DynamoDBBackend(client, table_name="forked")
+    backend = DynamoDBBackend(client, table_name="forked", verify="early")
     assert sent.wait(10)  # the early check holds the lock now
     pid = os.fork()
     if pid == 0:  # the child: only this thread; the lock's copy was held when it forked
@@ -223,7 +224,7 @@ def test_the_ttl_is_read_a_while_after_the_first_write_not_during_it(client: Any
         # the check the first write made: a thread that write starts reads the TTL
         ("first-write", "dynacoord-ttl-check-", ["DescribeTable", "PutItem", "DescribeTimeToLive"]),
         # the early check: its own thread reads it, first write or not
-        (True, "dynacoord-check-", ["DescribeTable", "DescribeTimeToLive"]),
+        ("early", "dynacoord-check-", ["DescribeTable", "DescribeTimeToLive"]),
     ],
 )
 def test_the_ttl_is_read_once_its_delay_is_over(
@@ -265,7 +266,7 @@ def test_a_child_forked_with_a_ttl_check_pending_exits_without_waiting_for_it(
         with mock_aws():
             client = boto3.client("dynamodb", **DUMMY_CREDENTIALS)
             create_table(boto3.client("dynamodb", **DUMMY_CREDENTIALS), "forked-ttl")
-            backend = DynamoDBBackend(client, table_name="forked-ttl")
+            backend = DynamoDBBackend(client, table_name="forked-ttl", verify="early")
             assert backend.table.early_check_done.wait(10)  # its TTL check now waits a second
             pid = os.fork()
             if pid == 0:
@@ -295,3 +296,24 @@ def test_waiting_for_ttl_checks_is_bounded_in_all(client: Any) -> None:
     finally:
         for check in stuck:
             check.done.set()
+
+
+@pytest.mark.parametrize(
+    ("initialization", "early"),
+    [(None, False), ("on-demand", False), ("snap-start", False), ("provisioned-concurrency", True)],
+)
+def test_by_default_the_check_is_sent_early_only_where_init_runs_ahead_of_requests(
+    client: Any, monkeypatch: pytest.MonkeyPatch, initialization: str | None, early: bool
+) -> None:
+    if initialization is None:
+        monkeypatch.delenv("AWS_LAMBDA_INITIALIZATION_TYPE", raising=False)
+    else:
+        monkeypatch.setenv("AWS_LAMBDA_INITIALIZATION_TYPE", initialization)
+    table = f"default-{initialization or 'script'}"
+    create_table(other_client(), table)
+    calls = operation_names(client)
+    backend = DynamoDBBackend(client, table_name=table)
+    _early_check_done(backend)  # set at once when no check is sent early
+    assert calls == (["DescribeTable"] if early else [])
+    backend.cache().set("a", 1)
+    assert [c for c in calls if c != "DescribeTimeToLive"] == ["DescribeTable", "PutItem"]

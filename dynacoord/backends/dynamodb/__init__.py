@@ -44,11 +44,12 @@ class DynamoDBBackend(Backend):
     Before its first write the backend checks the table once (one DescribeTable per client
     and table): a missing table, another key schema or a missing ``gsi1`` raise
     :class:`~dynacoord.errors.ConfigurationError` naming the table, the problem and the command
-    that fixes it, before anything is written. The check is sent when the backend is made, on a
-    thread of its own, and the first write waits for its answer (in a Lambda function, made
-    during init, the first invocation pays nothing for it); ``verify="first-write"`` sends it
-    with the first write instead (no thread), ``verify=False`` skips it (for an IAM policy
-    without ``dynamodb:DescribeTable``).
+    that fixes it, before anything is written. The check is sent with the first write, or, in a
+    Lambda environment initialised ahead of its requests (provisioned concurrency), during init,
+    so no request waits for it. ``verify="early"`` always sends it when the backend is made, on a
+    thread of its own (the first write waits for its answer); ``verify="first-write"`` always
+    with the first write; ``verify=False`` skips it (for an IAM policy without
+    ``dynamodb:DescribeTable``).
 
     ``layout`` puts dynacoord in a single table of yours (:class:`TableLayout`: your key and
     index names, a key prefix that keeps its items apart from yours); the default is

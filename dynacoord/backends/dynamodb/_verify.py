@@ -13,17 +13,30 @@ Reads go first without it. A read cannot damage a table, and DynamoDB refuses ev
 table that could not answer it (``ResourceNotFoundException`` for a missing table or index,
 ``ValidationException`` for a key schema the request does not match); such a refusal runs the
 check, which names the table and the fix. A read that succeeds leaves the check to the first
-write. The check is *sent* early: when the backend is made, on a thread of its own, so that its
-answer is in (or on its way) by the first write, which waits for it instead of sending its own.
-A Lambda function makes its backend during its init phase, and its first invocation then pays
-nothing for the check; a script pays what is left of one DescribeTable when its first write is
-ready (measured in bench section 5). An early check never raises: a table created after the
-backend (tests and scripts commonly build the backend first), a role refused DescribeTable or
-no network makes it find nothing, and the first write checks again and raises what it finds,
-as it did before. ``verify="first-write"`` sends the check with the first write instead (no
-thread: for a process that forks right after making its backend, say); ``verify=False`` never
-(an IAM policy without ``dynamodb:DescribeTable``). Either way the check is made once per
-client and table (a process that builds a backend per request pays it once).
+write.
+
+When it is sent (``verify=``):
+
+* ``True``, the default: with the first write, which sends the DescribeTable just before itself
+  (no thread) -- except in a Lambda execution environment initialised ahead of its requests
+  (``AWS_LAMBDA_INITIALIZATION_TYPE=provisioned-concurrency``), where it is sent early, during
+  init, and no request waits for it.
+* ``"early"``: when the backend is made, on a thread of its own, so that its answer is in (or on
+  its way) by the first write, which waits for it instead of sending its own. Measured in bench
+  section 5, an early check made a script's cold start slower, not faster: under the GIL the
+  check's botocore work (about 2 ms) runs in place of the caller's, its thread holds up the
+  backend's maker until its request is sent, and only the server's answer can overlap the
+  caller's work (on a machine shared with the server, DynamoDB Local there, even that answer came
+  later). It pays where the process has other work to overlap the round
+  trip with, or time before its first request.
+* ``"first-write"``: with the first write, everywhere (no thread: for a process that forks right
+  after making its backend, say).
+* ``False``: never (an IAM policy without ``dynamodb:DescribeTable``).
+
+An early check never raises: a table created after the backend (tests and scripts commonly build
+the backend first), a role refused DescribeTable or no network makes it find nothing, and the
+first write checks again and raises what it finds. Either way the check is made once per client
+and table (a process that builds a backend per request pays it once).
 
 The table's TTL (off, or on another attribute) is read by one DescribeTimeToLive a second
 (:data:`TTL_CHECK_DELAY_S`) after a passing check: by the early check's own thread, or, after a
@@ -66,24 +79,36 @@ __all__ = [
     "check_client",
     "check_table",
     "check_verify",
+    "sends_early",
     "start_ttl_check",
     "wait_for_ttl_checks",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: ``verify=`` of a backend: True (the check sent when the backend is made, waited for by the
-#: first write), ``"first-write"`` (sent with the first write) or False (no check)
-Verify = bool | Literal["first-write"]
+#: ``verify=`` of a backend: True (the check sent with the first write, or early in a Lambda
+#: environment initialised ahead of its requests), ``"early"`` (sent when the backend is made,
+#: waited for by the first write), ``"first-write"`` (sent with the first write) or False (none)
+Verify = bool | Literal["early", "first-write"]
 
 
 def check_verify(value: Any) -> Verify:
     """``verify=`` as given, or a :class:`ConfigurationError` naming the choices."""
-    if isinstance(value, bool) or value == "first-write":
+    if isinstance(value, bool) or value in ("early", "first-write"):
         return value  # type: ignore[no-any-return]
     raise ConfigurationError(
-        f"verify must be True (check the table early, before the first write), 'first-write' "
-        f"(check it with the first write) or False (never), got {value!r}"
+        f"verify must be True (check the table before the first write), 'early' (send the check "
+        f"when the backend is made), 'first-write' (send it with the first write) or False "
+        f"(never), got {value!r}"
+    )
+
+
+def sends_early(verify: Verify) -> bool:
+    """Whether the check is sent when the backend is made (see the module docstring)."""
+    if verify == "early":
+        return True
+    return verify is True and (
+        os.environ.get("AWS_LAMBDA_INITIALIZATION_TYPE") == "provisioned-concurrency"
     )
 
 
@@ -344,7 +369,7 @@ class VerifiedTable(DynamoTable):
         if verify and layout not in self.state.verified:
             # An instance attribute shadows DynamoTable.call until the check passed.
             self.__dict__["call"] = self._first_call
-            if verify is True:
+            if sends_early(verify):
                 threading.Thread(
                     target=self._check_early, name=f"dynacoord-check-{table_name}", daemon=True
                 ).start()
