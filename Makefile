@@ -6,6 +6,8 @@ DDB_LOCAL_VERSION ?= 11.1.0
 DDB_LOCAL_ROOT := .cache/dynamodb-local
 DDB_LOCAL_STAMP := $(DDB_LOCAL_ROOT)/.version-$(DDB_LOCAL_VERSION)
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers, each with its own DynamoDB Local and redis-server (0: one process)
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv install dev demo test test-fast lint typecheck stress bench mutate dynamodb-local redis-server clean
 
@@ -49,7 +51,7 @@ typecheck: dev
 test: dev dynamodb-local redis-server
 	$(BIN)/ruff check dynacoord tests examples bench
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -m "not stress" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not stress" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: dev
 	$(BIN)/python -m pytest -m "not stress" -x -q $(PYTEST_ARGS)
