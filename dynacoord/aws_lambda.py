@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._validate import check_int
 from .errors import IdempotencyInProgressError, InvalidValueError
-from .idempotency import _CURRENT_CONTEXT, compile_jmespath, lambda_context
+from .idempotency import _CURRENT_CONTEXT, IdempotencyOptions, compile_jmespath, lambda_context
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -73,7 +73,8 @@ def process_sqs_batch(
     backend: Backend | None = None,
     key: KeySpec = None,
     context: Any = None,
-    ttl: float = 3600,
+    options: IdempotencyOptions | None = None,
+    ttl: float | None = None,
     in_progress_ttl: float | None = None,
     output_type: Any = None,
     margin_ms: int = DEFAULT_MARGIN_MS,
@@ -82,10 +83,12 @@ def process_sqs_batch(
     ``{"batchItemFailures": [{"itemIdentifier": messageId}, ...]}``.
 
     ``backend``: run each record once per ``key`` (default the ``messageId``; a JMESPath
-    expression such as ``"json(body).order_id"`` or a callable over the record). ``ttl``,
-    ``in_progress_ttl`` and ``output_type`` are those of ``@idempotent``. ``context``: the
-    Lambda context (its remaining time decides which records still start). See the module
-    docstring for ordering and deadline rules.
+    expression such as ``"json(body).order_id"`` or a callable over the record), with
+    ``options`` (an :class:`~dynacoord.idempotency.IdempotencyOptions`, as ``@idempotent``
+    takes it); ``ttl``, ``in_progress_ttl`` and ``output_type``, when given, take the place of
+    the options' own. Any of them without ``backend`` is refused. ``context``: the Lambda context
+    (its remaining time decides which records still start). See the module docstring for
+    ordering and deadline rules.
     """
     records = _records(event, "SQS")
     ids = [_field(r, ("messageId",), "SQS", i) for i, r in enumerate(records)]
@@ -98,9 +101,8 @@ def process_sqs_batch(
         key=key,
         default_key=lambda record: record["messageId"],
         context=context,
-        ttl=ttl,
-        in_progress_ttl=in_progress_ttl,
-        output_type=output_type,
+        options=options,
+        option_values={"ttl": ttl, "in_progress_ttl": in_progress_ttl, "output_type": output_type},
         margin_ms=margin_ms,
         stop_on_failure=fifo,
         primitive="sqs",
@@ -115,7 +117,8 @@ def process_stream_batch(
     backend: Backend | None = None,
     key: KeySpec = None,
     context: Any = None,
-    ttl: float = 3600,
+    options: IdempotencyOptions | None = None,
+    ttl: float | None = None,
     in_progress_ttl: float | None = None,
     output_type: Any = None,
     margin_ms: int = DEFAULT_MARGIN_MS,
@@ -149,9 +152,8 @@ def process_stream_batch(
         key=key,
         default_key=default_key,
         context=context,
-        ttl=ttl,
-        in_progress_ttl=in_progress_ttl,
-        output_type=output_type,
+        options=options,
+        option_values={"ttl": ttl, "in_progress_ttl": in_progress_ttl, "output_type": output_type},
         margin_ms=margin_ms,
         stop_on_failure=True,
         primitive="stream",
@@ -209,9 +211,8 @@ def _process(
     key: KeySpec,
     default_key: Callable[[dict[str, Any]], Any],
     context: Any,
-    ttl: float,
-    in_progress_ttl: float | None,
-    output_type: Any,
+    options: IdempotencyOptions | None,
+    option_values: dict[str, Any],
     margin_ms: int,
     stop_on_failure: bool,
     primitive: str,
@@ -227,16 +228,18 @@ def _process(
         )
     handler: Callable[[dict[str, Any]], Any] = record_handler
     metrics = None
+    given = {name: value for name, value in option_values.items() if value is not None}
     if backend is not None:
         handler = backend.idempotency.idempotent(
-            key=_key_function(key, default_key),
-            ttl=ttl,
-            in_progress_ttl=in_progress_ttl,
-            output_type=output_type,
+            IdempotencyOptions.of(options, **given), key=_key_function(key, default_key)
         )(record_handler)
         metrics = backend.metrics.scope(Primitive=primitive, DynacoordNamespace=backend.namespace)
-    elif key is not None:
-        raise TypeError("key= needs backend= (it is the idempotency key of each record)")
+    elif key is not None or options is not None or given:
+        named = [n for n, v in (("key", key), ("options", options)) if v is not None] + list(given)
+        raise TypeError(
+            f"{', '.join(n + '=' for n in named)} need backend= (they are how each record runs "
+            "once: its idempotency key and options)"
+        )
     if context is None:
         context = lambda_context()
     registered = _CURRENT_CONTEXT.set(context) if context is not None else None

@@ -456,3 +456,57 @@ def test_dynamodb_stream_batch_from_real_stream_records(ddb_backend, dynamodb_lo
         assert runs == ["a", "b", "c", "c", "d"]
     finally:
         client.delete_table(TableName=table)
+
+
+def test_idempotency_options_come_as_an_object_and_keywords_override_them(ddb_backend):
+    from dynacoord.idempotency import IdempotencyOptions
+
+    replays = []
+
+    def hook(result, record):
+        replays.append(record.key)
+        return result
+
+    options = IdempotencyOptions(ttl=120, response_hook=hook)
+    runs = []
+    event = sqs_event({"order": 1}, {"order": 2})
+    for _ in range(2):
+        response = process_sqs_batch(
+            event, lambda r: runs.append(r["messageId"]), backend=ddb_backend, options=options
+        )
+        assert failures(response) == []
+    assert runs == ["m-0", "m-1"]
+    assert replays == ["m-0", "m-1"]  # the options object's hook ran on each replay
+    stored = ddb_backend.idempotency.get("m-0")
+    assert stored is not None and stored.expires_at - ddb_backend.clock.time() <= 120
+    # a keyword in place of the object's value, the rest of the object kept
+    kinesis = kinesis_event({"order": 3})
+    assert failures(
+        process_stream_batch(kinesis, lambda r: None, backend=ddb_backend, options=options, ttl=5)
+    ) == []
+    [key] = [f"{r['eventSourceARN']}#{r['eventID']}" for r in kinesis["Records"]]
+    stored = ddb_backend.idempotency.get(key)
+    assert stored is not None and stored.expires_at - ddb_backend.clock.time() <= 5
+    process_stream_batch(kinesis, lambda r: None, backend=ddb_backend, options=options, ttl=5)
+    assert replays[-1] == key
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        ({"ttl": 60}, TypeError, "need backend="),
+        ({"options": "ttl=60"}, TypeError, "need backend="),
+        ({"backend": "ddb", "options": {"ttl": 60}}, TypeError, "must be an IdempotencyOptions"),
+        ({"backend": "ddb", "ttl": -1}, InvalidValueError, "ttl"),
+    ],
+    ids=["ttl without backend", "options without backend", "options not an object", "bad ttl"],
+)
+def test_idempotency_options_without_a_backend_or_wrong_are_refused_before_anything_runs(
+    ddb_backend, arguments, error, message
+):
+    runs = []
+    if arguments.get("backend") == "ddb":
+        arguments = {**arguments, "backend": ddb_backend}
+    with pytest.raises(error, match=message):
+        process_sqs_batch(sqs_event(1), lambda r: runs.append(r), **arguments)
+    assert runs == []
