@@ -42,6 +42,10 @@ else:
         """Makes a :class:`Record` subclass's annotated names its fields."""
 
         def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> type:
+            if "__annotations__" not in namespace and any(getattr(b, "_fields", ()) for b in bases):
+                # a subclass that adds methods keeps its base's fields, as a NamedTuple's does
+                namespace.setdefault("__slots__", ())
+                return super().__new__(mcls, name, bases, namespace)
             fields = tuple(namespace.get("__annotations__", {}))
             defaults: dict[str, Any] = {}
             for index, field in enumerate(fields):

@@ -77,6 +77,16 @@ def test_wrong_arguments_raise_type_error(make: object) -> None:
         make()  # type: ignore[operator]
 
 
+def test_a_subclass_that_adds_methods_keeps_its_bases_fields() -> None:
+    class Labelled(Point):
+        def describe(self) -> str:
+            return f"{self.label}: {self.x},{self.y}"
+
+    p = Labelled(1, 2, "a")
+    assert p.describe() == "a: 1,2" and Labelled._fields == ("x", "y", "label")
+    assert p._replace(x=5) == Labelled(5, 2, "a") and not hasattr(p, "__dict__")
+
+
 def test_a_field_without_default_after_one_with_is_refused() -> None:
     with pytest.raises(TypeError, match="'b' without a default"):
 
