@@ -60,6 +60,7 @@ else:
                 __slots__=(),
                 _fields=fields,
                 _field_defaults=defaults,
+                _trailing_defaults=tuple(defaults.values()),
                 __match_args__=fields,
             )
             return super().__new__(mcls, name, bases, namespace)
@@ -72,6 +73,13 @@ else:
 
         def __new__(cls, *args: Any, **kwargs: Any) -> Any:
             fields = cls._fields
+            missing = len(fields) - len(args)
+            # Positional values, the rest left to their defaults: the way the library makes
+            # its records, some on every call (a breaker's ticket), so without a loop.
+            if not kwargs and 0 <= missing <= len(cls._trailing_defaults):
+                if missing:
+                    args += cls._trailing_defaults[-missing:]
+                return tuple.__new__(cls, args)
             if len(args) > len(fields):
                 raise TypeError(
                     f"{cls.__name__}() takes {len(fields)} arguments but {len(args)} were given"
