@@ -2,7 +2,7 @@
 
 A guard is a condition that keeps a promise (one lock holder, one count per write, an ordered
 group's order, a lease's ownership, a breaker's trip, the table check on first use). The list,
-``guards.toml`` beside this file, names for each one the file, the exact text replaced, the
+``guards.toml`` beside this file (and ``guards.d/*.toml``), names for each one the file, the exact text replaced, the
 replacement and the tests that must catch it. For each entry this script:
 
 1. writes the mutant into a private copy of the tree (never into the working tree: other people
@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:
     import tomllib
@@ -69,12 +70,20 @@ class Guard:
     k: str | None = None
 
 
+def guard_files(path: Path) -> list[Path]:
+    """``path`` and, beside it, every ``guards.d/*.toml`` (one file per topic, so that work on
+    separate primitives does not edit one list)."""
+    return [path, *sorted(path.with_name("guards.d").glob("*.toml"))]
+
+
 def load(path: Path = GUARDS) -> list[Guard]:
-    """The entries of ``guards.toml``, checked for shape (not for their text: see
-    tests/test_mutation_guards.py)."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    """The entries of ``guards.toml`` and ``guards.d/*.toml``, checked for shape (not for their
+    text: see tests/test_mutation_guards.py)."""
+    raws: list[dict[str, Any]] = []
+    for each in guard_files(path):
+        raws.extend(tomllib.loads(each.read_text(encoding="utf-8")).get("guard", []))
     guards = []
-    for raw in data["guard"]:
+    for raw in raws:
         unknown = set(raw) - {"id", "file", "find", "replace", "tests", "guarantee", "backend", "k"}
         if unknown:
             raise ValueError(f"guard {raw.get('id')!r}: unknown fields {sorted(unknown)}")
