@@ -277,13 +277,22 @@ class MongoOutboxStore:
     # -- claim -------------------------------------------------------------------------------------
 
     def _as_seen(self, seen: EventRecord) -> dict[str, Any]:
-        """The filter "still as ``seen``": status, lease token and attempts."""
+        """The filter "still as ``seen``": status, lease token, attempts and, of an ordered
+        event, its place (a redriven event took a new place at its group's tail: an old read
+        of it must not claim it at the old one, ahead of the places before its new one)."""
         return {
             **self._key(seen.id),
             "status": seen.status.value,
             "lease_token": seen.lease_token if seen.lease_token else {"$exists": False},
             "attempts": seen.attempts,
+            "seq": seen.seq if seen.seq is not None else {"$exists": False},
         }
+
+    def _claimable(self, seen: EventRecord, now_ms: int) -> dict[str, Any]:
+        """The filter of a claim, one for both paths: still as ``seen`` and due (a pending
+        event whose attempt has come, or an in-flight one whose lease ran out and was not
+        renewed since it was read)."""
+        return {**self._as_seen(seen), "due_ms": {"$lte": now_ms}}
 
     def _claim_update(self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int) -> Any:
         return {
@@ -306,17 +315,11 @@ class MongoOutboxStore:
         if seen.seq is not None:  # its group's gate decides too
             claimed = self.claim_many([seen], [token], lease_until_ms, now_ms)
             return claimed[0] if claimed else None
-        # Still as we saw it (status and lease token) and due. Of two workers racing for it the
-        # first write changes the token/status, so the second one's filter no longer matches.
-        query = {
-            **self._key(seen.id),
-            "status": seen.status.value,
-            "due_ms": {"$lte": now_ms},
-            "lease_token": seen.lease_token if seen.lease_token else {"$exists": False},
-        }
+        # Still as we saw it and due, as a batch's claim. Of two workers racing for it the first
+        # write changes the token/status, so the second one's filter no longer matches.
         with translate_errors("outbox claim"):
             doc = self._c.find_one_and_update(
-                query,
+                self._claimable(seen, now_ms),
                 self._claim_update(seen, token, lease_until_ms, now_ms),
                 return_document=ReturnDocument.AFTER,
             )
@@ -342,7 +345,7 @@ class MongoOutboxStore:
         #    and a claim it refuses is given back).
         ops = [
             pymongo.UpdateMany(  # unique (pk, sk): at most one document (mongomock: no UpdateOne)
-                {**self._as_seen(r), "due_ms": {"$lte": now_ms}},
+                self._claimable(r, now_ms),
                 self._claim_update(r, token_of[r.id], lease_until_ms, now_ms),
             )
             for r in to_claim.values()

@@ -96,6 +96,7 @@ class _ClaimEntry(TypedDict):
     status: str  # the status the caller saw
     seen_token: NotRequired[str]  # the lease token the caller saw; absent = none
     attempts: str  # the attempts the caller saw
+    seq: NotRequired[str]  # the place in its ordered group the caller saw; absent = none
     token: str  # the claim's own lease token
     gsk: str  # the in-flight index entry
     id: str
@@ -156,6 +157,8 @@ def _claim_entry(
     }
     if record.lease_token:
         entry["seen_token"] = record.lease_token
+    if record.seq is not None:
+        entry["seq"] = str(record.seq)
     if place is not None:
         entry["place"] = place
     return entry
@@ -252,6 +255,9 @@ local function as_seen(key, e)
   if tonumber(redis.call('HGET', key, 'due_ms') or '0') > now then return false end
   -- HGET answers false for a missing field: no token seen must find none
   if redis.call('HGET', key, 'lease_token') ~= (e.seen_token or false) then return false end
+  -- still at the place seen: the gate was checked for that place, and a redriven event took a
+  -- new one at its group's tail (an old read of it must not claim it ahead of its group)
+  if redis.call('HGET', key, 'seq') ~= (e.seq or false) then return false end
   return (redis.call('HGET', key, 'attempts') or '0') == e.attempts
 end
 local out = {}

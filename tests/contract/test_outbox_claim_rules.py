@@ -1,0 +1,177 @@
+"""The outbox store's claim and finish rules, each on every backend and through both claim paths.
+
+A claim is made from a read (a poll's page, a stream record's image): it applies only while the
+event is still as that read saw it and due, and every write after it only while its claim holds
+the event. Each test below breaks one clause by hand: a worker reads, something else writes the
+event, and the write made from the old read must be refused. ``path`` is how the claim travels:
+``claim`` (one event; a worker with ``batch_claim=False``) or ``claim_many`` (a batch; here the
+stale read travels with a fresh event of its own, so that a store that batches does so).
+
+tests/contract/test_store_rules.py lists these rules and checks each runs on every backend and
+path; tests/mutations/guards.d/every-backend.toml breaks the clauses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from dynacoord._clock import ManualClock
+from dynacoord.outbox import Event, EventRecord, EventStatus, Outcome
+from tests.outbox_helpers import drain
+
+#: the two ways a claim reaches a store
+PATHS = ("claim", "claim_many")
+LEASE_MS = 30_000
+
+
+class _Store:
+    """An outbox's store, driven by hand on a manual clock."""
+
+    def __init__(self, outbox: Any, clock: ManualClock) -> None:
+        self.outbox = outbox
+        self.store = outbox._store
+        self.clock = clock
+
+    def now(self) -> int:
+        return int(self.clock.time() * 1000)
+
+    def read(self, event_id: str) -> EventRecord:
+        record = self.store.get(event_id, self.now())
+        assert record is not None, event_id
+        return record
+
+    def claim(self, path: str, seen: EventRecord, lease_ms: int = LEASE_MS) -> EventRecord | None:
+        """Claim ``seen`` through ``path``; None when refused. Through ``claim_many`` a fresh
+        unordered event goes with it, and must be claimed whatever becomes of ``seen``."""
+        now = self.now()
+        token = uuid.uuid4().hex
+        if path == "claim":
+            return self.store.claim(seen, token, now + lease_ms, now)
+        companion_id = f"fresh-{uuid.uuid4().hex[:8]}"
+        self.outbox.publish(Event("t", {}, id=companion_id))
+        companion = self.read(companion_id)
+        got = self.store.claim_many(
+            [seen, companion], [token, uuid.uuid4().hex], now + lease_ms, now
+        )
+        by_id = {record.id: record for record in got}
+        assert companion_id in by_id, "the fresh event of the batch is claimed"
+        return by_id.get(seen.id)
+
+
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _stores(make_backend: Any) -> _Store:
+    clock = ManualClock()
+    return _Store(make_backend(clock=clock).outbox, clock)
+
+
+def test_a_claim_from_a_read_before_another_claim_is_refused(make_backend, path):
+    """Status and lease token: two workers read one pending event; the first claim wins."""
+    s = _stores(make_backend)
+    s.outbox.publish(Event("t", {}, id="e1"))
+    seen = s.read("e1")
+    first = s.claim(path, seen)
+    assert first is not None and first.lease_token is not None
+    assert s.claim(path, seen) is None, "claimed again from a read made before the first claim"
+    assert s.read("e1").lease_token == first.lease_token
+
+
+def test_a_claim_from_a_read_before_a_renewal_is_refused(make_backend, path):
+    """Due: worker B reads an in-flight event whose lease ran out; the holder's lease keeper
+    renews it; B's claim from its read is refused (else two workers hold the event, each told
+    it holds it alone)."""
+    s = _stores(make_backend)
+    s.outbox.publish(Event("t", {}, id="e1"))
+    held = s.claim(path, s.read("e1"), lease_ms=1_000)
+    assert held is not None
+    s.clock.advance(2)
+    stale = s.read("e1")
+    assert stale.status is EventStatus.IN_FLIGHT and stale.due_at_ms < s.now(), "lease ran out"
+    assert s.store.extend_many([held], s.now() + LEASE_MS, s.now()) == [True]
+    assert s.claim(path, stale) is None, "claimed over a lease renewed after the read"
+    assert s.read("e1").lease_token == held.lease_token
+    assert s.store.finish_many([Outcome(held, "completed")], s.now(), 60_000) == [True]
+
+
+def test_a_claim_from_a_read_before_a_retry_is_refused(make_backend, path):
+    """Attempts: worker B reads a pending event; worker A claims it, its handler fails, and A
+    puts it back with a backoff; once that backoff is over, B's claim from its old read (of an
+    event that had not yet been tried) is refused. A fresh read claims it."""
+    s = _stores(make_backend)
+    s.outbox.publish(Event("t", {}, id="e1"))
+    stale = s.read("e1")
+    held = s.claim(path, s.read("e1"))
+    assert held is not None and held.attempts == 1
+    retry = Outcome(held, "pending", due_ms=s.now() + 1_000, error="downstream down")
+    assert s.store.finish_many([retry], s.now(), None) == [True]
+    s.clock.advance(2)
+    back = s.read("e1")
+    assert (back.status, back.lease_token, back.attempts) == (EventStatus.PENDING, None, 1)
+    assert s.claim(path, stale) is None, "claimed from a read made before the attempt"
+    again = s.claim(path, s.read("e1"))
+    assert again is not None and again.attempts == 2
+
+
+def test_a_claim_from_a_read_before_a_group_retry_is_refused(make_backend, path):
+    """Place: e1 fails and ``retry(group=...)`` puts it behind e2 and e3 of its group; a claim
+    from a read of e1 at its old place (a poll's page, a replayed stream image) is refused, and
+    the group is delivered e2, e3, e1."""
+    s = _stores(make_backend)
+    s.outbox.publish([Event("t", {}, id=f"e{n}", group="G", ordered=True) for n in (1, 2, 3)])
+    stale = s.read("e1")
+    assert stale.seq == 1
+
+    def refuse(event: Event) -> None:
+        raise RuntimeError("down")
+
+    assert s.outbox.worker(refuse, batch_size=1, max_attempts=1, heartbeat=False).run_once() == 1
+    assert s.read("e1").status is EventStatus.FAILED
+    assert s.outbox.retry(group="G") == 1
+    assert s.read("e1").seq == 4
+    assert s.claim(path, stale) is None, "claimed at the place it had before the group retry"
+    order: list[str] = []
+    worker = s.outbox.worker(
+        lambda e: order.append(e.id) if e.group == "G" else None,
+        batch_claim=path == "claim_many",
+        heartbeat=False,
+    )
+    drain(worker, clock=s.clock)
+    assert order == ["e2", "e3", "e1"]
+
+
+def test_a_claim_behind_its_groups_head_is_refused(make_backend, path):
+    """Gate: e2 is not claimed while e1, its group's head, is in flight; once e1 is completed
+    it is."""
+    s = _stores(make_backend)
+    s.outbox.publish([Event("t", {}, id=f"e{n}", group="G", ordered=True) for n in (1, 2)])
+    head = s.claim(path, s.read("e1"))
+    assert head is not None
+    assert s.claim(path, s.read("e2")) is None, "claimed while its head is in flight"
+    assert s.store.finish_many([Outcome(head, "completed")], s.now(), 60_000) == [True]
+    s.clock.advance(2)  # past the time a refused place keeps out of the due queue
+    assert s.claim(path, s.read("e2")) is not None
+
+
+@pytest.mark.parametrize("kind", ["completed", "pending", "failed"])
+def test_an_outcome_or_renewal_after_a_takeover_is_refused(make_backend, path, kind):
+    """Lease: A's lease runs out and B claims the event; A's outcome and A's renewal are
+    refused, and B's outcome is written."""
+    s = _stores(make_backend)
+    s.outbox.publish(Event("t", {}, id="e1"))
+    a = s.claim(path, s.read("e1"), lease_ms=1_000)
+    assert a is not None
+    s.clock.advance(2)
+    b = s.claim(path, s.read("e1"))
+    assert b is not None and b.lease_token != a.lease_token
+    now = s.now()
+    outcome = Outcome(a, kind, due_ms=now, error="late")  # type: ignore[arg-type]
+    assert s.store.finish_many([outcome], now, 60_000) == [False]
+    assert s.store.extend_many([a], now + LEASE_MS, now) == [False]
+    assert s.read("e1").lease_token == b.lease_token
+    assert s.store.finish_many([Outcome(b, "completed")], now, 60_000) == [True]
