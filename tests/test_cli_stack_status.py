@@ -114,7 +114,11 @@ def test_status_shows_outputs_and_each_alarms_state_and_exits_1_while_one_fires(
     )
     assert "alarm DeadLetterAlarm: ALARM (dcs-DeadLetterAlarm-1A2B3C4D5E6F)" in out
     assert "  reason: 1 message" in out
-    assert f"  runbook: {ALARM_RUNBOOK['DeadLetterAlarm']}" in out
+    # its commands name the stack's table and the relay's namespace (pasted, they read them)
+    filled = ALARM_RUNBOOK["DeadLetterAlarm"].replace(
+        "`dynacoord ", "`dynacoord --table dc-status-table --namespace default "
+    )
+    assert f"  runbook: {filled}" in out
     assert "output TableName: dc-status-table" in out
 
 
@@ -166,3 +170,28 @@ def test_the_runbook_covers_every_alarm_of_the_template() -> None:
     body = template_body()
     for logical in ALARMS:  # its name is an output, for other tools
         assert f"  {logical}Name:\n" in body.split("\nOutputs:\n", 1)[1]
+
+
+def test_runbook_options_are_shell_quoted_and_carry_the_stacks_layout() -> None:
+    import shlex
+
+    from dynacoord import TableLayout
+    from dynacoord.provision.stack import _runbook_options
+
+    options = _runbook_options(
+        {},  # no outputs (an emulator that reports none): the parameter names the table
+        {
+            "TableName": "orders-coord",
+            "RelayNamespace": "eu orders's",
+            "PartitionKey": "PK",
+            "SortKey": "SK",
+            "KeyPrefix": "DC#",
+        },
+    )
+    words = shlex.split(options)
+    assert words[:4] == ["--table", "orders-coord", "--namespace", "eu orders's"]
+    assert words[4] == "--table-layout"
+    assert TableLayout.from_json(words[5]) == TableLayout(pk="PK", sk="SK", prefix="DC#")
+    assert len(words) == 6
+    # a stack whose table name is in neither: a placeholder that reads no other table
+    assert shlex.split(_runbook_options({}, {}))[:2] == ["--table", "TABLE"]

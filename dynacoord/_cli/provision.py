@@ -546,9 +546,18 @@ def _stack_status(ctx: Context) -> Any:
     lines += [f"output {key}: {value}" for key, value in found.outputs.items()]
     for a in found.alarms:
         lines.append(f"alarm {a.logical_id}: {a.state} ({a.name})")
-        if a.state != "OK":
+        if a.state == "ALARM":
             lines += [f"  reason: {a.reason}"] if a.reason else []
             lines.append(f"  runbook: {a.runbook}")
+        elif a.state == "INSUFFICIENT_DATA":
+            # a new stack's alarms start here, and a metric nothing wrote yet stays here: its
+            # alarm's runbook line would describe a condition that has not happened
+            lines.append(
+                "  no data yet: the alarm has no metric data to judge (a new stack, or nothing "
+                "measured yet); its runbook applies only once it is in ALARM"
+            )
+        elif a.state == "MISSING":
+            lines.append("  not found in CloudWatch (deleted by hand, or the emulator made none)")
     if not found.alarms:
         lines.append("alarms: none (Alarms=false, or an emulator that makes no alarms)")
     output: Any = result if ctx.json else "\n".join(lines)

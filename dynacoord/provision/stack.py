@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from .._clock import Clock
-from .._table_schema import TableLayout
+from .._table_schema import DEFAULT_LAYOUT, TableLayout
 from ..errors import DynacoordError, StackDeploymentError
 from ._aws import Progress, Refusal, call, noop, request, wait_for
 from ._template import (
@@ -568,6 +569,33 @@ ALARM_RUNBOOK: dict[str, str] = {
 }
 
 
+def _runbook_options(outputs: Mapping[str, str], parameters: Mapping[str, str]) -> str:
+    """The global options that point a pasted ``dynacoord`` command at the stack's outbox:
+    ``--table`` (the ``TableName`` output, else the parameter), ``--namespace`` (the
+    ``RelayNamespace`` parameter, the namespace the outbox alarms measure) and, for a layout
+    other than dynacoord's own, ``--table-layout``; shell-quoted. Without them a command pasted
+    during an alarm reads table ``dynacoord``, namespace ``default``: an empty outbox, a false
+    all-clear. A table name the stack does not say is left as ``TABLE`` (the command then
+    fails on a missing table rather than reading another one)."""
+    table = outputs.get("TableName") or parameters.get("TableName") or "TABLE"
+    words = ["--table", table, "--namespace", parameters.get("RelayNamespace") or "default"]
+    fields = {
+        field: parameters[name] for field, name in LAYOUT_PARAMETERS.items() if parameters.get(name)
+    }
+    try:
+        layout = TableLayout(**fields)
+    except (TypeError, ValueError):  # a template of another version: dynacoord's own names
+        layout = DEFAULT_LAYOUT
+    if not layout.is_default:
+        words += ["--table-layout", layout.to_json()]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _runbook(text: str, options: str) -> str:
+    """``text`` with ``options`` after the ``dynacoord`` of each command in backquotes."""
+    return text.replace("`dynacoord ", f"`dynacoord {options} ")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StackAlarm:
     """One alarm of the stack and its CloudWatch state."""
@@ -578,7 +606,9 @@ class StackAlarm:
     state: str
     reason: str
     updated: str
-    #: what it means and what to run first (:data:`ALARM_RUNBOOK`)
+    #: what it means when it fires and what to run first (:data:`ALARM_RUNBOOK`), its
+    #: ``dynacoord`` commands given the stack's table, namespace and layout (see
+    #: :func:`_runbook_options`)
     runbook: str
 
 
@@ -637,6 +667,11 @@ def stack_status(cfn_client: Any, cloudwatch_client: Any, stack_name: str) -> St
         answer = cloudwatch_client.describe_alarms(AlarmNames=missing[:100])
         for alarm in answer.get("MetricAlarms") or []:
             found[str(alarm["AlarmName"])] = alarm
+    parameters = {
+        str(p["ParameterKey"]): str(p.get("ParameterValue") or "")
+        for p in stack.get("Parameters") or []
+    }
+    options = _runbook_options(outputs, parameters)
     alarms = []
     for name, logical in sorted(by_name.items(), key=lambda item: alarm_ids.index(item[1])):
         alarm = found.get(name, {})
@@ -648,7 +683,7 @@ def stack_status(cfn_client: Any, cloudwatch_client: Any, stack_name: str) -> St
                 state=str(alarm.get("StateValue", "MISSING")),
                 reason=str(alarm.get("StateReason", "")),
                 updated=updated.isoformat() if isinstance(updated, datetime) else "",
-                runbook=ALARM_RUNBOOK.get(logical, ""),
+                runbook=_runbook(ALARM_RUNBOOK.get(logical, ""), options),
             )
         )
     return StackStatus(
