@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._validate import check_int, non_negative_seconds, ttl_to_ms
+from ._writers import Slot, lease, release, token_ms
 from .errors import InvalidValueError
 
 __all__ = [
     "BreakerWindow",
     "FailureRate",
+    "WindowWrite",
     "stale_window_names",
     "window_field",
     "window_from_fields",
@@ -143,12 +145,46 @@ def stale_window_names(names: tuple[str, ...], gen: int, oldest: int) -> list[st
     return stale
 
 
+class WindowWrite:
+    """Who sent one window write: a writer slot (dynacoord._writers) leased for it on its first
+    send and the token it carries. A write whose call raised may have applied; the breaker keeps
+    its slot leased (no other call of this process can write that slot in between) and sends the
+    same counts again under the same slot and token, which the store recognises as applied
+    instead of adding them twice. Stores take the slot with :meth:`take`; the breaker gives it
+    back with :meth:`release` once the write is answered (or given up)."""
+
+    __slots__ = ("_slot", "token")
+
+    def __init__(self) -> None:
+        self._slot: Slot | None = None
+        self.token = 0
+
+    def take(self, now_ms: int, window_ms: int) -> tuple[str, int]:
+        """The slot's name and the token of this write: leased at the first send (its client may
+        re-send it for up to ``window_ms``), the same ones at every later send."""
+        if self._slot is None:
+            self._slot, self.token = lease(now_ms, window_ms)
+        return self._slot.name, self.token
+
+    def recognised_at(self, now_ms: int) -> bool:
+        """Whether a send at ``now_ms`` is still recognised if the first applied: before the
+        token's time, stores keep its slot (past it, any writer may drop it as stale)."""
+        return self._slot is None or now_ms < token_ms(self.token)
+
+    def release(self) -> None:
+        """Give the slot back: the write was answered, or its counts given up."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            release(slot)
+
+
 class _LocalWindow:
     """This process's share of a FailureRate breaker's window: the counts not written yet
     (bucket -> [calls, failures]) of generation ``gen``, the window as this process's last
-    write left it (``seen``), and when it last wrote (monotonic seconds)."""
+    write left it (``seen``), when it last wrote (monotonic seconds), and the write whose call
+    raised (``unanswered``: its counts and who sent it), sent again before any other."""
 
-    __slots__ = ("flushed_at", "gen", "lock", "pending", "seen")
+    __slots__ = ("flushed_at", "gen", "lock", "pending", "seen", "unanswered")
 
     def __init__(self, now: float) -> None:
         self.lock = threading.Lock()
@@ -156,6 +192,7 @@ class _LocalWindow:
         self.pending: dict[int, list[int]] = {}
         self.seen: BreakerWindow | None = None
         self.flushed_at = now
+        self.unanswered: tuple[dict[int, tuple[int, int]], WindowWrite] | None = None
 
     def adopt(self, gen: int) -> None:
         """Another generation is stored (a trip or reset since): counts of the old one are
@@ -164,3 +201,6 @@ class _LocalWindow:
             self.gen = gen
             self.pending = {}
             self.seen = None
+            if self.unanswered is not None:
+                self.unanswered[1].release()
+                self.unanswered = None

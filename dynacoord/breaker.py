@@ -77,6 +77,7 @@ from . import keys
 from ._breaker_window import (
     BreakerWindow,
     FailureRate,
+    WindowWrite,
     _LocalWindow,
     stale_window_names,
     window_field,
@@ -100,6 +101,7 @@ __all__ = [
     "FailureRate",
     "StartTrialResult",
     "State",
+    "WindowWrite",
     "stale_window_names",
     "window_field",
     "window_from_fields",
@@ -265,11 +267,19 @@ class BreakerStore(Protocol):
         gen: int,
         counts: Mapping[int, tuple[int, int]],
         oldest: int,
+        *,
+        write: WindowWrite | None = None,
     ) -> BreakerWindow | None:
         """Add ``counts`` (bucket -> (calls, failures)) to the window of generation ``gen``,
         only while the breaker is closed (or absent) in that generation, and drop the stored
         counts of other generations and of buckets before ``oldest``; the window after the write
-        (None: refused). A counting write: a retry whose first answer was lost adds once."""
+        (None: refused). A counting write: a retry whose first answer was lost adds once.
+
+        ``write`` names who sends it: its slot and token (``write.take(now_ms, window_ms)``,
+        the store's own window) are the same at every send of one write, so a send after one
+        whose call raised finds its token and answers the window as stored, adding nothing
+        (the breaker gives the slot back; the store never does). Without it, a slot is leased
+        for the call alone."""
         ...
 
     def trip_window(self, name: str, now_ms: int, gen: int) -> BreakerRecord | None:
@@ -700,7 +710,13 @@ class CircuitBreaker:
         """Write the calls this process counted and has not written yet (FailureRate policy;
         nothing otherwise), and trip the breaker if the stored window then crosses the
         threshold. Calls are written every ``flush_interval`` as they end; call this where a
-        process may stop for a while (the end of a Lambda invocation, a shutdown)."""
+        process may stop for a while (the end of a Lambda invocation, a shutdown).
+
+        A write whose call raised may have applied: it is kept as it was (its counts, slot and
+        token) and the next flush sends it again first, so the store adds its counts once
+        whether or not the first applied (the calls counted since go in a write of their own).
+        Past its token's time (the client's retry window) it can no longer be recognised and
+        its counts are dropped rather than risk counting them twice."""
         window = self._window
         policy = self.policy
         if window is None or policy is None:
@@ -709,21 +725,61 @@ class CircuitBreaker:
         oldest = now // policy.bucket_ms - policy.buckets + 1
         with window.lock:
             batch, window.pending = window.pending, {}
+            unanswered, window.unanswered = window.unanswered, None
             gen = window.gen
             window.flushed_at = self.clock.monotonic()
+        stored: BreakerWindow | None = None
+        if unanswered is not None:
+            # A write whose call raised may have applied: send the same counts again under the
+            # same slot and token (the store recognises them), before and apart from the counts
+            # made since, so that they are added once either way.
+            old_counts, write = unanswered
+            old_counts = {b: c for b, c in old_counts.items() if b >= oldest}
+            if not old_counts or not write.recognised_at(now):
+                # aged out of the window, or too late to be recognised: given up rather than
+                # risk counting them twice (a process that dies loses as much)
+                write.release()
+            else:
+                try:
+                    stored = self._write_window(now, gen, old_counts, oldest, write)
+                except BaseException:
+                    self._keep_unanswered(gen, batch, unanswered)
+                    raise
+                if stored is None:
+                    return
         counts = {b: (c, f) for b, (c, f) in batch.items() if b >= oldest}
-        if not counts:
+        if counts:
+            write = WindowWrite()
+            try:
+                stored = self._write_window(now, gen, counts, oldest, write)
+            except BaseException:
+                self._keep_unanswered(gen, {}, (counts, write))
+                raise
+            if stored is None:
+                return
+        if stored is None:
             return
-        try:
-            stored = self._store.add_window(self.name, now, gen, counts, oldest)
-        except BaseException:
-            with window.lock:  # not written: keep them for the next flush
-                if window.gen == gen:
-                    for bucket, (c, f) in counts.items():
-                        pending = window.pending.setdefault(bucket, [0, 0])
-                        pending[0] += c
-                        pending[1] += f
-            raise
+        if policy.trips(*stored.totals(oldest)):
+            self._drop_cached()
+            # every process whose write crossed the threshold tries; the generation lets one win
+            if self._store.trip_window(self.name, now, gen) is not None:
+                self._transition(State.CLOSED, State.OPEN)
+
+    def _write_window(
+        self,
+        now: int,
+        gen: int,
+        counts: dict[int, tuple[int, int]],
+        oldest: int,
+        write: WindowWrite,
+    ) -> BreakerWindow | None:
+        """One window write of ``counts`` sent by ``write`` (see :meth:`flush`); the stored window
+        (None: refused, the window is gone). Raises what the store raised, ``write``'s slot
+        still leased: the write may have applied."""
+        window = self._window
+        assert window is not None
+        stored = self._store.add_window(self.name, now, gen, counts, oldest, write=write)
+        write.release()  # answered: its slot may carry other writes now
         if stored is None:
             # Not closed, or another generation: the counts belong to a window that is gone;
             # read the state on the next call.
@@ -731,15 +787,31 @@ class CircuitBreaker:
             with window.lock:
                 if window.gen == gen:
                     window.seen = None
-            return
+            return None
         with window.lock:
             if window.gen == gen:
                 window.seen = stored
-        if policy.trips(*stored.totals(oldest)):
-            self._drop_cached()
-            # every process whose write crossed the threshold tries; the generation lets one win
-            if self._store.trip_window(self.name, now, gen) is not None:
-                self._transition(State.CLOSED, State.OPEN)
+        return stored
+
+    def _keep_unanswered(
+        self,
+        gen: int,
+        batch: dict[int, list[int]],
+        unanswered: tuple[dict[int, tuple[int, int]], WindowWrite],
+    ) -> None:
+        """A window write raised: keep it to be sent again as it was (it may have applied), and
+        the counts not sent yet (``batch``) for the next flush, unless the generation moved on."""
+        window = self._window
+        assert window is not None
+        with window.lock:
+            if window.gen != gen:
+                unanswered[1].release()  # a window that is gone: nothing to recognise
+                return
+            for bucket, (c, f) in batch.items():
+                pending = window.pending.setdefault(bucket, [0, 0])
+                pending[0] += c
+                pending[1] += f
+            window.unanswered = unanswered
 
     # -- public API -----------------------------------------------------------------------------
 

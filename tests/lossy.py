@@ -1,5 +1,17 @@
 """The ``lossy`` fixture: a backend whose chosen write requests are applied, then lose their response.
 
+Three kinds of fault, armed per write:
+
+* **applied and re-sent** (:meth:`Lossy.lose_next`): the write applies, its answer is lost and the
+  client library's own retry sends it again inside the same call (the call returns normally).
+* **applied and then raised** (:meth:`Lossy.raise_next`): the write applies, its answer is lost
+  and the call *raises* to its caller: botocore after its last attempt (the first timed out after
+  it applied, the retries could not connect), redis-py once its retries failed to reconnect,
+  pymongo's ``AutoReconnect``. The caller must treat the write as "maybe applied", never as "not
+  written", and its next attempt must recognise it.
+* **not applied and raised** (``raise_next(applied=False)``): the same error, raised before the
+  request left the client: nothing was written.
+
 What it reproduces: a write reaches the server and is applied, the answer never reaches the
 client (a read timeout, a reset connection, a 5xx from a proxy), and the client library's *own*
 retry sends the same request again. botocore (standard mode), redis-py (``Retry`` on
@@ -35,6 +47,19 @@ How each backend loses a response:
   without server-side deduplication does. Names are collection method names (``insert_one``,
   ``update_one``, ``find_one_and_update``, ``bulk_write``...).
 
+How each backend raises (``raise_next``):
+
+* ``dynamodb``: the hook sends the request for real (``applied=True``) or not at all, then raises
+  botocore's ``EndpointConnectionError``; a ``needs-retry`` hook registered first answers "no
+  retry" for that very exception, so it reaches the caller as it does after botocore's last
+  attempt (without the backoff's sleeps).
+* ``redis``: the reply is read for real (``applied=True``), or the command is not sent at all;
+  then ``ConnectionError`` is raised, and each re-send of the same packed command by redis-py's
+  retry (up to :data:`REDIS_RETRIES`, or until this thread sends another write) fails to
+  "connect" before anything is sent: the error reaches the caller after the client's retries.
+* ``mongo``: the call is made (``applied=True``) or not, then ``pymongo.errors.AutoReconnect``
+  is raised.
+
 Rules shared by all three:
 
 * Only a write whose first attempt *succeeded* loses its response (HTTP 200 on DynamoDB, a reply
@@ -44,6 +69,10 @@ Rules shared by all three:
 * ``count`` counts distinct requests: the client's retry of a request whose response was lost is
   delivered normally (it is never lost itself).
 * ``lost`` is the number of responses dropped so far; assert it to prove the fault fired.
+  ``raised`` counts the calls made to raise (both ``raise_next`` kinds; an ``applied=True`` one
+  counts in ``lost`` too).
+* An ``applied=False`` fault fires on the next matching write whatever its answer would have
+  been (nothing is sent).
 """
 
 from __future__ import annotations
@@ -59,7 +88,20 @@ from dynacoord._backend import Backend
 from dynacoord._clock import Clock
 from dynacoord.testing import DynamoDBLocal, unique_name
 
-__all__ = ["DYNAMODB_WRITES", "MONGO_WRITES", "REDIS_NOT_WRITES", "Lossy", "lossy"]
+__all__ = [
+    "DYNAMODB_WRITES",
+    "MONGO_WRITES",
+    "REDIS_NOT_WRITES",
+    "REDIS_RETRIES",
+    "Lossy",
+    "lossy",
+]
+
+#: re-sends redis-py makes of a command that failed with ConnectionError (``Retry(NoBackoff(), 3)``)
+REDIS_RETRIES = 3
+
+#: the kinds of fault: applied and re-sent by the client, applied then raised, raised unsent
+RESENT, RAISED, UNSENT = "resent", "raised", "unsent"
 
 #: DynamoDB operations that can lose their response (everything else is a read).
 DYNAMODB_WRITES = frozenset(
@@ -116,19 +158,24 @@ class _Faults:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # one per response to lose: an operation (or None: any) and what runs in the gap
-        self._slots: list[tuple[str | None, Callable[[], object] | None]] = []
+        # one per fault: an operation (or None: any), what runs in the gap, and the kind
+        self._slots: list[tuple[str | None, Callable[[], object] | None, str]] = []
         self._retrying = threading.local()  # per thread: fingerprint of the request just lost
         self.lost = 0
+        self.raised = 0
         self.log: list[tuple[str, bool]] = []  # (operation, lost) of every write seen
 
     def arm(
-        self, count: int, operation: str | None, then: Callable[[], object] | None = None
+        self,
+        count: int,
+        operation: str | None,
+        then: Callable[[], object] | None = None,
+        kind: str = RESENT,
     ) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
         with self._lock:
-            self._slots.extend([(operation, then)] * count)
+            self._slots.extend([(operation, then, kind)] * count)
 
     def is_retry(self, fingerprint: Any) -> bool:
         """True (once) when this thread re-sends the request whose response was just lost."""
@@ -136,15 +183,30 @@ class _Faults:
         self._retrying.fingerprint = None
         return previous is not None and previous == fingerprint
 
-    def wants(self, operation: str) -> bool:
-        """Whether a (successful) write of ``operation`` is to lose its response: consumes the
-        first armed slot that matches, and runs the slot's ``then`` (the write is applied, its
-        retry not sent yet)."""
+    def _first(self, operation: str) -> int | None:
+        return next(
+            (i for i, (slot, _, _) in enumerate(self._slots) if slot in (None, operation)), None
+        )
+
+    def wants(self, operation: str) -> str | None:
+        """The kind of fault a (successful) write of ``operation`` is to suffer (None: none):
+        consumes the first armed slot that matches, and runs the slot's ``then`` (the write is
+        applied, its retry or the caller's error not there yet)."""
         with self._lock:
-            index = next(
-                (i for i, (slot, _) in enumerate(self._slots) if slot in (None, operation)), None
-            )
+            index = self._first(operation)
             if index is None:
+                return None
+            _, then, kind = self._slots.pop(index)
+        if then is not None:
+            then()
+        return kind
+
+    def unsent(self, operation: str) -> bool:
+        """Whether the next write of ``operation`` is to raise before it is sent (consumes the
+        slot and runs its ``then``)."""
+        with self._lock:
+            index = self._first(operation)
+            if index is None or self._slots[index][2] != UNSENT:
                 return False
             then = self._slots.pop(index)[1]
         if then is not None:
@@ -153,15 +215,22 @@ class _Faults:
 
     def armed_for(self, operation: str) -> bool:
         with self._lock:
-            return any(slot is None or slot == operation for slot, _ in self._slots)
+            return self._first(operation) is not None
 
     def record(self, operation: str, lost: bool, fingerprint: Any = None) -> None:
         with self._lock:
             self.log.append((operation, lost))
             if lost:
                 self.lost += 1
-        if lost:
+        if lost and fingerprint is not None:
             self._retrying.fingerprint = fingerprint
+
+    def record_raised(self, operation: str, applied: bool) -> None:
+        with self._lock:
+            self.log.append((operation, applied))
+            self.raised += 1
+            if applied:
+                self.lost += 1
 
 
 class Lossy:
@@ -193,10 +262,30 @@ class Lossy:
         the write applied and before its retry: another process's request that lands there."""
         self._faults.arm(count, operation, then)
 
+    def raise_next(
+        self,
+        count: int = 1,
+        *,
+        operation: str | None = None,
+        applied: bool = True,
+        then: Callable[[], object] | None = None,
+    ) -> None:
+        """The next ``count`` WRITE requests (only those named ``operation`` when given) raise
+        to their caller the error the client raises once its retries are spent: after being
+        applied for real (``applied=True``: only a write that succeeded, as for
+        :meth:`lose_next`) or without being sent (``applied=False``). ``then`` runs after the
+        write applied (or would have been sent) and before the caller sees the error."""
+        self._faults.arm(count, operation, then, RAISED if applied else UNSENT)
+
     @property
     def lost(self) -> int:
-        """Responses dropped so far."""
+        """Responses dropped so far (``raise_next(applied=True)`` included)."""
         return self._faults.lost
+
+    @property
+    def raised(self) -> int:
+        """Calls made to raise so far by :meth:`raise_next` (either kind)."""
+        return self._faults.raised
 
     @property
     def log(self) -> list[tuple[str, bool]]:
@@ -204,7 +293,7 @@ class Lossy:
         return list(self._faults.log)
 
     def __repr__(self) -> str:
-        return f"Lossy(kind={self.kind!r}, lost={self.lost})"
+        return f"Lossy(kind={self.kind!r}, lost={self.lost}, raised={self.raised})"
 
 
 # -- DynamoDB -------------------------------------------------------------------------------------
@@ -222,7 +311,7 @@ def _dynamodb_lossy_client(dynamodb_local: DynamoDBLocal, faults: _Faults) -> An
     import urllib3
     from botocore.awsrequest import AWSResponse
     from botocore.config import Config
-    from botocore.exceptions import ReadTimeoutError
+    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
     http = urllib3.PoolManager(maxsize=32)
     client = dynamodb_local.client(
@@ -233,6 +322,13 @@ def _dynamodb_lossy_client(dynamodb_local: DynamoDBLocal, faults: _Faults) -> An
             read_timeout=30,
         )
     )
+    # the errors raised to the caller as after botocore's last attempt: never retried
+    final: threading.local = threading.local()
+
+    def raise_final(url: str) -> None:
+        error = EndpointConnectionError(endpoint_url=url)
+        final.error = error
+        raise error
 
     def hook(request: Any, event_name: str, **_: Any) -> Any:
         operation = event_name.rsplit(".", 1)[-1]
@@ -243,6 +339,9 @@ def _dynamodb_lossy_client(dynamodb_local: DynamoDBLocal, faults: _Faults) -> An
         if faults.is_retry(fingerprint) or not faults.armed_for(operation):
             faults.record(operation, False)
             return None
+        if faults.unsent(operation):
+            faults.record_raised(operation, False)
+            raise_final(request.url)
         # Send the signed request for real: the write is applied (or refused) by the server.
         real = http.request(
             request.method,
@@ -252,14 +351,25 @@ def _dynamodb_lossy_client(dynamodb_local: DynamoDBLocal, faults: _Faults) -> An
             retries=False,
             preload_content=True,
         )
-        if real.status == 200 and faults.wants(operation):
+        kind = faults.wants(operation) if real.status == 200 else None
+        if kind == RAISED:
+            faults.record_raised(operation, True)
+            raise_final(request.url)
+        if kind is not None:
             faults.record(operation, True, fingerprint)
             raise ReadTimeoutError(endpoint_url=request.url)
         # A refusal (or a fault already taken by another thread): hand the real answer back.
         faults.record(operation, False)
         return AWSResponse(request.url, real.status, dict(real.headers), _RawBody(real.data))
 
+    def no_retry(caught_exception: Any = None, **_: Any) -> Any:
+        if caught_exception is not None and caught_exception is getattr(final, "error", None):
+            final.error = None
+            return False  # botocore's answer after its last attempt: raise it
+        return None
+
     client.meta.events.register("before-send.dynamodb", hook)
+    client.meta.events.register_first("needs-retry.dynamodb", no_retry)
     return client
 
 
@@ -290,6 +400,15 @@ def _redis_connection_class(faults: _Faults) -> type:
     import redis
     from redis.exceptions import ResponseError
 
+    # per thread: the packed command whose call is to raise, and how many re-sends of it by
+    # the client's retry still fail before anything is sent
+    failing = threading.local()
+
+    def fail(fingerprint: bytes, applied: bool, name: str) -> None:
+        failing.fingerprint, failing.left = fingerprint, REDIS_RETRIES
+        what = "the reply was lost" if applied else "not sent"
+        raise redis.exceptions.ConnectionError(f"injected: {name}, {what}, connection refused")
+
     class LossyConnection(redis.Connection):
         """Reads each reply for real; a lossable one is then dropped with a ConnectionError."""
 
@@ -298,26 +417,40 @@ def _redis_connection_class(faults: _Faults) -> type:
             self._expect: deque[tuple[str, bool, bytes]] = deque()
 
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            super().send_packed_command(command, check_health=check_health)
-            # Recorded after sending: a health check inside the send reads its own reply first.
             fingerprint = b"".join(
                 bytes(c) for c in ([command] if isinstance(command, bytes) else command)
             )
             names = _command_names(command)
+            expect: list[tuple[str, bool, bytes]] = []
             in_multi = False
             multi_writes = False
             for name in names:
                 if name == "MULTI":
                     in_multi, multi_writes = True, False
-                    self._expect.append((name, False, fingerprint))
+                    expect.append((name, False, fingerprint))
                 elif name == "EXEC" and in_multi:
                     in_multi = False
-                    self._expect.append((name, multi_writes, fingerprint))
+                    expect.append((name, multi_writes, fingerprint))
                 elif in_multi:  # the reply is QUEUED: nothing applied yet
                     multi_writes = multi_writes or name not in REDIS_NOT_WRITES
-                    self._expect.append((name, False, fingerprint))
+                    expect.append((name, False, fingerprint))
                 else:
-                    self._expect.append((name, name not in REDIS_NOT_WRITES, fingerprint))
+                    expect.append((name, name not in REDIS_NOT_WRITES, fingerprint))
+            writes = [name for name, write, _ in expect if write]
+            if writes and getattr(failing, "fingerprint", None) is not None:
+                if failing.fingerprint == fingerprint and failing.left > 0:
+                    failing.left -= 1  # the client's retry of a call that is to raise
+                    self.disconnect()
+                    raise redis.exceptions.ConnectionError("injected: connection refused")
+                failing.fingerprint = None
+            for name in writes:
+                if faults.unsent(name):
+                    faults.record_raised(name, False)
+                    self.disconnect()
+                    fail(fingerprint, False, name)
+            super().send_packed_command(command, check_health=check_health)
+            # Recorded after sending: a health check inside the send reads its own reply first.
+            self._expect.extend(expect)
 
         def read_response(self, *args: Any, **kwargs: Any) -> Any:
             if not self._expect:
@@ -333,9 +466,14 @@ def _redis_connection_class(faults: _Faults) -> type:
             except ResponseError:
                 faults.record(name, False)  # refused: not applied, the fault stays armed
                 raise
-            if not faults.wants(name):
+            kind = faults.wants(name)
+            if kind is None:
                 faults.record(name, False)
                 return reply
+            if kind == RAISED:
+                faults.record_raised(name, True)
+                self.disconnect()
+                fail(fingerprint, True, name)
             faults.record(name, True, (name, fingerprint))
             self.disconnect()
             raise redis.exceptions.ConnectionError(f"injected: the reply to {name} was lost")
@@ -395,10 +533,19 @@ class LossyCollection:
         faults = self._faults
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            from pymongo.errors import AutoReconnect
+
+            if faults.unsent(name):
+                faults.record_raised(name, False)
+                raise AutoReconnect(f"injected: {name} not sent, connection refused")
             first = attr(*args, **kwargs)  # raises when refused: nothing applied, still armed
-            if not faults.wants(name):
+            kind = faults.wants(name)
+            if kind is None:
                 faults.record(name, False)
                 return first
+            if kind == RAISED:
+                faults.record_raised(name, True)
+                raise AutoReconnect(f"injected: {name} applied, its answer lost")
             faults.record(name, True)
             return attr(*args, **kwargs)  # the retry, as the server sees it
 

@@ -28,6 +28,7 @@ from ...breaker import (
     BreakerWindow,
     StartTrialResult,
     State,
+    WindowWrite,
     _state,
     stale_window_names,
     window_field,
@@ -36,6 +37,7 @@ from ...breaker import (
 from ...keys import BREAKER_SK, breaker_pk
 from ._table import (
     REQUEST_TOKEN,
+    SLOT_PREFIX,
     ConditionFailedError,
     CountingToken,
     DynamoTable,
@@ -157,6 +159,7 @@ class DynamoDBBreakerStore:
         attr_values: dict[str, Any],
         token: CountingToken | None = None,
         now_ms: int = 0,
+        write: WindowWrite | None = None,
     ) -> dict[str, Any] | None:
         """One UpdateItem with ``attr_values`` (marshalled, as :func:`values` makes them); the
         returned attributes, raw (or {}), or None if the condition failed.
@@ -172,7 +175,9 @@ class DynamoDBBreakerStore:
         }
         if condition is not None:
             kwargs["ConditionExpression"] = condition
-        if token is not None:  # a counting write (old_on_failure): its slot and token added
+        if token is not None and write is not None:  # the slot and token of ``write``
+            response = self._counting_as(write, token, now_ms, kwargs)
+        elif token is not None:  # a counting write (old_on_failure): its slot and token added
             response = counting_update(self._table, token, now_ms, **kwargs)
         elif old_on_failure:
             kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
@@ -184,6 +189,36 @@ class DynamoDBBreakerStore:
                 return None
         attributes: dict[str, Any] = response.get("Attributes", {})
         return attributes
+
+    def _counting_as(
+        self, write: WindowWrite, token: CountingToken, now_ms: int, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """:func:`counting_update` sent with the slot and token ``write`` holds across its sends
+        (leased at the first, given back by the breaker) instead of a slot leased for this call
+        alone: a send after one whose call raised is refused with its own token, "applied"."""
+        kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        table = self._table
+        stale_slots = table.state.stale_slots
+        if token.prunes and stale_slots:
+            token.prune = stale_slots.pop(token.pk, ())
+        slot, value = write.take(token.now_ms, table.count_window_ms)
+        token.name = SLOT_PREFIX + slot
+        token.token = str(value)
+        while True:
+            try:
+                response = table.call("update_item", **token.apply(kwargs))
+            except ConditionFailedError as failed:
+                if (
+                    token.prune
+                    and not token.applied(failed.raw)
+                    and token.refused_by_prune(failed.raw)
+                ):
+                    token.prune = ()  # a stale slot written again since it was seen
+                    continue
+                token.observe(failed.raw, now_ms, stale_slots)
+                raise
+            token.observe(response.get("Attributes"), now_ms, stale_slots)
+            return response
 
     def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
         return _record(self._table.get_raw(self._key(name), consistent=consistent))
@@ -251,6 +286,8 @@ class DynamoDBBreakerStore:
         gen: int,
         counts: Mapping[int, tuple[int, int]],
         oldest: int,
+        *,
+        write: WindowWrite | None = None,
     ) -> BreakerWindow | None:
         # ADD: concurrent writes of many processes all land. The condition keeps counts out of
         # a window that is gone: another generation (a trip or reset since they were counted)
@@ -291,6 +328,7 @@ class DynamoDBBreakerStore:
                 attr_values=attr_values,
                 token=token,
                 now_ms=now_ms,
+                write=write,
             )
         except ConditionFailedError as failed:
             window = _window(failed.raw or {}, gen)

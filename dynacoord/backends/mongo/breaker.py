@@ -42,12 +42,14 @@ from ...breaker import (
     BreakerWindow,
     StartTrialResult,
     State,
+    WindowWrite,
     stale_window_names,
     window_field,
     window_from_fields,
 )
 from ...keys import breaker_key
 from ._collection import (
+    COUNT_WINDOW_MS,
     CountingToken,
     MongoCollection,
     literal,
@@ -58,6 +60,16 @@ from ._collection import (
 __all__ = ["MongoBreakerStore"]
 
 _CLOSED, _OPEN, _HALF = State.CLOSED.value, State.OPEN.value, State.HALF_OPEN.value
+
+
+def _held_token(write: WindowWrite, now_ms: int) -> CountingToken:
+    """A counting token carrying the slot and token ``write`` holds across its sends (no slot of
+    its own: :meth:`CountingToken.release` gives nothing back, the breaker does)."""
+    token = CountingToken.__new__(CountingToken)
+    token._slot = None
+    token.writer, token.token = write.take(now_ms, COUNT_WINDOW_MS)
+    token.field = "w." + token.writer
+    return token
 
 
 def _stamped(
@@ -356,6 +368,8 @@ class MongoBreakerStore:
         gen: int,
         counts: Mapping[int, tuple[int, int]],
         oldest: int,
+        *,
+        write: WindowWrite | None = None,
     ) -> BreakerWindow | None:
         inc: dict[str, int] = {}
         for bucket, (calls, failures) in counts.items():
@@ -372,7 +386,7 @@ class MongoBreakerStore:
             update["$unset"] = dict.fromkeys(stale, "")
         # generation 0 is a document that no trip or reset has touched: no ``wgen`` yet
         in_gen: dict[str, Any] = {"wgen": gen} if gen else {"wgen": {"$exists": False}}
-        token = CountingToken(now_ms)
+        token = CountingToken(now_ms) if write is None else _held_token(write, now_ms)
         try:
             doc = self._modify(
                 name,

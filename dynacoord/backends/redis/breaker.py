@@ -30,9 +30,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...breaker import BreakerRecord, BreakerWindow, StartTrialResult, window_from_fields
+from ...breaker import (
+    BreakerRecord,
+    BreakerWindow,
+    StartTrialResult,
+    WindowWrite,
+    window_from_fields,
+)
 from ...keys import breaker_key
 from ._conn import (
+    COUNT_WINDOW_MS,
     LUA_REPLY,
     LUA_TOKENS,
     RedisConn,
@@ -348,8 +355,15 @@ class RedisBreakerStore:
         gen: int,
         counts: Mapping[int, tuple[int, int]],
         oldest: int,
+        *,
+        write: WindowWrite | None = None,
     ) -> BreakerWindow | None:
-        args: list[Any] = [now_ms, gen, oldest, counting_token(now_ms)]
+        if write is None:
+            token: str = counting_token(now_ms)
+        else:  # the same slot and token at every send of this write (a plain str: kept leased)
+            slot, value = write.take(now_ms, COUNT_WINDOW_MS)
+            token = f"{slot}:{value}"
+        args: list[Any] = [now_ms, gen, oldest, token]
         for bucket, (calls, failures) in sorted(counts.items()):
             args += [bucket, calls, failures]
         ok, rest = self._run(_ADD_WINDOW, name, args, "breaker add_window", tokens=True)
