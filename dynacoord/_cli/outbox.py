@@ -65,9 +65,19 @@ def register(subparsers: Any) -> None:
         sub,
         "work",
         _work,
-        "deliver due events to handlers or a relay; loops until SIGINT/SIGTERM unless --once",
+        "deliver due events to handlers or a relay; loops until SIGINT/SIGTERM unless --once "
+        "or --until-idle",
     )
-    work.add_argument("--once", action="store_true", help="one poll, then exit (cron, Lambda)")
+    mode = work.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--once", action="store_true", help="one poll (one batch), then exit (cron, Lambda)"
+    )
+    mode.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="batch after batch until nothing is due, then exit with the counts (a drain; "
+        "events retried later are not waited for)",
+    )
     work.add_argument(
         "--handler",
         dest="handler_specs",
@@ -284,6 +294,29 @@ def _handlers(ctx: Context) -> Any:
     return mapping
 
 
+def _until_idle(ctx: Context, worker: Any) -> int:
+    """Poll until a poll claims nothing (nothing due, or what is due is claimed by others or
+    waits behind its group's head); SIGINT/SIGTERM stop it after the current event. Each poll
+    reads the whole queue up to a batch, so one that claims nothing means nothing was due for
+    this worker then; events a handler failed are due again only after their backoff."""
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: worker.stop())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    handled = 0
+    try:
+        while not worker.stopping:
+            batch = worker.run_once()
+            if batch == 0:
+                break
+            handled += batch
+            ctx.progress(f"{worker.name}: handled {handled} event(s) so far ...")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return handled
+
+
 def _work(ctx: Context) -> Any:
     args = ctx.args
     handlers = _handlers(ctx)
@@ -298,6 +331,8 @@ def _work(ctx: Context) -> Any:
     )
     if args.once:
         handled = worker.run_once()
+    elif args.until_idle:
+        handled = _until_idle(ctx, worker)
     else:
         ctx.progress(f"{worker.name}: working (SIGINT/SIGTERM to stop after the current event)")
         previous = {
@@ -317,7 +352,7 @@ def _work(ctx: Context) -> Any:
         "failed": worker.failed,
         "lost_leases": worker.lost,
     }
-    if args.once and worker.failed:
+    if (args.once or args.until_idle) and worker.failed:
         # A cron job's exit status is its alarm: a run that gave up on events is not a success.
         # (The loop's failures are in its log and in `outbox failed`; a stop exits 0.)
         raise CommandFailed(
