@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import InvalidKeyError
@@ -34,6 +34,8 @@ class StreamRelayStore:
     _items: OutboxItems
     _requests: OutboxRequests
     _batch: BatchWriter
+    #: the outbox store's outcome writes under a claim
+    finish_many: Callable[[Sequence[Outcome], int, int | None], list[bool]]
 
     def get_many(self, event_ids: Sequence[str], now_ms: int) -> dict[str, EventRecord]:
         """The stored events of ``event_ids``, read consistently, up to 100 a request (read
@@ -69,8 +71,15 @@ class StreamRelayStore:
         event): each ``(seen, outcome)`` only while the event is still as ``seen`` (pending,
         unclaimed, the same attempts and due time), counting the attempt with the outcome. One
         bool each: False where a worker had claimed or finished it meanwhile. Unordered events
-        only: an ordered one moves its group's gate, which takes a claim."""
+        only: an ordered one moves its group's gate, which takes a claim.
+
+        A refusal that shows the outcome's own lease token means the relay's lease keeper
+        claimed the event under that token (its claim applied though its call may have raised):
+        the outcome is then written under that claim, a second request for those events."""
         results: dict[int, bool] = {}
+        # refused by the relay's own claim: its lease keeper's claim applied though its call
+        # raised (the keeper never learnt it), so the outcome goes under that claim
+        own_claim: list[int] = []
         entries: list[Entry] = []
         for index, (seen, outcome) in enumerate(settled):
             if seen.seq is not None or not outcome.count_attempt:
@@ -91,6 +100,8 @@ class StreamRelayStore:
             assert entry.index is not None
             if item is None:
                 results[entry.index] = retention_ms is None  # deleted by this very write
+            elif item.get("lease_token") == entry.token:
+                own_claim.append(entry.index)
             else:
                 results[entry.index] = item.get("finished_by") == entry.token
 
@@ -108,6 +119,9 @@ class StreamRelayStore:
             results[entry.index] = False
 
         self._batch.write(entries, Answers(refused, written, rejected))
+        if own_claim:
+            stored = self.finish_many([settled[i][1] for i in own_claim], now_ms, retention_ms)
+            results.update(zip(own_claim, stored, strict=True))
         return [results.get(i, False) for i in range(len(settled))]
 
     def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:
