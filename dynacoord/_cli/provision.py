@@ -424,9 +424,9 @@ def _stack_deploy(ctx: Context) -> Any:
                 "--relay needs --code-bucket BUCKET (an S3 bucket in the stack's region for "
                 "the code bundle)"
             )
-        from ..provision import check_stack_parameters, stack_parameters
+        from ..provision import check_stack_parameters
 
-        current = stack_parameters(_aws_client(ctx, "cloudformation"), ctx.args.stack_name)
+        current = _stack_now(ctx)
         # every value checked before the bundle is built and uploaded
         check_stack_parameters(
             {
@@ -447,6 +447,7 @@ def _stack_deploy(ctx: Context) -> Any:
         parameters.update(Relay="true", RelayHandlers=relay, CodeS3Bucket=bucket, CodeS3Key=key)
         parameters["ReconcileHandler"] = ctx.args.reconcile or ""
         parameters.setdefault("RelayNamespace", ctx.args.namespace)
+    _refuse_an_existing_table(ctx, str(parameters.get("TableName") or ""), _stack_now(ctx))
     # a layout given (option or environment) sets the table parameters; none keeps the stack's
     given_layout = ctx.args.table_layout or os.environ.get("DYNACOORD_TABLE_LAYOUT")
     result = deploy_stack(
@@ -465,6 +466,44 @@ def _stack_deploy(ctx: Context) -> Any:
         "changed": result.changed,
         "outputs": result.outputs,
     }
+
+
+def _stack_now(ctx: Context) -> dict[str, str] | None:
+    """The stack's parameters (None: it does not exist), read once per command."""
+    from ..provision import stack_parameters
+
+    if not hasattr(ctx.args, "_stack_now"):
+        cfn = _aws_client(ctx, "cloudformation")
+        ctx.args._stack_now = stack_parameters(cfn, ctx.args.stack_name)
+    found: dict[str, str] | None = ctx.args._stack_now
+    return found
+
+
+def _refuse_an_existing_table(ctx: Context, table: str, current: dict[str, str] | None) -> None:
+    """A deploy that would make the stack create table ``table`` while a table of that name
+    exists (the one an earlier ``stack delete`` kept, DeletionPolicy Retain) fails in
+    CloudFormation after minutes of rollback (and through an emulator as an unreadable answer):
+    say what to do instead, before anything is sent. One DescribeTable; a check that cannot be
+    made (no permission) leaves it to CloudFormation."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ..errors import StackDeploymentError
+
+    if not table or (current is not None and current.get("TableName") == table):
+        return  # a generated name, or the stack's own table
+    try:
+        _aws_client(ctx, "dynamodb").describe_table(TableName=table)
+    except (ClientError, BotoCoreError):
+        return  # not found (the usual case), or not ours to know
+    raise StackDeploymentError(
+        f"table {table!r} already exists (kept by an earlier `stack delete`?) and a stack cannot "
+        "create a table that exists: deploy with another name (--parameter TableName=NEW), "
+        "import the table into the stack (docs/deployment.md#after-stack-delete), or delete it "
+        f"and every item: `dynacoord --table {table} table delete --yes "
+        "--disable-deletion-protection`; nothing was sent to CloudFormation",
+        stack_name=ctx.args.stack_name,
+        events=[],
+    )
 
 
 def _stack_delete(ctx: Context) -> Any:
