@@ -199,9 +199,16 @@ def _layout(ctx: Context) -> Any:
         raise UsageError(f"{where}: {exc}") from exc
 
 
+#: the TTL finding's advice, which is no advice on a table whose keys do not fit
+_TTL_ADVICE = "; ensure_table or `dynacoord table create` enables it"
+
+
 def _fail_with_problems(ctx: Context, table: str, problems: list[str]) -> None:
     """Print the report on stdout and fail with one summary line (exit 1) that ends with the fix
     when there is one to run."""
+    wrong_keys = any(p.startswith("table key schema is") for p in problems)
+    if wrong_keys:  # `table create` leaves such a table alone: it enables no TTL there
+        problems = [p.replace(_TTL_ADVICE, "") for p in problems]
     emit(ctx, {"table": table, "ok": False, "problems": problems} if ctx.json else problems)
     fix = ""
     if problems == [f"table {table!r} does not exist"]:
@@ -210,22 +217,52 @@ def _fail_with_problems(ctx: Context, table: str, problems: list[str]) -> None:
             f": create it with `dynacoord --table {table} table create` (or deploy the stack), "
             f"or fix the table name or region (region {region})"
         )
-    elif any(p.startswith("table key schema is") for p in problems) and not (
-        ctx.args.table_layout or os.environ.get("DYNACOORD_TABLE_LAYOUT")
-    ):
-        fix = (
-            ". If it is your application's table with other key names, give them with "
-            '--table-layout \'{"pk": "PK", "sk": "SK", "index": "GSI1", "index_pk": "GSI1PK", '
-            '"index_sk": "GSI1SK"}\' (or DYNACOORD_TABLE_LAYOUT)'
-        )
+    elif wrong_keys:
+        fix = _key_schema_hint(ctx, table)
     raise TableNotReadyError(
         f"table {table!r} is not usable: {len(problems)} problem(s): " + "; ".join(problems) + fix,
         table_name=table,
     )
 
 
+def _key_schema_hint(ctx: Context, table: str) -> str:
+    """What can help a table whose keys are not the layout's: its own key names as a layout
+    when it has two string keys (one more DescribeTable), else a table of dynacoord's own (a
+    table's keys cannot change, and dynacoord needs a string partition and sort key)."""
+    from .._table_schema import TableLayout
+
+    described = ctx.client().describe_table(TableName=table)["Table"]
+    keys = {k["KeyType"]: str(k["AttributeName"]) for k in described.get("KeySchema", [])}
+    types = {
+        str(d["AttributeName"]): d["AttributeType"]
+        for d in described.get("AttributeDefinitions", [])
+    }
+    pk, sk = keys.get("HASH"), keys.get("RANGE")
+    if pk and sk and types.get(pk) == types.get(sk) == "S":
+        try:
+            fitted: TableLayout = _layout(ctx).replace(pk=pk, sk=sk)
+        except (UsageError, ValueError) as exc:
+            return (
+                f". Its keys cannot be dynacoord's: {exc}. Give dynacoord a table of its own, "
+                "beside this one: `dynacoord --table NEW table create` (or the stack)"
+            )
+        return (
+            f". If it is your application's table, give dynacoord its key names: "
+            f"--table-layout '{fitted.to_json()}' (or DYNACOORD_TABLE_LAYOUT; `table create` "
+            "then adds the index and TTL that are missing)"
+        )
+    shape = f"{pk} ({types.get(pk or '', '?')})" + (
+        f" + {sk} ({types.get(sk, '?')})" if sk else " alone"
+    )
+    return (
+        f". Its keys ({shape}) cannot change and no --table-layout fits them: dynacoord needs a "
+        "string partition key and a string sort key. Give dynacoord a table of its own, beside "
+        "this one: `dynacoord --table NEW table create` (or the stack)"
+    )
+
+
 def _table_create(ctx: Context) -> Any:
-    from ..provision import ensure_table, verify_table
+    from ..provision import ensure_table, is_warning, verify_table
 
     capacities = (ctx.args.read_capacity, ctx.args.write_capacity)
     if ctx.args.billing_mode != "PROVISIONED" and capacities != (None, None):
@@ -236,6 +273,7 @@ def _table_create(ctx: Context) -> Any:
         )
     layout = _layout(ctx)
     client = ctx.client()
+    refused: TableNotReadyError | None = None
     try:
         created = ensure_table(
             client,
@@ -252,11 +290,24 @@ def _table_create(ctx: Context) -> Any:
         # an existing table with another key schema, left as it is: a table with problems
         # (exit 1, as `table verify`), not a usage error
         created = False
-    problems = verify_table(client, ctx.table_name, layout=layout)
+    except TableNotReadyError as exc:
+        # TTL on the application's own attribute (ensure_table never takes it over): usable,
+        # with a note, as `table verify` says; anything else is raised below
+        created, refused = False, exc
+    found = verify_table(client, ctx.table_name, layout=layout)
+    problems = [p for p in found if not is_warning(p)]
+    warnings = [p for p in found if is_warning(p)]
     if problems:  # an existing table with another schema: ensure_table does not alter it
-        _fail_with_problems(ctx, ctx.table_name, problems)
+        _fail_with_problems(ctx, ctx.table_name, problems + warnings)
+    if refused is not None and not warnings:
+        raise refused
+    for warning in warnings:
+        print(f"dynacoord: warning: {warning}", file=sys.stderr)
     ctx.progress(f"table {ctx.table_name} is ready" + ("" if created else " (it already existed)"))
-    return {"table": ctx.table_name, "created": created, "ok": True}
+    result: dict[str, Any] = {"table": ctx.table_name, "created": created, "ok": True}
+    if warnings:
+        result["warnings"] = warnings
+    return result
 
 
 def _table_verify(ctx: Context) -> Any:

@@ -311,9 +311,10 @@ def _refused_for_protection(refusal: Refusal) -> bool:
 
 
 def is_warning(problem: str) -> bool:
-    """Whether a :func:`verify_table` finding leaves the table usable: only TTL being off (every
-    read treats expired items as absent; they are just never garbage-collected)."""
-    return problem.startswith(("TTL is DISABLED", "TTL is DISABLING"))
+    """Whether a :func:`verify_table` finding leaves the table usable: only TTL off, or on the
+    application's own attribute (every read treats expired items as absent; dynacoord's are
+    just never garbage-collected, as the backend's own warning says)."""
+    return problem.startswith(("TTL is DISABLED", "TTL is DISABLING", "TTL is enabled on"))
 
 
 def verify_table(client: Any, table_name: str, *, layout: TableLayout | None = None) -> list[str]:
