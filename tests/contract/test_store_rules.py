@@ -195,6 +195,37 @@ RULES: dict[str, Rule] = {
             "mongo": "mongo-breaker-trial-slots-bounded",
         },
     ),
+    "idempotency-claim-only-if-free": Rule(
+        "idempotency",
+        "one claim per key: a call while another is in progress is refused, never run",
+        "test_idempotency.py::test_duplicate_while_in_progress_raises",
+        guards={
+            "dynamodb": "ddb-idempotency-claim-only-if-free",
+            "redis": "redis-idempotency-claim-only-if-free",
+            "mongo": "mongo-write-only-if-free",
+        },
+    ),
+    "idempotency-complete-own-claim": Rule(
+        "idempotency",
+        "a call whose claim was taken over cannot complete or release the claim that took its key",
+        "test_idempotency_takeover.py::"
+        "test_a_late_call_cannot_complete_or_release_the_claim_that_took_its_key",
+        guards={
+            "dynamodb": "ddb-idempotency-complete-own-claim",
+            "redis": "redis-idempotency-complete-own-claim",
+            "mongo": "mongo-idempotency-complete-own-claim",
+        },
+    ),
+    "join-member-once": Rule(
+        "counters",
+        "a join counts each member once and completes once, after all of them",
+        "test_counters.py::test_join_completes_only_after_all_members_and_fires_once",
+        guards={
+            "dynamodb": "ddb-join-member-once",
+            "redis": "redis-join-member-once",
+            "mongo": "mongo-join-member-once",
+        },
+    ),
 }
 
 
