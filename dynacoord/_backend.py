@@ -8,6 +8,9 @@ semantics cannot drift between DynamoDB, Redis and MongoDB.
 from __future__ import annotations
 
 import abc
+import difflib
+import logging
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -35,7 +38,61 @@ if TYPE_CHECKING:
     _R = TypeVar("_R")
     _T = TypeVar("_T")
 
-__all__ = ["Backend"]
+__all__ = ["KNOWN_VARIABLES", "Backend", "unknown_variables", "warn_unknown_variables"]
+
+#: every ``DYNACOORD_*`` environment variable dynacoord reads (the library, the CLI, the
+#: bundled stack's functions, the examples); ``DYNACOORD_MODEL_*`` are the test suite's own
+KNOWN_VARIABLES = frozenset(
+    {
+        "DYNACOORD_TABLE",
+        "DYNACOORD_NAMESPACE",
+        "DYNACOORD_TABLE_LAYOUT",
+        "DYNACOORD_ENDPOINT_URL",
+        "DYNACOORD_GLOBAL_TABLE_WRITES",
+        "DYNACOORD_OUTBOX_LAG_METRICS",
+        "DYNACOORD_OUTBOX_HANDLERS",
+        "DYNACOORD_OUTBOX_OPTIONS",
+        "DYNACOORD_HANDLER_SETTINGS",
+        "DYNACOORD_RECONCILE_HANDLER",
+        "DYNACOORD_RECONCILE_AFTER",
+        "DYNACOORD_REDIS_URL",
+        "DYNACOORD_REDIS_CLUSTER",
+        "DYNACOORD_MONGODB_URI",
+        "DYNACOORD_MONGODB_DATABASE",
+        "DYNACOORD_MONGODB_COLLECTION",
+        "DYNACOORD_TRACING",
+        "DYNACOORD_DEMO_BACKEND",
+    }
+)
+_env_logger = logging.getLogger("dynacoord.env")
+_reported: set[str] = set()
+
+
+def unknown_variables() -> list[str]:
+    """The ``DYNACOORD_*`` variables of the environment that dynacoord does not read, sorted."""
+    return sorted(
+        name
+        for name in os.environ
+        if name.startswith("DYNACOORD_")
+        and name not in KNOWN_VARIABLES
+        and not name.startswith("DYNACOORD_MODEL_")
+    )
+
+
+def warn_unknown_variables() -> None:
+    """Log a warning for each unknown ``DYNACOORD_*`` variable, once per process, with the
+    closest known name: a misspelt ``DYNACOORD_NAMESAPCE`` is otherwise ignored silently and
+    the code runs in namespace ``default``."""
+    for name in unknown_variables():
+        if name in _reported:
+            continue
+        _reported.add(name)
+        close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1)
+        _env_logger.warning(
+            "environment variable %s is not one dynacoord reads%s: it is ignored",
+            name,
+            f" (did you mean {close[0]}?)" if close else "",
+        )
 
 
 class Backend(abc.ABC):

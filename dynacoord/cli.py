@@ -126,6 +126,9 @@ def _resolve_globals(args: argparse.Namespace) -> None:
     for every service the command calls (an emulator serving them all). ``DYNACOORD_NAMESPACE``
     counts as given, so that ``iam-policy`` narrows the policy to it.
     """
+    from ._backend import warn_unknown_variables
+
+    warn_unknown_variables()  # a misspelt DYNACOORD_NAMESPACE would read namespace default
     env_namespace = os.environ.get("DYNACOORD_NAMESPACE") or None
     args.namespace_given = args.namespace is not None or env_namespace is not None
     args.namespace = args.namespace or env_namespace or "default"
@@ -231,7 +234,7 @@ def _failure(exc: Exception, table: str) -> tuple[int, str]:
             "AWS_DEFAULT_REGION); nothing was sent"
         )
     if name in ("NoCredentialsError", "PartialCredentialsError") and module.startswith("botocore"):
-        return 1, f"dynacoord: error: {exc}: configure AWS credentials (AWS_PROFILE, ...)"
+        return 1, f"dynacoord: error: no AWS credentials ({exc}): configure them (AWS_PROFILE, ...)"
     if name == "ResponseParserError" and module.startswith("botocore"):
         return 1, (
             f"dynacoord: error: the endpoint answered something that is not the service's "

@@ -17,6 +17,7 @@ __all__ = [
     "CircuitOpenError",
     "ConfigurationError",
     "CounterTypeError",
+    "CredentialsError",
     "DuplicateEventError",
     "DynacoordError",
     "GlobalTableError",
@@ -84,6 +85,15 @@ class BackendError(DynacoordError):
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class CredentialsError(BackendError):
+    """The AWS client has no credentials (botocore's ``NoCredentialsError``, chained as the
+    cause): nothing was sent. ``region`` is the client's."""
+
+    def __init__(self, message: str, *, region: str | None = None) -> None:
+        super().__init__(message, code="NoCredentials")
+        self.region = region
 
 
 class TableNotReadyError(BackendError):
