@@ -19,10 +19,20 @@ def register(subparsers: Any) -> None:
     add_command(sub, "stats", _stats, "count pending (and due), in-flight and failed events")
 
     failed = add_command(sub, "failed", _failed, "list failed events, oldest failure first")
-    failed.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    failed.add_argument(
+        "--limit",
+        type=_limit,
+        default=100,
+        help="at most this many (default 100; a note on stderr when more are left)",
+    )
 
     pending = add_command(sub, "pending", _pending, "list pending events, earliest due first")
-    pending.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    pending.add_argument(
+        "--limit",
+        type=_limit,
+        default=100,
+        help="at most this many (default 100; a note on stderr when more are left)",
+    )
     pending.add_argument("--due", action="store_true", help="only events due now")
 
     show = add_command(sub, "show", _show, "show one event and its delivery state")
@@ -114,13 +124,38 @@ def _stats(ctx: Context) -> Any:
     return ctx.backend().outbox.stats().as_dict()
 
 
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _listed(ctx: Context, what: str, records: list[Any]) -> list[Any]:
+    """The first ``--limit`` of ``records`` (one more was read): a listing cut there says so on
+    stderr, or a reader takes the first 100 for all of them."""
+    limit = ctx.args.limit
+    if len(records) > limit:
+        print(
+            f"dynacoord: note: the first {limit} {what} events are listed and more are left: "
+            "give a larger --limit, or see the counts with `dynacoord outbox stats`",
+            file=sys.stderr,
+        )
+    return [r.as_dict() for r in records[:limit]]
+
+
 def _failed(ctx: Context) -> Any:
-    return [r.as_dict() for r in ctx.backend().outbox.failed(limit=ctx.args.limit)]
+    records = ctx.backend().outbox.failed(limit=ctx.args.limit + 1)
+    return _listed(ctx, "failed", records)
 
 
 def _pending(ctx: Context) -> Any:
     outbox = ctx.backend().outbox
-    return [r.as_dict() for r in outbox.pending(limit=ctx.args.limit, due_only=ctx.args.due)]
+    records = outbox.pending(limit=ctx.args.limit + 1, due_only=ctx.args.due)
+    return _listed(ctx, "due" if ctx.args.due else "pending", records)
 
 
 def _show(ctx: Context) -> Any:
