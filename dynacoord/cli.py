@@ -229,9 +229,17 @@ def _failure(exc: Exception, table: str) -> tuple[int, str]:
     name = type(exc).__name__
     module = type(exc).__module__
     if name == "NoRegionError" and module.startswith("botocore"):
+        other = [v for v in ("DYNACOORD_REDIS_URL", "DYNACOORD_MONGODB_URI") if os.environ.get(v)]
+        # a Redis or MongoDB user trying the CLI on their store: the region is not the problem
+        also = (
+            f" ({other[0]} is set, but the CLI works on DynamoDB only; Redis and MongoDB are "
+            "used from Python: docs/redis.md, docs/backends.md)"
+            if other
+            else ""
+        )
         return 2, (
             "dynacoord: error: no AWS region: pass --region REGION (or set AWS_REGION or "
-            "AWS_DEFAULT_REGION); nothing was sent"
+            f"AWS_DEFAULT_REGION){also}; nothing was sent"
         )
     if name in ("NoCredentialsError", "PartialCredentialsError") and module.startswith("botocore"):
         return 1, f"dynacoord: error: no AWS credentials ({exc}): configure them (AWS_PROFILE, ...)"
