@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .common import Context, add_command
@@ -16,8 +17,9 @@ def register(subparsers: Any) -> None:
     status.add_argument(
         "--reset-timeout",
         type=float,
-        default=30.0,
-        help="the breaker's reset_timeout in seconds, to compute retry_after (default 30)",
+        default=None,
+        help="the breaker's reset_timeout in seconds, to compute retry_after (the table does "
+        "not store it; default 30, the library's, with a note)",
     )
 
     reset = add_command(sub, "reset", _reset, "close a breaker and forget its failures")
@@ -37,9 +39,24 @@ def _status_dict(status: Any) -> dict[str, Any]:
     }
 
 
+#: the library's default reset_timeout (BreakerOptions), assumed when none is given
+_DEFAULT_RESET_TIMEOUT = 30.0
+
+
 def _status(ctx: Context) -> Any:
-    breaker = ctx.backend().breaker(ctx.args.name, reset_timeout=ctx.args.reset_timeout)
-    return _status_dict(breaker.status())
+    given = ctx.args.reset_timeout
+    reset_timeout = _DEFAULT_RESET_TIMEOUT if given is None else given
+    breaker = ctx.backend().breaker(ctx.args.name, reset_timeout=reset_timeout)
+    status = breaker.status()
+    if given is None and status.retry_after is not None:
+        # the stored state has no reset timeout: retry_after is only as right as this guess
+        print(
+            f"dynacoord: note: retry_after assumes a reset timeout of {reset_timeout:g} s (the "
+            "library's default; the table does not store the breaker's): pass --reset-timeout S "
+            "for the one your code uses",
+            file=sys.stderr,
+        )
+    return {**_status_dict(status), "reset_timeout": reset_timeout}
 
 
 def _reset(ctx: Context) -> Any:
