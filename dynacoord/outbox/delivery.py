@@ -19,11 +19,19 @@ from ..errors import ConfigurationError
 from ..metrics import MetricsScope
 from ._decide import CLAIMED_TOO_OFTEN, NO_HANDLER, SUCCEEDED, Result, decide, no_handler_error
 from ._decide import raised as handler_raised
-from .event import Event, EventRecord, EventStatus
+from .event import Event, EventRecord, EventStatus, new_event_id
 from .options import DeliveryHooks, WorkerOptions
 from .store import OutboxStore, Outcome
 
-__all__ = ["MAX_ERROR_BYTES", "ClaimedBatch", "Delivery", "Handler", "LeaseKeeper"]
+__all__ = [
+    "MAX_ERROR_BYTES",
+    "ClaimedBatch",
+    "Delivery",
+    "Handler",
+    "LeaseKeeper",
+    "claim_token",
+    "counted_attempts",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +51,46 @@ def error_text(exc: BaseException) -> str:
         return data.decode("utf-8")
     # cut on a character boundary ("ignore" drops a character the cut split)
     return data[: MAX_ERROR_BYTES - 3].decode("utf-8", "ignore") + "..."
+
+
+#: Lease tokens are random hex digits (:func:`~.event.new_event_id`) with, on some claims, a first
+#: character that says what the claim was (it costs no byte, and stores compare tokens whole):
+#: ``SURE_MARK``: a claim of one event whose handler runs at once (a claim that ends without an
+#: outcome ended in that event's own handler); ``RECLAIM_MARK``: as sure, and the stored attempts
+#: hold one claim that does not count (see :func:`counted_attempts`). Other tokens (a batch's
+#: claims, the stream relay's) are not sure: their event may have waited behind a batchmate.
+SURE_MARK = "s"
+RECLAIM_MARK = "r"
+
+
+def claim_token(seen: EventRecord | None = None) -> str:
+    """A lease token for a claim of one event whose handler runs at once: ``seen`` is the event
+    as read (None: a pending event). An expired lease held by a claim that was not sure is
+    re-claimed with one attempt not counted (:data:`RECLAIM_MARK`); others are sure."""
+    mark = SURE_MARK
+    if seen is not None and seen.status is EventStatus.IN_FLIGHT:
+        held_by = seen.lease_token or ""
+        if not held_by.startswith(SURE_MARK):  # not sure, or a re-claim (its attempt not counted)
+            mark = RECLAIM_MARK
+    return mark + new_event_id()[1:]
+
+
+def counted_attempts(record: EventRecord) -> int:
+    """The attempts of a claimed event that count towards ``max_attempts``: its handler's starts
+    as far as the store can tell.
+
+    Every claim counts an attempt when it is written. A claim of a batch that ended without an
+    outcome (its process was killed) may never have started its event's handler: a batchmate of
+    the event that killed the process. So an expired lease is re-claimed *alone*, and run at
+    once, and when the claim that held it was not sure (a batch's) the re-claim does not count
+    that claim's attempt (its own counts instead): a poison event's batchmates are not charged,
+    and a poison event, re-claimed alone, is charged one attempt per death in its own handler
+    (one death more than ``max_attempts`` at most). A re-claim's outcome gives the uncounted
+    attempt back to the store."""
+    token = record.lease_token
+    if token is not None and token.startswith(RECLAIM_MARK) and record.attempts > 1:
+        return record.attempts - 1
+    return record.attempts
 
 
 def _handler_table(
@@ -109,12 +157,27 @@ class Delivery:
         return self._handlers.get(event_type) or self._handlers.get("*")
 
     def handle(self, record: EventRecord) -> Outcome:
-        """Run ``record``'s handler (its attempts counted as in ``record``) and decide the
-        outcome; nothing is written."""
-        event = record.event.with_attempt(record.attempts)
-        if record.status is EventStatus.IN_FLIGHT and record.attempts > 1:
-            logger.debug("%s: event %r attempt %d", self.name, event.id, record.attempts)
-        if record.attempts > self.options.max_attempts:
+        """Run ``record``'s handler (its attempts counted as in ``record``, see
+        :func:`counted_attempts`) and decide the outcome; nothing is written."""
+        attempts = counted_attempts(record)
+        if attempts != record.attempts:
+            # A re-claim: its outcome is decided on the attempts that count, and gives the
+            # dead claim's attempt back (stored with it) if the event goes back to pending.
+            # Its handler still sees the claim's number (``event.attempt``: how many times it
+            # was claimed, the dead claim included).
+            counted = dataclasses.replace(record, attempts=attempts)
+            outcome = self._handle(counted, record.attempts)
+            if outcome.kind == "pending" and outcome.count_attempt:
+                outcome = dataclasses.replace(outcome, count_attempt=False)
+            return outcome
+        return self._handle(record, attempts)
+
+    def _handle(self, record: EventRecord, claim_number: int) -> Outcome:
+        attempts = record.attempts
+        event = record.event.with_attempt(claim_number)
+        if record.status is EventStatus.IN_FLIGHT and attempts > 1:
+            logger.debug("%s: event %r attempt %d", self.name, event.id, attempts)
+        if attempts > self.options.max_attempts:
             # Every earlier claim ended without an outcome (see decide): not run again.
             return self._decide(record, CLAIMED_TOO_OFTEN)
         handler = self.handler_for(event.type)
@@ -179,10 +242,13 @@ class Delivery:
 
     # -- outcomes --------------------------------------------------------------------------------
 
-    def store_outcomes(self, outcomes: Sequence[Outcome]) -> list[bool]:
+    def store_outcomes(
+        self, outcomes: Sequence[Outcome], counted_lost: Iterable[str] = ()
+    ) -> list[bool]:
         """Store ``outcomes`` of claimed events (each under its claim) and count them; one bool
         each, False where the claim had been taken over. Their leases are kept while the
-        outcomes are written, and let go after."""
+        outcomes are written, and let go after. A refusal of an event of ``counted_lost`` is
+        not counted again."""
         if not outcomes:
             return []
         ids = [o.record.id for o in outcomes]
@@ -193,8 +259,10 @@ class Delivery:
         written = self.store.finish_many(outcomes, now_ms(self.clock), self.retention_ms)
         if keeper is not None:
             keeper.release(ids)
+        quiet = set(counted_lost)
         for outcome, ok in zip(outcomes, written, strict=True):
-            self.count(outcome, ok)
+            if ok or outcome.record.id not in quiet:
+                self.count(outcome, ok)
         return written
 
     def count(self, outcome: Outcome, stored: bool) -> None:
@@ -268,6 +336,8 @@ class ClaimedBatch:
         self._failed_unstored: set[str] = set()
         self._flush_by = 0
         self._flush_failed = False  # the last store of outcomes raised
+        #: given back because their lease ran out before their turn (counted as lost already)
+        self._ran_out: set[str] = set()
 
     def run(
         self,
@@ -301,7 +371,10 @@ class ClaimedBatch:
                         self._hold_back(record, group)
                         continue
                 if not delivery.still_held(record):
-                    self._settled.add(record.id)
+                    # Given back unhandled, no attempt counted, if it is still ours (nobody took
+                    # it): a sure claim left in flight would be counted as a death in its handler.
+                    self._give_back([record])
+                    self._ran_out.add(record.id)
                     if group is not None:
                         # Its place may still be undelivered (another worker has it, or it went
                         # back to pending): the rest of its group waits behind it.
@@ -361,7 +434,7 @@ class ClaimedBatch:
         someone else has the head: its group is held back from here on."""
         outcomes = self._outcomes
         self._flush_failed = True
-        stored = self.delivery.store_outcomes(outcomes)
+        stored = self.delivery.store_outcomes(outcomes, self._ran_out)
         self._flush_failed = False
         self._outcomes = []  # only once stored: after an error they are stored with the give-backs
         for outcome, ok in zip(outcomes, stored, strict=True):

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._clock import Clock, now_ms
 from ..metrics import NO_SCOPE, MetricsScope
-from .delivery import MAX_ERROR_BYTES, ClaimedBatch, Delivery, Handler
+from .delivery import MAX_ERROR_BYTES, ClaimedBatch, Delivery, Handler, claim_token
 from .event import EventRecord, EventStatus, new_event_id
 from .options import DEFAULT_RETENTION_SECONDS, DeliveryHooks, MissingHandlerPolicy, WorkerOptions
 from .store import OutboxStore
@@ -250,25 +250,38 @@ class OutboxWorker:
             turns: list[threading.Lock] = []
             try:
                 candidates = self._poll(turns)
-                claimed = self._claim_batch(candidates) if candidates else []
-                if candidates and not claimed:
-                    self._shard_skew += 1
+                if candidates and candidates[0].status is EventStatus.IN_FLIGHT:
+                    claimed = []  # expired leases: claimed one at a time (below)
+                else:
+                    claimed = self._claim_batch(candidates) if candidates else []
+                    if candidates and not claimed:
+                        self._shard_skew += 1
             finally:
                 for turn in turns:
                     turn.release()
             if not claimed:
-                return 0
+                return self._deliver_alone(candidates, keep_going) if candidates else 0
             return ClaimedBatch(self.delivery, claimed).run(keep_going, lambda: self.stopping)
         candidates = self._poll()
         if not candidates:
             return 0
-        handled = 0
         # Workers polling together see the same oldest events; a shuffled order spreads them.
         random.shuffle(candidates)
+        return self._deliver_alone(candidates, keep_going)
+
+    def _deliver_alone(
+        self, candidates: list[EventRecord], keep_going: Callable[[], bool] | None
+    ) -> int:
+        """Claim and deliver ``candidates`` one at a time (each claim holds one event, its
+        outcome stored before the next claim). An expired lease (its holder died or froze
+        without an outcome) is re-claimed under a marked token
+        (:func:`~.delivery.reclaim_token`): whatever kills the process from here on is that
+        event's own doing, which the attempt counting relies on (a poison event fails alone)."""
+        handled = 0
         for seen in candidates:
             if self.stopping or (keep_going is not None and not keep_going()):
                 break
-            token = new_event_id()  # a lease token: the same random 128-bit form
+            token = claim_token(seen)  # its handler runs at once: a sure claim
             now = now_ms(self.clock)
             record = self._store.claim(seen, token, now + self.lease_ms, now)
             if record is None:
@@ -304,6 +317,10 @@ class OutboxWorker:
                     break
             full = len(found) >= self.batch_size
             self._next_zombie_scan_ms = 0 if full else now + max(1, self.lease_ms // 2)
+            if found and turns is not None:
+                # Expired leases are claimed alone, one at a time (a batch one of them killed
+                # must not charge the others again): the due queue waits for the next poll.
+                return found
             if full:
                 return found
         shards = self._shards
@@ -379,7 +396,9 @@ class OutboxWorker:
     def _claim_batch(self, candidates: list[EventRecord]) -> list[EventRecord]:
         if self.stopping:
             return []
-        tokens = [new_event_id() for _ in candidates]
+        # A lease token: the same random 128-bit form as an event id; a claim of one event is
+        # sure (its handler runs at once, see delivery.claim_token).
+        tokens = [claim_token()] if len(candidates) == 1 else [new_event_id() for _ in candidates]
         now = now_ms(self.clock)
         return self._store.claim_many(candidates, tokens, now + self.lease_ms, now)
 

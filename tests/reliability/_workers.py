@@ -18,14 +18,17 @@ from dynacoord.testing import DUMMY_CREDENTIALS
 VICTIM_LEASE = 15
 
 
-def make_backend(target: tuple[str, ...], namespace: str) -> Any:
-    """A backend in this process: ``("dynamodb", endpoint_url, table)`` or ``("redis", port)``."""
+def make_backend(target: tuple[str, ...], namespace: str, **options: Any) -> Any:
+    """A backend in this process: ``("dynamodb", endpoint_url, table)`` or ``("redis", port)``;
+    ``options`` (a ``clock``, ...) go to the backend."""
     if target[0] == "redis":
         import redis
 
         from dynacoord.backends.redis import RedisBackend
 
-        return RedisBackend(redis.Redis(host="127.0.0.1", port=int(target[1])), namespace=namespace)
+        return RedisBackend(
+            redis.Redis(host="127.0.0.1", port=int(target[1])), namespace=namespace, **options
+        )
     import boto3
     from botocore.config import Config
 
@@ -38,7 +41,7 @@ def make_backend(target: tuple[str, ...], namespace: str) -> Any:
         config=Config(retries={"max_attempts": 8, "mode": "standard"}),
         **DUMMY_CREDENTIALS,
     )
-    return DynamoDBBackend(client, table_name=table, namespace=namespace)
+    return DynamoDBBackend(client, table_name=table, namespace=namespace, **options)
 
 
 def lock_worker(
@@ -196,3 +199,31 @@ def outbox_batch_victim(
     worker = outbox.worker(handle, lease=lease, heartbeat=False, batch_size=5)
     worker.run_once()
     results.put((worker.delivered, worker.lost, handled))
+
+
+def outbox_poison_round(
+    target: tuple[str, ...], namespace: str, at: float, max_attempts: int, results: Any
+) -> None:
+    """One process of the poison-event test: a worker (its clock fixed at ``at``) polls until it
+    finds nothing. A handler of a ``"kill"`` event SIGKILLs this process; one of a ``"raise"``
+    event raises; each start is reported (event id, attempt) on ``results`` first."""
+    import signal
+
+    from dynacoord import ManualClock
+
+    one_shard = {"shards": 1} if target[0] == "dynamodb" else {}  # one queue: e1 first
+    outbox = make_backend(target, namespace, clock=ManualClock(at), **one_shard).outbox
+
+    def handler(event: Any) -> None:
+        results.put((event.id, event.attempt))
+        if event.payload == "kill":
+            time.sleep(0.2)  # let the queue's feeder thread send the report first
+            os.kill(os.getpid(), signal.SIGKILL)
+        if event.payload == "raise":
+            raise RuntimeError(f"{event.id} refused")
+
+    worker = outbox.worker(
+        handler, lease=30, max_attempts=max_attempts, backoff=0, max_backoff=0, heartbeat=False
+    )
+    while worker.run_once():
+        pass
