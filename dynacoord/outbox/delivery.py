@@ -7,6 +7,7 @@ what a worker holds, one per worker for its whole life."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import random
 import threading
@@ -93,10 +94,33 @@ def counted_attempts(record: EventRecord) -> int:
     return record.attempts
 
 
+def _is_async(handler: object) -> bool:
+    """Whether calling ``handler`` makes a coroutine (or an async generator) instead of running
+    it: an ``async def`` (also inside ``functools.partial``), or an object whose ``__call__``
+    is one. A class is called to make an instance: it is not async."""
+    if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+        return True
+    if isinstance(handler, type) or inspect.isroutine(handler):
+        return False
+    # The type's __call__ (what calling an instance runs): every callable object has one.
+    call = type(handler).__call__
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+
+
+def _check_sync(handler: object, what: str) -> None:
+    if _is_async(handler):
+        raise ConfigurationError(
+            f"{what} is async ({handler!r}): the worker calls handlers synchronously, so its "
+            "coroutine would never run and the event would be stored as delivered. Give a "
+            "plain function (for async code: def handler(event): asyncio.run(send(event)))"
+        )
+
+
 def _handler_table(
     handlers: Handler | Mapping[str, Handler],
 ) -> tuple[Handler | None, dict[str, Handler] | None]:
-    """(one handler for every type, None) or (None, the handlers by event type), checked."""
+    """(one handler for every type, None) or (None, the handlers by event type), checked: an
+    async handler is refused (see :func:`_is_async`)."""
     if isinstance(handlers, Mapping):
         for event_type, handler in handlers.items():
             if not isinstance(event_type, str) or not event_type:
@@ -105,8 +129,10 @@ def _handler_table(
                 )
             if not callable(handler):
                 raise ConfigurationError(f"handler for {event_type!r} is not callable")
+            _check_sync(handler, f"the handler for {event_type!r}")
         return None, dict(handlers)
     if callable(handlers):
+        _check_sync(handlers, "the handler")
         return handlers, None
     raise ConfigurationError(
         "handlers must be a callable or a mapping of event type to callable, got "
