@@ -161,12 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _WarningLines(logging.Formatter):
-    """A library log record as a ``dynacoord: warning:`` line: ``dynacoord: error:`` stays the
-    one line of the command's own failure (an event that failed in ``outbox work`` is logged at
-    ERROR by the worker, and the command then says what it means for its exit)."""
+    """A library log record as a ``dynacoord: warning:`` line, or ``dynacoord: error:`` for a
+    record at ERROR or above (an event ``outbox work`` marked failed): a reader scanning for
+    errors finds it; the command's own last line still says what it means for its exit."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"dynacoord: warning: {record.getMessage()}"
+        level = "error" if record.levelno >= logging.ERROR else "warning"
+        return f"dynacoord: {level}: {record.getMessage()}"
 
 
 def _show_library_warnings() -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from .common import CommandFailed, Context, UsageError, add_command
@@ -193,7 +196,8 @@ def _retry(ctx: Context) -> Any:
                 f"{', '.join(moved.not_failed)}"
             )
         return {"retried": moved.retried}
-    report = ctx.backend().outbox.retry_report(ids)
+    with _unlogged("dynacoord.outbox.publisher", "retry: no such events"):
+        report = ctx.backend().outbox.retry_report(ids)
     if report.not_found or report.not_failed:
         parts = [f"retried {len(report.retried)}"]
         if report.not_found:
@@ -202,6 +206,22 @@ def _retry(ctx: Context) -> Any:
             parts.append(f"not failed: {', '.join(report.not_failed)}")
         raise CommandFailed("; ".join(parts))
     return {"retried": report.retried}
+
+
+@contextlib.contextmanager
+def _unlogged(logger_name: str, prefix: str) -> Iterator[None]:
+    """Drop the records of ``logger_name`` whose message starts with ``prefix`` meanwhile: the
+    command says the same in its own error line, and two lines for one fact read as two."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(prefix)
+
+    target = logging.getLogger(logger_name)
+    target.addFilter(keep)
+    try:
+        yield
+    finally:
+        target.removeFilter(keep)
 
 
 #: failed events read per round of ``retry --all``
