@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,6 +54,14 @@ class WorkerGroup:
         self._numbers = itertools.count()
         self._turns: dict[int, threading.Lock] = {}
         self._guard = threading.Lock()
+        _groups.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: new turns. A thread of the parent may have held one across its poll
+        when the process forked; the child has no such thread to let it go, and every worker the
+        child makes would block on its first poll."""
+        self._turns = {}
+        self._guard = threading.Lock()
 
     def join(self) -> int:
         """The number of a new worker of the group (0, 1, ...)."""
@@ -61,6 +71,19 @@ class WorkerGroup:
         """The turn at ``shard``'s queue (``_ZOMBIE_TURN``: at the expired-lease scan)."""
         with self._guard:
             return self._turns.setdefault(shard, threading.Lock())
+
+
+#: every WorkerGroup of the process (made new in a forked child)
+_groups: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for group in list(_groups):
+        group._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class OutboxWorker:
