@@ -14,6 +14,7 @@ path; tests/mutations/guards.d/every-backend.toml breaks the clauses.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,16 +44,27 @@ class _Store:
         assert record is not None, event_id
         return record
 
-    def claim(self, path: str, seen: EventRecord, lease_ms: int = LEASE_MS) -> EventRecord | None:
+    def claim(
+        self,
+        path: str,
+        seen: EventRecord,
+        lease_ms: int = LEASE_MS,
+        before: Callable[[], object] | None = None,
+    ) -> EventRecord | None:
         """Claim ``seen`` through ``path``; None when refused. Through ``claim_many`` a fresh
-        unordered event goes with it, and must be claimed whatever becomes of ``seen``."""
+        unordered event goes with it, and must be claimed whatever becomes of ``seen``.
+        ``before`` runs just before the claim's request (after the companion's publish)."""
         now = self.now()
         token = uuid.uuid4().hex
         if path == "claim":
+            if before is not None:
+                before()
             return self.store.claim(seen, token, now + lease_ms, now)
         companion_id = f"fresh-{uuid.uuid4().hex[:8]}"
         self.outbox.publish(Event("t", {}, id=companion_id))
         companion = self.read(companion_id)
+        if before is not None:
+            before()
         got = self.store.claim_many(
             [seen, companion], [token, uuid.uuid4().hex], now + lease_ms, now
         )
@@ -175,3 +187,37 @@ def test_an_outcome_or_renewal_after_a_takeover_is_refused(make_backend, path, k
     assert s.store.extend_many([a], now + LEASE_MS, now) == [False]
     assert s.read("e1").lease_token == b.lease_token
     assert s.store.finish_many([Outcome(b, "completed")], now, 60_000) == [True]
+
+
+def _claim_request(lossy: Any, outbox: Any, path: str) -> str:
+    """The name of the request a claim of ``path`` travels in, as the lossy client knows it."""
+    if lossy.kind == "redis":
+        return "EVALSHA"
+    if lossy.kind == "mongo":
+        return "find_one_and_update" if path == "claim" else "bulk_write"
+    if path == "claim":
+        return "UpdateItem"
+    # a batch of two: PartiQL statements where the endpoint runs them, else a transaction
+    return (
+        "BatchExecuteStatement" if outbox._store._statements_supported() else "TransactWriteItems"
+    )
+
+
+def test_a_claim_whose_answer_was_lost_is_its_own(lossy, path):
+    """Recognition: the claim applies, its answer is lost and the client sends it again; the
+    refusal it meets shows its own lease token, so the claim is reported made, with the
+    attempt counted once (not refused, which would leave the event held by no one until the
+    lease ends)."""
+    clock = ManualClock()
+    s = _Store(lossy.backend(clock=clock).outbox, clock)
+    s.outbox.publish(Event("t", {}, id="e1"))
+    operation = _claim_request(lossy, s.outbox, path)
+    got = s.claim(path, s.read("e1"), before=lambda: lossy.lose_next(operation=operation))
+    assert lossy.lost == 1, f"no {operation} answer was lost"
+    assert got is not None, "its own claim, applied, reported refused"
+    stored = s.read("e1")
+    assert (stored.status, stored.lease_token, stored.attempts) == (
+        EventStatus.IN_FLIGHT,
+        got.lease_token,
+        1,
+    )
