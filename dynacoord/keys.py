@@ -184,6 +184,14 @@ def validate_namespace(namespace: Any) -> str:
         raise InvalidKeyError(
             f"namespace must not contain '|' (Redis key delimiter): {namespace!r}", key=namespace
         )
+    if "," in namespace or any(c < " " or c == "\x7f" for c in namespace):
+        # The stack's Namespaces parameter is a comma-separated list (a comma would make two
+        # namespaces of one), and a control character is invisible in every listing.
+        raise InvalidKeyError(
+            f"namespace must not contain a comma (the stack's Namespaces is comma-separated) or "
+            f"a control character such as a tab or a newline: {namespace!r}",
+            key=namespace,
+        )
     if any(c in namespace for c in "*?$"):
         # An IAM policy scopes a namespace with LeadingKeys patterns (KIND#{ns}#*), where these
         # are wildcards and variables: no policy could be limited to such a namespace's data.

@@ -119,6 +119,8 @@ def _parameter_text(key: str, value: Any) -> str:
         and isinstance(value, (list, tuple))
         and all(isinstance(v, str) for v in value)
     ):
+        if key == "Namespaces":  # each one checked before the join (a comma would split it)
+            namespace_list(list(value))
         return ",".join(value)
     if key in ("OutboxOptions", "HandlerSettings") and isinstance(value, Mapping):
         return json.dumps(dict(value), sort_keys=True)
