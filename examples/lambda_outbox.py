@@ -47,7 +47,9 @@ def place_order(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "order.placed",
         {"order_id": order_id, "customer": customer, "total_cents": total_cents},
         id=f"order-placed-{order_id}",  # one event per order, whatever happens
-        group=customer,  # SQS FIFO: one customer's events stay in order
+        # the message group on a FIFO queue; no order is promised here: these events are
+        # unordered (ordered=True gives a group's order) and a standard queue ignores it
+        group=customer,
         metadata={"request_id": getattr(context, "aws_request_id", None)},
     )
     try:

@@ -46,7 +46,9 @@ def place_order(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "order.placed",
         order,
         id=f"order-placed-{order['order_id']}",  # a client retry publishes nothing new
-        group=order["customer"],  # SQS FIFO: one customer's events stay in order
+        # the message group on a FIFO queue; no order is promised here: these events are
+        # unordered (ordered=True gives a group's order) and a standard queue ignores it
+        group=order["customer"],
     )
     backend.outbox.publish(placed)
     return {"statusCode": 202, "body": json.dumps({"event": placed.id})}
