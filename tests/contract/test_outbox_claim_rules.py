@@ -221,3 +221,42 @@ def test_a_claim_whose_answer_was_lost_is_its_own(lossy, path):
         got.lease_token,
         1,
     )
+
+
+@pytest.mark.parametrize("kind", ["completed", "deleted", "pending", "failed"])
+def test_an_outcome_whose_answer_was_lost_is_its_own(lossy, path, kind):
+    """Recognition: an outcome (one alone after ``claim``; two in one batch after
+    ``claim_many``) applies, its answer is lost and the client sends it again; the refusal it
+    meets shows its own token (``finished_by``; a deletion finds the event gone), so it is
+    reported written, not as a lease lost (which would count the event lost and, for an
+    ordered event, keep its gate where it was). ``deleted``: completed without retention."""
+    clock = ManualClock()
+    s = _Store(lossy.backend(clock=clock).outbox, clock)
+    s.outbox.publish(Event("t", {}, id="e1"))
+    seen = [s.read("e1")]
+    if path == "claim_many":
+        s.outbox.publish(Event("t", {}, id="e2"))
+        seen.append(s.read("e2"))
+    now = s.now()
+    tokens = [uuid.uuid4().hex for _ in seen]
+    if path == "claim":
+        held = [s.store.claim(seen[0], tokens[0], now + LEASE_MS, now)]
+    else:
+        held = s.store.claim_many(seen, tokens, now + LEASE_MS, now)
+    assert len(held) == len(seen) and all(held)
+    stored_kind = "completed" if kind == "deleted" else kind
+    outcomes = [
+        Outcome(record, stored_kind, due_ms=now + 1_000, error="x")  # type: ignore[arg-type]
+        for record in held
+    ]
+    lossy.lose_next()  # the next write: the outcomes' own
+    written = s.store.finish_many(outcomes, now, None if kind == "deleted" else 60_000)
+    assert lossy.lost == 1
+    assert written == [True] * len(held), "its own outcome, applied, reported refused"
+    for record in held:
+        stored = s.store.get(record.id, now)
+        if kind == "deleted":
+            assert stored is None
+        else:
+            assert stored is not None and stored.status.value == kind
+            assert stored.lease_token is None

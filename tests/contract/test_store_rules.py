@@ -49,6 +49,11 @@ class Rule:
 
 
 _CLAIMS = "test_outbox_claim_rules.py::"
+#: where the lossy fixture (tests/lossy.py) cannot lose an answer
+_LOSSY_NOT_ON = {
+    "moto": "the lossy client loses answers on the wire; DynamoDB is DDB Local here",
+    "mongodb": "the lossy fixture has no real MongoDB server kind (mongomock only)",
+}
 
 RULES: dict[str, Rule] = {
     "outbox-claim-as-seen": Rule(
@@ -121,10 +126,7 @@ RULES: dict[str, Rule] = {
             "redis": "redis-claim-recognises-its-own",
             "mongo": "mongo-claim-recognises-its-own",
         },
-        not_on={
-            "moto": "the lossy client loses answers on the wire; DynamoDB is DDB Local here",
-            "mongodb": "the lossy fixture has no real MongoDB server kind (mongomock only)",
-        },
+        not_on=_LOSSY_NOT_ON,
     ),
     "outbox-finish-holds-lease": Rule(
         "outbox",
@@ -136,6 +138,19 @@ RULES: dict[str, Rule] = {
             "redis": "redis-outbox-outcome-holds-lease",
             "mongo": "mongo-outbox-outcome-holds-lease",
         },
+    ),
+    "outbox-outcome-recognises-its-own": Rule(
+        "outbox",
+        "an outcome applied and sent again after its answer was lost is reported written, not "
+        "as a lost lease",
+        _CLAIMS + "test_an_outcome_whose_answer_was_lost_is_its_own",
+        CLAIM_PATHS,
+        {
+            "dynamodb": "ddb-outcome-recognises-its-own",
+            "redis": "redis-outcome-recognises-its-own",
+            "mongo": "mongo-outcome-recognises-its-own",
+        },
+        not_on=_LOSSY_NOT_ON,
     ),
     "lock-acquire-only-if-free": Rule(
         "locks",
