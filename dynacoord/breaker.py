@@ -114,12 +114,17 @@ T = TypeVar("T")
 TransitionCallback = Callable[[str, "State", "State"], None]
 
 
-class State(StrEnum):
+class BreakerState(StrEnum):
     """Breaker states (values are the strings stored in the table; ``str()`` gives the value)."""
 
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+#: the name used in this module; the class is named as the package exports it, so that it
+#: prints as ``BreakerState`` (members pickle by either name)
+State = BreakerState
 
 
 #: the metric counted when a breaker enters each state (dynacoord.metrics)
