@@ -5,7 +5,10 @@ event is still as that read saw it and due, and every write after it only while 
 the event. Each test below breaks one clause by hand: a worker reads, something else writes the
 event, and the write made from the old read must be refused. ``path`` is how the claim travels:
 ``claim`` (one event; a worker with ``batch_claim=False``) or ``claim_many`` (a batch; here the
-stale read travels with a fresh event of its own, so that a store that batches does so).
+stale read travels with a fresh event of its own, so that a store that batches does so). The
+last two tests lose the answer of a claim's or an outcome's own request (tests/lossy.py: every
+backend but moto, whose answers cannot be lost on the wire) and check the write recognises
+itself.
 
 tests/contract/test_store_rules.py lists these rules and checks each runs on every backend and
 path; tests/mutations/guards.d/every-backend.toml breaks the clauses.
