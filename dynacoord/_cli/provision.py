@@ -239,8 +239,16 @@ def _key_schema_hint(ctx: Context, table: str) -> str:
     }
     pk, sk = keys.get("HASH"), keys.get("RANGE")
     if pk and sk and types.get(pk) == types.get(sk) == "S":
+        changes = {"pk": pk, "sk": sk}
+        for index in described.get("GlobalSecondaryIndexes", []):
+            # an index of two string keys: the application's GSI1, which dynacoord can share
+            on = {k["KeyType"]: str(k["AttributeName"]) for k in index.get("KeySchema", [])}
+            ipk, isk = on.get("HASH"), on.get("RANGE")
+            if ipk and isk and types.get(ipk) == types.get(isk) == "S":
+                changes.update(index=str(index["IndexName"]), index_pk=ipk, index_sk=isk)
+                break
         try:
-            fitted: TableLayout = _layout(ctx).replace(pk=pk, sk=sk)
+            fitted: TableLayout = _layout(ctx).replace(**changes)
         except (UsageError, ValueError) as exc:
             return (
                 f". Its keys cannot be dynacoord's: {exc}. Give dynacoord a table of its own, "

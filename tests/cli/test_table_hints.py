@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_helpers import cli_aws, run_cli  # noqa: F401
+from tests.cli_helpers import SHOP_LAYOUT, cli_aws, cli_tables, run_cli  # noqa: F401
 
 REGION = ("--region", "us-east-1")
 
@@ -75,3 +75,14 @@ def test_a_two_key_table_of_strings_is_told_its_own_key_names(
     code, _, err = run_cli(capsys, *REGION, "--table", "twokey", "table", "verify")
     assert code == 1
     assert """--table-layout '{"pk":"tenant","sk":"entity"}'""" in err
+
+
+def test_a_table_with_its_own_index_is_told_the_layout_of_both(
+    capsys: pytest.CaptureFixture[str], cli_tables: Any
+) -> None:
+    from dynacoord import TableLayout
+
+    code, _, err = run_cli(capsys, *REGION, "--table", "shop", "table", "verify")
+    assert code == 1
+    given = err.split("--table-layout '", 1)[1].split("'", 1)[0]
+    assert TableLayout.from_json(given) == TableLayout.from_json(SHOP_LAYOUT)
