@@ -182,6 +182,31 @@ RULES: dict[str, Rule] = {
             "mongo": "mongo-lock-release-only-by-holder",
         },
     ),
+    "lock-release-recognises-its-own": Rule(
+        "locks",
+        "a release applied and sent again after its answer was lost reports the lease released "
+        "and frees no holder that took the lock in the gap",
+        "test_lost_responses.py::"
+        "test_a_release_with_a_lost_response_reports_it_and_frees_no_later_holder",
+        guards={
+            "dynamodb": "ddb-lock-release-recognises-its-own",
+            "redis": "redis-lock-release-recognises-its-own",
+            "mongo": "mongo-lock-release-recognises-its-own",
+        },
+        not_on=_LOSSY_NOT_ON,
+    ),
+    "lock-force-release-once": Rule(
+        "locks",
+        "a force_release sent again after its answer was lost frees no lock taken in the gap",
+        "test_lost_responses.py::"
+        "test_a_force_release_with_a_lost_response_reports_it_and_frees_no_later_holder",
+        guards={
+            "dynamodb": "ddb-lock-force-release-once",
+            "redis": "redis-lock-force-release-once",
+            "mongo": "mongo-lock-force-release-once",
+        },
+        not_on=_LOSSY_NOT_ON,
+    ),
     "lock-fence-grows": Rule(
         "locks",
         "every acquisition gets a fence above every earlier one",
