@@ -253,6 +253,16 @@ RULES: dict[str, Rule] = {
             "mongo": "mongo-breaker-trial-slots-bounded",
         },
     ),
+    "checkpoint-never-overwritten": Rule(
+        "checkpoints",
+        "a checkpoint saved at a sequence that holds a live one is refused, never overwritten",
+        "test_checkpoints.py::test_explicit_sequence_is_never_overwritten",
+        guards={
+            "dynamodb": "ddb-put-only-if-free",
+            "redis": "redis-checkpoint-never-overwritten",
+            "mongo": "mongo-write-only-if-free",
+        },
+    ),
     "idempotency-claim-only-if-free": Rule(
         "idempotency",
         "one claim per key: a call while another is in progress is refused, never run",
