@@ -1,7 +1,7 @@
 """docs/cli.md against the CLI itself: every command the parser has is documented with every
 option it takes, and every command and option the page shows exists; the exit codes the page
 states are the ones the module states. (Its table of messages and exit codes is run row by row
-in tests/test_cli_messages_and_exit_codes.py.)"""
+in tests/cli/test_messages_and_exit_codes.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import dynacoord.cli
 from dynacoord.cli import _GLOBAL_OPTIONS, build_parser
 
-CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 GLOBAL_FLAGS = {flag for flags, _ in _GLOBAL_OPTIONS for flag in flags} | {"-h", "--help"}
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

@@ -15,11 +15,11 @@ import pytest
 import dynacoord
 from dynacoord.cli import build_parser
 from dynacoord.testing import DynamoDBLocal
+from tests.cli.test_local import JAR_IN_PACKAGE, make_tarball, user_cache  # noqa: F401
 from tests.cli_helpers import cli_tables, run_cli  # noqa: F401
-from tests.test_cli_local import JAR_IN_PACKAGE, make_tarball, user_cache  # noqa: F401
 
 ARN = "arn:aws:dynamodb:eu-west-1:123456789012:table/dynacoord"
-CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 # --- DYNACOORD_ENDPOINT_URL is DynamoDB's only ----------------------------------------------------

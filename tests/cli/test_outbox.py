@@ -9,7 +9,7 @@ import pytest
 
 from dynacoord import Event
 
-#: events seen by the importable handlers below (``--handler tests.test_cli_outbox:record``)
+#: events seen by the importable handlers below (``--handler tests.cli.test_outbox:record``)
 RECEIVED: list[Event] = []
 
 
@@ -47,7 +47,7 @@ def test_stats_work_once_and_show(env):
         "work",
         "--once",
         "--handler",
-        "a=tests.test_cli_outbox:record",
+        "a=tests.cli.test_outbox:record",
         "--on-missing-handler",
         "fail",
     )
@@ -73,7 +73,7 @@ def test_failed_and_retry(env):
         "--max-attempts",
         "1",
         "--handler",
-        "tests.test_cli_outbox:explode",
+        "tests.cli.test_outbox:explode",
     )
     assert code == 1  # marked failed
     code, out, _ = run("--json", "outbox", "failed")
@@ -87,7 +87,7 @@ def test_failed_and_retry(env):
     assert outbox.get("ghost") is None
     code, out, _ = run("--json", "outbox", "stats")
     assert json.loads(out)["pending"] == 1
-    code, out, _ = run("outbox", "work", "--once", "--handler", "tests.test_cli_outbox:record")
+    code, out, _ = run("outbox", "work", "--once", "--handler", "tests.cli.test_outbox:record")
     assert code == 0 and [e.id for e in RECEIVED] == ["f1"]
     code, out, _ = run("--json", "outbox", "retry", "f1")
     assert code == 1  # completed now: not failed, left alone
@@ -103,7 +103,7 @@ def test_work_usage_errors(env):
         "work",
         "--once",
         "--handler",
-        "tests.test_cli_outbox:record",
+        "tests.cli.test_outbox:record",
         "--sqs-queue-url",
         "https://example/q",
     )
@@ -143,7 +143,7 @@ def test_work_per_event_claims_one_event_per_request(env, monkeypatch):
         "--once",
         "--per-event",
         "--handler",
-        "tests.test_cli_outbox:record",
+        "tests.cli.test_outbox:record",
     )
     assert code == 0 and json.loads(out)["delivered"] == 3
     assert sorted(e.id for e in RECEIVED) == ["pe0", "pe1", "pe2"]

@@ -13,7 +13,7 @@ from dynacoord.cli import main
 from dynacoord.provision import table_definition, verify_table
 from dynacoord.testing import DynamoDBLocal, unique_name
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "cloudformation" / "dynacoord.yaml"
+TEMPLATE = Path(__file__).resolve().parents[2] / "cloudformation" / "dynacoord.yaml"
 ARN = "arn:aws:dynamodb:us-east-1:123456789012:table/dynacoord"
 
 

@@ -21,7 +21,7 @@ from dynacoord.testing import DUMMY_CREDENTIALS
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS.+CloudWatch.+Alarm:UserWarning")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALARMS = [
     name
     for name, spec in _template_resources(template_body()).items()
