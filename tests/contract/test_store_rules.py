@@ -5,13 +5,14 @@ contract test that breaks it on purpose, and the mutation guard of each backend
 (tests/mutations/). The check collects the contract suite's test ids (``pytest --collect-only``
 in a child process: the ids pytest itself makes of the backend and path parameters) and fails
 when a rule's test does not run on one of the contract backends (:data:`CONTRACT_BACKENDS`),
-or, for a claim rule, through one of the claim paths; when a guard it names is missing or is
+or, for a claim rule, through one of the claim paths, or may skip itself after collection; when a guard it names is missing or is
 another backend's; when a rule has no guard for some backend without saying why; or when
 docs/guarantees.md ("Every rule on every backend") does not list it.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from collections import defaultdict
@@ -319,11 +320,32 @@ def _collected() -> dict[str, list[tuple[str, ...]]]:
     return ids
 
 
+def _skips_at_run_time(test: str) -> set[str]:
+    """What in the body of ``test`` (``file::function``) may skip it after collection: calls
+    of ``pytest.skip`` / ``needs_atomic_store`` (a collected id is no proof for those)."""
+    file, _, name = test.partition("::")
+    tree = ast.parse((ROOT / "tests" / "contract" / file).read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call):
+                    func = call.func
+                    called = (
+                        func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                    )
+                    if called in {"skip", "importorskip", "needs_atomic_store"}:
+                        found.add(called)
+    return found
+
+
 @pytest.mark.parametrize("name", RULES)
 def test_each_rule_runs_on_every_backend_and_path(name: str) -> None:
     rule = RULES[name]
     runs = _collected().get(rule.test)
     assert runs, f"{name}: no test {rule.test} collected"
+    skips = _skips_at_run_time(rule.test)
+    assert not skips, f"{name}: {rule.test} may skip after collection ({sorted(skips)})"
     missing = [
         f"{backend}{'/' + path if path else ''}"
         for backend in CONTRACT_BACKENDS
