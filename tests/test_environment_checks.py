@@ -68,6 +68,10 @@ def test_the_cli_names_an_unknown_variable_as_a_warning_line() -> None:
 
 @pytest.fixture()
 def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import boto3
+
+    # boto3's default session keeps the credentials it found first (an earlier test's)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
