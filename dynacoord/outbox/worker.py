@@ -270,21 +270,32 @@ class OutboxWorker:
         if keep_going is not None and not keep_going():
             return 0
         if self.options.batch_claim:
-            turns: list[threading.Lock] = []
-            try:
-                candidates = self._poll(turns)
-                if candidates and candidates[0].status is EventStatus.IN_FLIGHT:
-                    claimed = []  # expired leases: claimed one at a time (below)
-                else:
-                    claimed = self._claim_batch(candidates) if candidates else []
-                    if candidates and not claimed:
+            handled = 0
+            for _ in range(2):  # expired leases first (each alone), then the due queue
+                turns: list[threading.Lock] = []
+                try:
+                    candidates = self._poll(turns)
+                    expired = bool(candidates) and candidates[0].status is EventStatus.IN_FLIGHT
+                    claimed = [] if expired or not candidates else self._claim_batch(candidates)
+                    if candidates and not expired and not claimed:
                         self._shard_skew += 1
-            finally:
-                for turn in turns:
-                    turn.release()
-            if not claimed:
-                return self._deliver_alone(candidates, keep_going) if candidates else 0
-            return ClaimedBatch(self.delivery, claimed).run(keep_going, lambda: self.stopping)
+                finally:
+                    for turn in turns:
+                        turn.release()
+                if not expired:
+                    if claimed:
+                        handled += ClaimedBatch(self.delivery, claimed).run(
+                            keep_going, lambda: self.stopping
+                        )
+                    return handled
+                handled += self._deliver_alone(candidates, keep_going)
+                if (
+                    len(candidates) >= self.batch_size
+                    or self.stopping
+                    or (keep_going is not None and not keep_going())
+                ):
+                    return handled
+            return handled
         candidates = self._poll()
         if not candidates:
             return 0
