@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .common import CommandFailed, Context, UsageError, add_command
@@ -97,7 +97,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="[TYPE=]MODULE:FUNCTION",
-        help="a handler to import; TYPE= limits it to one event type (repeatable)",
+        help="a handler to import; TYPE= limits it to one event type (repeatable); without "
+        "TYPE=, MODULE:HANDLERS may name a mapping of event types to handlers (the relay's)",
     )
     work.add_argument("--sqs-queue-url", help="relay every event to this SQS queue")
     work.add_argument("--sns-topic-arn", help="relay every event to this SNS topic")
@@ -299,8 +300,15 @@ def _import(spec: str) -> Any:
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         raise UsageError(f"cannot import handler {spec!r}: {exc}") from exc
+    if isinstance(target, Mapping):
+        # the relay's RelayHandlers shape (MODULE:HANDLERS): event types to handlers, so the
+        # runbook's drain runs the relay's own handlers
+        bad = [str(t) for t, h in target.items() if not isinstance(t, str) or not callable(h)]
+        if bad:
+            raise UsageError(f"handler mapping {spec!r}: not a type -> callable: {bad}")
+        return target
     if not callable(target):
-        raise UsageError(f"handler {spec!r} is not callable")
+        raise UsageError(f"handler {spec!r} is neither callable nor a mapping of event types")
     return target
 
 
@@ -333,9 +341,14 @@ def _handlers(ctx: Context) -> Any:
         event_type, sep, target = spec.partition("=")
         if not sep:
             event_type, target = "*", spec
-        if event_type in mapping:
-            raise UsageError(f"two handlers for event type {event_type!r}")
-        mapping[event_type] = _import(target)
+        handler = _import(target)
+        found = dict(handler) if isinstance(handler, Mapping) and not sep else {event_type: handler}
+        if sep and isinstance(handler, Mapping):
+            raise UsageError(f"--handler {spec!r}: TYPE= takes a callable, not a mapping")
+        for name, function in found.items():
+            if name in mapping:
+                raise UsageError(f"two handlers for event type {name!r}")
+            mapping[name] = function
     if "*" not in mapping and args.on_missing_handler is None:
         # The worker claims due events of every type; with handlers for some types only, the
         # others would be failed (or retried, or completed undelivered) by whatever default

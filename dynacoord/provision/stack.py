@@ -554,7 +554,8 @@ ALARM_RUNBOOK: dict[str, str] = {
     "RelayErrorAlarm": "relay invocations fail: read the relay's log group; events stay pending "
     "and the sweeper delivers them (`dynacoord outbox stats`)",
     "SweeperErrorAlarm": "sweeper invocations fail: read the sweeper's log group; nothing retries "
-    "failed events or expired leases meanwhile (`dynacoord outbox stats`)",
+    "failed events or expired leases meanwhile (`dynacoord outbox stats`; a one-off drain with "
+    "the relay's handlers: `dynacoord outbox work --until-idle --handler MODULE:HANDLERS`)",
     "RelayThrottleAlarm": "the relay is throttled (account or reserved concurrency): raise the "
     "Lambda concurrency limit; the sweeper delivers meanwhile",
     "RelayLagAlarm": "the relay reads the stream over 5 minutes late: relay errors or throttles, "

@@ -61,3 +61,17 @@ def test_until_idle_and_once_are_one_or_the_other(env: Any) -> None:
     run, _ = env
     code, _, err = run("outbox", "work", "--once", "--until-idle", "--handler", f"{HERE}:record")
     assert code == 2 and "--once" in err and "--until-idle" in err
+
+
+#: the shape of the relay's RelayHandlers (MODULE:HANDLERS): event types to handlers
+HANDLERS = {"ok": record, "*": record}
+
+
+def test_the_relays_handler_mapping_drains_as_the_runbook_says(env: Any) -> None:
+    run, outbox = env
+    outbox.publish([Event("ok", 1, id="m1"), Event("other", 2, id="m2")])
+    code, out, err = run(
+        "--json", "outbox", "work", "--until-idle", "--handler", f"{HERE}:HANDLERS"
+    )
+    assert code == 0, err
+    assert json.loads(out)["delivered"] == 2 and sorted(RECEIVED) == ["m1", "m2"]
