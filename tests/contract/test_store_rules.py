@@ -244,6 +244,16 @@ RULES: dict[str, Rule] = {
             "mongo": "mongo-breaker-one-trial-round",
         },
     ),
+    "breaker-outcome-in-its-round": Rule(
+        "breaker",
+        "a trial's late outcome from an earlier round neither closes nor reopens the breaker",
+        "test_breaker.py::test_trial_outcome_from_before_a_reset_is_ignored",
+        guards={
+            "dynamodb": "ddb-breaker-outcome-in-its-round",
+            "redis": "redis-breaker-outcome-in-its-round",
+            "mongo": "mongo-breaker-outcome-in-its-round",
+        },
+    ),
     "breaker-trial-slots-bounded": Rule(
         "breaker",
         "half-open lets through at most half_open_max_calls trial calls",
