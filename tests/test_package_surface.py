@@ -61,6 +61,14 @@ def test_errors_share_one_root():
         assert issubclass(getattr(errors, name), dynacoord.DynacoordError), name
 
 
+def test_every_public_error_is_exported_from_the_package():
+    """``except dynacoord.CredentialsError`` works for every error of dynacoord.errors."""
+    from dynacoord import errors
+
+    missing = sorted(set(errors.__all__) - set(dynacoord.__all__))
+    assert not missing, f"errors not re-exported from dynacoord: {missing}"
+
+
 def test_from_env_reads_table_namespace_and_endpoint(monkeypatch, ddb_table, dynamodb_local):
     """``DynamoDBBackend.from_env()`` against DynamoDB Local, configured only by variables."""
     from dynacoord import DynamoDBBackend
