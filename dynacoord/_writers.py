@@ -30,14 +30,26 @@ the client library may still re-send a request after the call started: read from
 own configuration (DynamoDB: timeouts x attempts + the retry mode's backoff ceiling, see
 ``backends/dynamodb/_table.py``), never a constant a default setting can exceed. A slot whose
 token's time has passed belongs to no call that may still retry, so a store may drop it: stores
-drop such stale slots once an item holds more than :data:`PRUNE_AT` of them (DynamoDB: by a
-later write conditional on the slot still holding the stale token, so a slot leased again in
-between is kept; Redis and MongoDB: inside the same atomic write, or filtered the same way).
+drop such stale slots once an item holds more than :data:`PRUNE_AT` of them (DynamoDB: also
+when dropping them takes the item below a KB it bills, by a write conditional on each slot
+being gone or still holding the token seen, so a slot leased again in between is kept and two
+writers dropping the same slots do not refuse each other; Redis and MongoDB: inside the same
+atomic write, or filtered the same way).
 Each writer states its own window in its tokens, so a process with short timeouts never drops
 the slot of one with long ones.
 
-A slot's name is a random process id (made again in a forked child: 8 characters, 48 bits) and
-the slot's serial number in that process's pool.
+Slots of writers that will never write again (a Lambda environment reclaimed, a one-shot cron
+job or CLI call, a burst's calls that have returned) are dropped by **whoever writes next**: a
+process remembers the slots its last write to an item showed (:func:`remember`), and its next
+write there drops, in its own request, those stale by then and its own that are free in its
+pool (:func:`finished`: their calls have returned, so no retry of theirs can come); a write
+whose answer shows many stale slots (a process that may never write again cannot leave them to
+its next write) drops them at once. An item then holds the slots of the writers of one window,
+whatever their lifetimes.
+
+A slot's name is a random process id (made again in a forked child: 6 characters, 36 bits: two
+writers of one item within one window share one with a chance of about n^2 / 2^37, 1 in 10
+million for 120) and the slot's serial number in that process's pool.
 """
 
 from __future__ import annotations
@@ -45,14 +57,19 @@ from __future__ import annotations
 import os
 import threading
 from base64 import urlsafe_b64encode
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "DEFAULT_WINDOW_MS",
     "PRUNE_AT",
     "TOKEN_SCALE",
     "Slot",
+    "finished",
     "lease",
+    "recall",
     "release",
+    "remember",
     "token_ms",
 ]
 
@@ -87,10 +104,13 @@ class _Pool:
     """The slots of one process: free ones on a stack, the one returned last handed out first."""
 
     def __init__(self) -> None:
-        self.process = urlsafe_b64encode(os.urandom(6)).decode("ascii")  # 8 characters
+        # 6 characters (36 bits): every byte of a slot's name is billed on every counted item
+        self.process = urlsafe_b64encode(os.urandom(6)).decode("ascii")[:6]
         self.lock = threading.Lock()
         self.free: list[Slot] = []
         self.made = 0
+        #: item -> the other writers' slots this process's last counting write to it saw
+        self.seen: dict[str, tuple[tuple[str, Any, int], ...]] = {}
 
     def take(self) -> Slot:
         with self.lock:
@@ -130,6 +150,39 @@ def release(slot: Slot) -> None:
     """Give back a slot taken by :func:`lease` (its call returned or raised)."""
     if slot.pool is _pool[0]:  # a slot of the parent, in a forked child: not this pool's
         slot.pool.give(slot)
+
+
+def finished(names: Iterable[str]) -> set[str]:
+    """Those of the slot ``names`` that belong to this process's pool and are free: no call of
+    this process holds them, so none of their calls can still be retried (a slot is leased for
+    its call's whole duration, every retry of the client included)."""
+    pool = _pool[0]
+    with pool.lock:
+        free = {slot.name for slot in pool.free}
+    return {name for name in names if name in free}
+
+
+#: at most this many items' slots are remembered by one process (then it starts again)
+MAX_SEEN = 1024
+
+
+def remember(item: str, slots: tuple[tuple[str, Any, int], ...]) -> None:
+    """Keep the slots this process's counting write saw on ``item``: (name, value as stored,
+    until when its call may retry), for its next write to ``item`` to drop those that have
+    turned stale by then (:func:`recall`) in the same request. Nothing to keep clears the
+    entry."""
+    seen = _pool[0].seen
+    if not slots:
+        seen.pop(item, None)
+        return
+    if len(seen) >= MAX_SEEN and item not in seen:
+        seen.clear()
+    seen[item] = slots
+
+
+def recall(item: str) -> tuple[tuple[str, Any, int], ...]:
+    """What :func:`remember` kept for ``item`` (and forget it), or nothing."""
+    return _pool[0].seen.pop(item, ())
 
 
 def token_ms(token: int | str) -> int:

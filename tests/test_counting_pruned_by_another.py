@@ -8,15 +8,15 @@ condition closes, with the dropping done by *another process* than the one whose
     W: increment in slot s (s = t1) ... then quiet for longer than a retry window
     X: increment, sees s = t1 stale (with more than PRUNE_AT slots on the item)
     W: increment, leases s again (s = t2)  -> applied, its answer lost
-    X: increment, drops s if it still holds t1 -> refused (it holds t2), sent again without
-       the drop
+    X: increment, drops s if it is gone or still holds t1 -> refused (it holds t2), sent again
+       without the drop
     W: (botocore) the same request again  -> refused: s == t2, so "applied": counted once
 
 Without the condition X drops W's slot and W's retry counts a second time.
 
-Each process here is its own slot pool and its own memory of stale slots (what a process keeps
-in ``dynacoord._writers`` and its table session's ``state.stale_slots``), swapped in around
-its calls.
+Each process here is its own slot pool and its own memory of the slots its writes saw (what a
+process keeps in ``dynacoord._writers``; earlier versions kept it in the table session's
+``state.stale_slots``, swapped in as well), swapped in around its calls.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _slots(backend: Any, key: str) -> dict[str, str]:
         Key={"pk": {"S": f"COUNTER#{backend.namespace}#{key}"}, "sk": {"S": "COUNTER"}},
         ConsistentRead=True,
     )["Item"]
-    return {name: av["N"] for name, av in item.items() if name.startswith("w:")}
+    return {name: av for name, av in item.items() if name.startswith("w:")}
 
 
 @pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
@@ -76,7 +76,7 @@ def test_a_retry_counts_once_when_another_process_dropped_the_stale_slots(lossy:
     clock.advance(_table.client_window_ms(backend.client) / 1000 + 1)  # all of them stale
     with x.running():
         counters.increment("k")  # X sees the stale slots, W's among them
-    assert w_slot in {name for name, _ in x.stale[pk]}
+    assert w_slot in {name for name, _, _ in x.pool.seen[pk]}
 
     def x_writes_in_the_gap() -> None:
         with x.running():

@@ -175,21 +175,17 @@ def test_a_writer_that_came_back_keeps_its_slot(ddb_table) -> None:
     observer = processes[-1]
     # any writer but the observer (whose own slot it never sees stale)
     back = next(n for n in _slots(client, table, pk) if n != f"w:{observer._pool.process}0")
-    clock.advance(_window_s(backend) + 1)
-    observer.run(counters.increment, "k")  # sees PRUNE_AT stale slots besides its own
-    # what the observer saw is its process's memory: the writer coming back has not seen it
-    stale_slots = backend.table.state.stale_slots
-    seen = stale_slots.pop(pk)
-    assert back in {name for name, _ in seen}
+    # what the observer saw is its process's memory (dynacoord._writers.remember), which the
+    # writer coming back does not share
+    assert back in {name for name, _, _ in observer._pool.seen[pk]}
+    clock.advance(_window_s(backend) + 1)  # every slot the observer saw is stale now
     for process in processes:
         if f"w:{process._pool.process}0" == back:
-            process.run(counters.increment, "k")  # comes back after its slot was seen stale
-    stale_slots[pk] = seen
+            process.run(counters.increment, "k")  # comes back after its slot turned stale
     observer.run(counters.increment, "k")  # its drop is refused for that slot: sent again
-    observer.run(counters.increment, "k")  # sees the stale slots again
-    observer.run(counters.increment, "k")  # and drops them
+    observer.run(counters.increment, "k")  # drops the stale slots its last answer showed
     after = _slots(client, table, pk)
-    assert counters.get("k") == len(processes) + 1 + 1 + 3
+    assert counters.get("k") == len(processes) + 1 + 2
     # the observer's slot and the one that came back (rewritten since it was seen, so kept)
     assert set(after) == {back, f"w:{observer._pool.process}0"}, sorted(after)
 
