@@ -39,6 +39,8 @@ class RetryPolicy(Protocol):
     def max_backoff(self) -> float: ...
     @property
     def on_missing_handler(self) -> MissingHandlerPolicy: ...
+    @property
+    def lease_ms(self) -> int: ...
 
 
 #: what came of an event the worker held: its handler returned, raised, there was none for its
@@ -89,6 +91,11 @@ def decide(
         )
         return _failure(record, error, policy, now_ms, jitter)
     if result.kind == "no_handler":
+        if policy.on_missing_handler == "leave":
+            # For a worker that has its handler: given back unhandled (no attempt counted),
+            # due again after one lease, so that this worker's next polls do not take it again
+            # at once (two writes a lease while only workers without its handler poll).
+            return Outcome(record, "pending", due_ms=now_ms + policy.lease_ms, count_attempt=False)
         error = no_handler_error(record)
         if policy.on_missing_handler == "skip":
             return Outcome(record, "completed", error=error)  # completed, not delivered

@@ -238,12 +238,28 @@ class Delivery:
     def _log_missing_handler(self, record: EventRecord) -> None:
         error = no_handler_error(record)
         policy = self.options.on_missing_handler
-        if policy == "skip":
+        if policy == "leave":
+            logger.warning(
+                "%s: event %r left for a worker that has its handler: %s (due again in %d s)",
+                self.name,
+                record.id,
+                error,
+                self.options.lease_ms // 1000,
+            )
+        elif policy == "skip":
             logger.warning("%s: event %r skipped: %s", self.name, record.id, error)
         elif policy == "retry":
             logger.warning("%s: event %r: %s (will retry)", self.name, record.id, error)
         else:
             logger.error("%s: event %r marked failed: %s", self.name, record.id, error)
+
+    def leaves(self, record: EventRecord) -> bool:
+        """Whether ``record`` is left alone here (no handler for its type, and the policy is
+        ``"leave"``): the stream relay then writes nothing, and the sweeper has it later."""
+        if self.options.on_missing_handler != "leave" or self.handler_for(record.type) is not None:
+            return False
+        self._log_missing_handler(record)
+        return True
 
     def still_held(self, record: EventRecord) -> bool:
         """Whether the lease on ``record`` still holds now, before its handler runs."""

@@ -29,7 +29,7 @@ __all__ = [
     "WorkerOptions",
 ]
 
-MissingHandlerPolicy = Literal["fail", "retry", "skip"]
+MissingHandlerPolicy = Literal["leave", "fail", "retry", "skip"]
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600
 
 # Options the bundled stack's functions take from JSON (``OutboxOptions``): the rest shape a
@@ -57,8 +57,9 @@ class WorkerOptions:
     max_backoff: float = field(default=300.0, metadata=_STACK)
     #: seconds :meth:`OutboxWorker.run` sleeps after a poll that found nothing
     poll_interval: float = 1.0
-    #: an event whose type has no handler: ``"fail"``, ``"retry"`` or ``"skip"``
-    on_missing_handler: MissingHandlerPolicy = field(default="fail", metadata=_STACK)
+    #: an event whose type has no handler: ``"leave"`` (for a worker that has it), ``"fail"``,
+    #: ``"retry"`` or ``"skip"``
+    on_missing_handler: MissingHandlerPolicy = field(default="leave", metadata=_STACK)
     #: seconds a completed event is kept (None: deleted at once)
     retention: float | None = field(default=DEFAULT_RETENTION_SECONDS, metadata=_STACK)
     #: extend the leases of held events while their handlers run
@@ -75,9 +76,9 @@ class WorkerOptions:
         non_negative_seconds(self.backoff, "backoff")
         non_negative_seconds(self.max_backoff, "max_backoff")
         non_negative_seconds(self.poll_interval, "poll_interval")
-        if self.on_missing_handler not in ("fail", "retry", "skip"):
+        if self.on_missing_handler not in ("leave", "fail", "retry", "skip"):
             raise ConfigurationError(
-                "on_missing_handler must be 'fail', 'retry' or 'skip', got "
+                "on_missing_handler must be 'leave', 'fail', 'retry' or 'skip', got "
                 f"{self.on_missing_handler!r}"
             )
         if self.retention is not None:

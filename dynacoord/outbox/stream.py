@@ -297,6 +297,8 @@ class StreamHandler:
         ):
             self.not_claimed += 1  # delivered already (a retried stream batch), or taken
             return
+        if delivery.leaves(current):  # no handler for its type here: left, nothing written
+            return
         lease_end = current.due_at_ms + delivery.lease_ms
         now = now_ms(delivery.clock)
         keeper = delivery.keeper

@@ -96,8 +96,10 @@ class OutboxWorker:
     it), and after ``max_attempts`` attempts the event is ``failed`` (listed by
     ``outbox.failed()``, never deleted).
 
-    ``on_missing_handler`` decides about an event whose type has no handler: ``"fail"`` (default)
-    marks it failed at once with an explaining ``last_error``; ``"retry"`` treats it like a
+    ``on_missing_handler`` decides about an event whose type has no handler: ``"leave"``
+    (default) leaves it to a worker that has its handler (given back unhandled, no attempt
+    counted, due again after one lease, a warning in the log); ``"fail"`` marks it failed at
+    once with an explaining ``last_error``; ``"retry"`` treats it like a
     handler error (backoff, then failed: for rolling deployments where a newer worker knows the
     type); ``"skip"`` completes it without delivery, with a warning in the log.
 

@@ -295,7 +295,7 @@ def test_missing_handler_policies(make_backend):
     clock = ManualClock()
     outbox = make_backend(clock=clock).outbox
     outbox.publish([Event("unknown", 1, id="m1")])
-    outbox.worker({"other": print}).run_once()
+    outbox.worker({"other": print}, on_missing_handler="fail").run_once()
     record = outbox.get("m1")
     assert record.status is EventStatus.FAILED
     assert "no handler for event type 'unknown'" in record.last_error
