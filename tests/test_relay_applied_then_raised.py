@@ -83,3 +83,32 @@ def test_a_relay_outcome_refused_by_its_own_claim_is_stored_under_it(
     sweeper = backend.outbox.sweep_handler(handler, lease=LEASE_S)
     assert sweeper({})["handled"] == 0
     assert runs == Counter({event_id: 1})
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)
+def test_a_relay_outcome_applied_and_raised_is_not_delivered_again_by_the_lambda_retry(
+    lossy: Any,
+) -> None:
+    """The outcome's write applied and raised: the record is reported, and Lambda's retry reads
+    the event completed and runs nothing. (Raised unsent, the retry runs the handler again: the
+    documented trade of delivery without a claim, tests/integration/test_outbox_stream.py::
+    test_an_outcome_that_cannot_be_stored_is_reported_and_the_retry_delivers_it_again.)"""
+    clock = ManualClock(time.time())
+    backend = lossy.backend(clock=clock)
+    (event_id,) = backend.outbox.publish([Event("t", 1)])
+    batch = _stream_batch(backend, [event_id])
+    runs: Counter[str] = Counter()
+
+    def handler(event: Event) -> None:
+        runs[event.id] += 1
+        if runs[event.id] == 1:
+            lossy.raise_next()  # the outcome's write, the next one: applied, then raised
+
+    relay = backend.outbox.stream_handler(handler, lease=LEASE_S)
+    failures = relay(batch)["batchItemFailures"]
+    assert lossy.raised == 1
+    assert [f["itemIdentifier"] for f in failures] == [
+        batch["Records"][0]["dynamodb"]["SequenceNumber"]
+    ]
+    assert relay(batch) == {"batchItemFailures": []}  # Lambda hands the record again
+    assert runs == Counter({event_id: 1})

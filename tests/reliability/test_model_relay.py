@@ -89,8 +89,9 @@ RELAY_SLOW_OUTCOME_REPLAY = switch("RELAY_SLOW_OUTCOME_REPLAY", True)
 #: without a claim and under one, its own claim
 RAISED_WRITES = switch("RAISED_WRITES", True)
 #: the same for the relay's outcome writes raised UNSENT: the record is reported, Lambda hands
-#: it again and the relay runs the handler a second time inside its own lease (found, not fixed:
-#: see docs/guarantees.md, "Stream relay")
+#: it again and the relay runs the handler a second time inside its own lease, the documented
+#: trade of delivery without a claim (docs/guarantees.md, "Writes applied and then raised"),
+#: which this oracle counts as a violation
 RAISED_OUTCOME_UNSENT = switch("RAISED_OUTCOME_UNSENT", False)
 #: the relay's writes the generator makes raise, and how (applied, unsent)
 RAISED_KINDS: tuple[tuple[str, bool], ...] = (
