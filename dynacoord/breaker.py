@@ -540,6 +540,14 @@ class CircuitBreaker:
             now = now_ms(self.clock)
             cutoff = now - self._reset_ms
             if record.state is State.CLOSED:
+                if self._window is None and record.failures >= self.failure_threshold:
+                    # The failure that reached the threshold was counted but its caller got an
+                    # error before the trip (a write applied and then raised): trip it now.
+                    self._drop_cached()
+                    if self._store.trip(self.name, now, self.failure_threshold) is not None:
+                        self._transition(State.CLOSED, State.OPEN)
+                    record = self._store.get(self.name)
+                    continue
                 self._seen_closed(record, gen)
                 if self._window is not None:
                     return self._rate_ticket(None)

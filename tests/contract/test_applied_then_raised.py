@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from dynacoord import BreakerState, FailureRate, ManualClock
+from dynacoord import BreakerState, CircuitOpenError, FailureRate, ManualClock
 from dynacoord.errors import BackendError, IdempotencyInProgressError
 
 CLOSED, OPEN = BreakerState.CLOSED, BreakerState.OPEN
@@ -273,3 +273,29 @@ def test_idempotent_complete_raised_returns_the_result_and_never_runs_twice(loss
         clock.advance(61)
         assert work(1) == 2
     assert runs == ([1] if applied else [1, 1])
+
+
+# -- the default breaker: the failure that reaches the threshold ------------------------------------
+
+
+def test_a_failure_counted_at_the_threshold_and_raised_trips_at_the_next_call(lossy):
+    clock = ManualClock()
+    transitions = []
+    breaker = lossy.backend(clock=clock).breaker(
+        "svc",
+        failure_threshold=3,
+        reset_timeout=10,
+        on_transition=lambda name, old, new: transitions.append((str(old), str(new))),
+    )
+    for _ in range(2):
+        with pytest.raises(BoomError):
+            breaker.call(_fail)
+    _raise_in(lossy, breaker._store, "record_failure")
+    with pytest.raises(RAISED):  # the third failure is counted; its caller gets the error
+        breaker.call(_fail)
+    calls = []
+    with pytest.raises(CircuitOpenError):
+        breaker.call(lambda: calls.append(1))  # the count is seen: tripped, not let through
+    assert calls == []
+    assert breaker.state is OPEN
+    assert transitions == [("closed", "open")]

@@ -5,6 +5,11 @@ died), operators trip and reset, and the ``ManualClock`` advances past ``reset_t
 exactly onto it). After every step the stored status must match the model: closed with the
 failure count since the last success, open since ``opened_at``, or half-open with its slot.
 Runs on every contract backend (moto, DynamoDB Local, Redis, MongoDB).
+
+Writes applied and then raised (issue 49, section 2): a failure's count applies and its call
+raises to the caller (or raises unsent). A count that reached the threshold without its trip
+(the caller got the error instead) is recognised by the next admission, which trips the breaker
+and refuses the call, instead of letting calls through a breaker that should be open.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from hypothesis.stateful import (
 from dynacoord import CircuitOpenError, ManualClock
 from dynacoord._clock import now_ms
 from dynacoord.breaker import State
+from dynacoord.errors import BackendError
 from tests.reliability.conftest import run_model
 
 THRESHOLD = 3
@@ -33,6 +39,34 @@ class BoomError(Exception):
     pass
 
 
+class InjectedError(BackendError):
+    """The client gave up on a write (its retries spent): maybe applied."""
+
+
+class RaisingStore:
+    """The breaker's store, whose next write named in ``armed`` raises to the breaker: after
+    it applied (``applied``), or unsent."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.armed: tuple[str, bool] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        armed = self.armed
+        if armed is None or armed[0] != name:
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.armed = None
+            if not armed[1]:
+                raise InjectedError(f"injected: {name} not sent")
+            attr(*args, **kwargs)
+            raise InjectedError(f"injected: {name} applied, its answer lost")
+
+        return call
+
+
 def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
     class BreakerMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -41,6 +75,8 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
             self.breaker = factory(clock=self.clock).breaker(
                 "dep", failure_threshold=THRESHOLD, reset_timeout=RESET_MS / 1000
             )
+            self.store = RaisingStore(self.breaker._store)
+            self.breaker._store = self.store
             self.state = State.CLOSED
             self.failures = 0
             self.opened_at: int | None = None
@@ -53,6 +89,9 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
         def _admitted(self) -> bool:
             """Model of admission; moves open -> half_open when a trial starts."""
             now = self.now()
+            if self.state is State.CLOSED and self.failures >= THRESHOLD:
+                self._open()  # a count that reached the threshold without its trip
+                return False
             if self.state is State.CLOSED:
                 return True
             if self.state is State.OPEN:
@@ -111,6 +150,23 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
             assert self.ran == before + 1
             self._outcome(ok, trial)
 
+        @rule(applied=st.booleans())
+        def failure_raises(self, applied: bool) -> None:
+            """A failing call whose failure count applies and then raises, or raises unsent."""
+            if self.state is not State.CLOSED or self.failures >= THRESHOLD:
+                return  # not a counted failure (a trial's or a refusal)
+            self.store.armed = ("record_failure", applied)
+
+            def dependency() -> str:
+                self.ran += 1
+                raise BoomError()
+
+            with pytest.raises(InjectedError):
+                self.breaker.call(dependency)
+            assert self.store.armed is None
+            if applied:
+                self.failures += 1  # counted; no trip: the caller got the error instead
+
         @precondition(lambda self: self.state is not State.CLOSED)
         @rule()
         def abandoned_trial(self) -> None:
@@ -144,7 +200,7 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
         def store_agrees_with_model(self) -> None:
             status = self.breaker.status()
             assert status.state is self.state
-            if self.state is State.CLOSED:
+            if self.state is State.CLOSED and self.failures < THRESHOLD:
                 assert status.failures == self.failures
                 assert status.retry_after is None
             elif self.state is State.OPEN:
@@ -160,3 +216,20 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
 def test_breaker_model(make_backend: Any) -> None:
     """The breaker state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
     run_model(make_machine(make_backend), make_backend)
+
+
+def test_breaker_failure_at_the_threshold_applied_and_raised(make_backend: Any) -> None:
+    """The history the generator reaches, replayed: the failure that reaches the threshold is
+    counted, its call raises before the trip; the next call finds the count and trips."""
+    machine = make_machine(make_backend)()
+    try:
+        for _ in range(THRESHOLD - 1):
+            machine.call(ok=False)
+            machine.store_agrees_with_model()
+        machine.failure_raises(applied=True)
+        machine.store_agrees_with_model()
+        machine.call(ok=True)  # refused: the breaker is open now
+        machine.store_agrees_with_model()
+    finally:
+        machine.teardown()
+    assert machine.state is State.OPEN
