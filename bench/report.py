@@ -973,6 +973,101 @@ def _writecost(s: dict[str, Any]) -> list[str]:
             else "."
         ),
     ]
+    lines += _churning_fleet(s.get("churning_fleet") or {})
+    return lines
+
+
+def _churning_fleet(c: dict[str, Any]) -> list[str]:
+    """Section 9's churning-fleet rows (bench/writecost.py run_churn)."""
+    if not c:
+        return []
+    lines = [
+        "",
+        "**A churning fleet** (ManualClock; each environment a simulated process with its own "
+        "slot pool and memory; environments replaced `lifetime` s after they started, staggered; "
+        "calls spread round-robin; units per call over the last third):",
+        "",
+    ]
+    lines += _table(
+        [
+            "op",
+            "client (window)",
+            "alive",
+            "lifetime",
+            "calls/s",
+            "WCU / call",
+            "index WCU",
+            "requests / call",
+            "refused / call",
+            "slots",
+            "item",
+        ],
+        [
+            [
+                r["op"],
+                f"{r['client']} ({_fmt(r['window_s'], 0)} s)",
+                r["environments_alive"],
+                f"{_fmt(r['lifetime_s'], 0)} s",
+                r["calls_per_s"],
+                f"**{_fmt(r['wcu_per_call'])}**",
+                _fmt(r["index_wcu_per_call"]),
+                _fmt(r["requests_per_call"], 3),
+                _fmt(r["refused_per_call"], 3),
+                r["slots"],
+                f"{r['item_bytes']} B",
+            ]
+            for r in c.get("fleet", ())
+        ],
+    )
+    lines += ["", "Bursts, then one writer at 1 call/s (the same process, or another one):", ""]
+    lines += _table(
+        ["burst", "WCU of the next 5 calls", "WCU / call after", "slots at the end"],
+        [
+            [
+                f"{r['burst']} {r['shape']}",
+                ", ".join(str(w) for w in r["wcu_first_5"]),
+                _fmt(r["wcu_per_call_after"]),
+                r["slots_at_end"],
+            ]
+            for r in c.get("bursts", ())
+        ],
+    )
+    lines += ["", "One-shot processes (one write each):", ""]
+    lines += _table(
+        ["processes", "one every", "window", "WCU / call", "requests / call", "slots", "largest"],
+        [
+            [
+                r["processes"],
+                f"{_fmt(r['every_s'])} s",
+                f"{_fmt(r['window_s'], 0)} s",
+                f"**{_fmt(r['wcu_per_call'])}**",
+                _fmt(r["requests_per_call"], 3),
+                r["slots_at_end"],
+                f"{r['largest_item_bytes']} B",
+            ]
+            for r in c.get("one_shot", ())
+        ],
+    )
+    lines += [
+        "",
+        "Route (b), measured for comparison: an increment as a one-item TransactWriteItems with "
+        "a ClientRequestToken, plus the consistent GetItem `increment()` needs for its value "
+        "(DynamoDB Local serializes transactions; the service cancels conflicting ones):",
+        "",
+    ]
+    lines += _table(
+        ["threads", "requests / call", "WCU / call", "RCU / call", "cancelled / call"],
+        [
+            [
+                r["threads"],
+                _fmt(r["requests_per_call"], 3),
+                _fmt(r["wcu_per_call"]),
+                _fmt(r["rcu_per_call"]),
+                _fmt(r["cancelled_per_call"], 3),
+            ]
+            for r in c.get("transactions", ())
+        ],
+    )
     return lines
 
 

@@ -451,22 +451,31 @@ WRITERS = (1, 10, 50, 100, 200)
 
 
 class _Process:
-    """A simulated process: its own slot pool (dynacoord._writers), swapped in for its calls."""
+    """A simulated process: its own slot pool (dynacoord._writers), swapped in for its calls,
+    and, given the table session, its own memory of what its writes saw there (the session's
+    ``state.stale_slots``, where versions before the churning-fleet rows kept it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, table: Any = None) -> None:
         from dynacoord import _writers
 
         self._writers = _writers
         self.pool = _writers._Pool()
+        self._state = None if table is None else table.state
+        self._memory: dict[str, Any] = {}
 
     @contextlib.contextmanager
     def active(self) -> Any:
         saved = self._writers._pool[0]
         self._writers._pool[0] = self.pool
+        state = self._state
+        if state is not None:
+            saved_memory, state.stale_slots = state.stale_slots, self._memory
         try:
             yield
         finally:
             self._writers._pool[0] = saved
+            if state is not None:
+                state.stale_slots = saved_memory
 
 
 def _writers_row(env: BenchEnv, op: str, shape: str, writers: int, rounds: int) -> dict[str, Any]:
@@ -680,4 +689,302 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "join_60_byte_ids": _join_row(env, 20 if tiny else 2000, id_bytes=60),
         "powertools": _powertools_row(env),
         **run_writers(env),
+        "churning_fleet": run_churn(env),
+    }
+
+
+# -- a churning fleet (issue 50): environments born and reclaimed, bursts, one-shot processes ------
+
+#: botocore's default client: (60 + 60) s x 3 attempts + 2 x 20 s of backoff = a 400 s window
+_DEFAULT_CLIENT: dict[str, Any] = {"retries": {"mode": "standard", "total_max_attempts": 3}}
+#: DynamoDBBackend.from_env()'s client: adaptive, 9 attempts: a 1,240 s window
+_FROM_ENV_CLIENT: dict[str, Any] = {"retries": {"mode": "adaptive", "total_max_attempts": 9}}
+#: short timeouts (what docs/counters.md suggests past the bound): 3 x (5 + 5) s + 2 x 20 s = 70 s
+_SHORT_CLIENT: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 5,
+    "retries": {"mode": "standard", "total_max_attempts": 3},
+}
+_CLIENTS = {
+    "botocore_default": _DEFAULT_CLIENT,
+    "from_env": _FROM_ENV_CLIENT,
+    "short_timeouts": _SHORT_CLIENT,
+}
+
+
+def _fleet_backend(env: BenchEnv, retries: dict[str, Any]) -> tuple[Any, Any, ManualClock]:
+    from botocore.config import Config
+
+    client = env.new_client(counted=False, config=Config(max_pool_connections=64, **retries))
+    clock = ManualClock()
+    return env.backend(namespace=unique("fl"), client=client, clock=clock), client, clock
+
+
+def _slot_item(peek: Any, table: str, pk: str, sk: str) -> dict[str, Any]:
+    item = peek.get_item(
+        TableName=table, Key={"pk": {"S": pk}, "sk": {"S": sk}}, ConsistentRead=True
+    ).get("Item")
+    return item or {}
+
+
+def _churn_row(
+    env: BenchEnv,
+    op: str,
+    *,
+    alive: int,
+    lifetime_s: float,
+    rate: float,
+    seconds: float,
+    client: str = "botocore_default",
+) -> dict[str, Any]:
+    """``op`` (``increment``, ``incr`` or ``sharded``) by a Lambda-like fleet: ``alive``
+    environments, each replaced ``lifetime_s`` after it started (staggered), ``rate`` calls/s
+    spread round-robin over them, for ``seconds`` on the ManualClock; units per call over the
+    last third (steady state: past one window and one lifetime)."""
+    retries = _CLIENTS[client]
+    backend, metered, clock = _fleet_backend(env, retries)
+    peek = env.new_client(counted=False)
+    window_s = backend.table.count_window_ms / 1000
+    if op == "increment":
+        counters = backend.counters
+
+        def call() -> None:
+            counters.increment("orders")
+
+        items = [(f"COUNTER#{backend.namespace}#orders", "COUNTER")]
+    elif op == "incr":
+        cache = backend.cache()
+
+        def call() -> None:
+            cache.incr("orders")
+
+        items = [(f"CACHE#{backend.namespace}#orders", "CACHE")]
+    else:
+        hits = backend.counters.sharded("hits", shards=8)
+
+        def call() -> None:
+            hits.increment()
+
+        items = [(f"COUNTER#{backend.namespace}#hits#shard{i}", "COUNTER") for i in range(8)]
+    envs = [(_Process(backend.table), -i * lifetime_s / alive) for i in range(alive)]
+    calls = int(seconds * rate)
+    start_at = calls - calls // 3
+    meter = UnitMeter(metered, peek, env.table)
+    try:
+        for i in range(calls):
+            now = i / rate
+            if i == start_at:
+                start = meter.usage()
+            at = i % alive
+            if now - envs[at][1] >= lifetime_s:
+                envs[at] = (_Process(backend.table), now)
+            with envs[at][0].active():
+                call()
+            clock.advance(1 / rate)
+        used = meter.usage()
+    finally:
+        meter.close()
+    measured = calls - start_at
+    found = [_slot_item(peek, env.table, pk, sk) for pk, sk in items]
+    refused = sum(used.refusals.values()) - sum(start.refusals.values())
+    return {
+        "op": op,
+        "client": client,
+        "environments_alive": alive,
+        "lifetime_s": lifetime_s,
+        "window_s": window_s,
+        "calls_per_s": rate,
+        "simulated_s": seconds,
+        "calls_measured": measured,
+        "requests_per_call": round(
+            (sum(used.requests.values()) - sum(start.requests.values())) / measured, 3
+        ),
+        "refused_per_call": round(refused / measured, 3),
+        "wcu_per_call": round((used.wcu - start.wcu) / measured, 3),
+        "index_wcu_per_call": round((used.index_wcu - start.index_wcu) / measured, 3),
+        "slots": max(sum(1 for n in item if n.startswith("w:")) for item in found),
+        "item_bytes": max(item_size(item) for item in found),
+    }
+
+
+def _burst_row(env: BenchEnv, shape: str, burst: int = 200, after: int = 60) -> dict[str, Any]:
+    """A burst of ``burst`` increments at once (threads of one process, or one call each from
+    ``burst`` processes), then one writer at 1 call/s (the same process, or another one): WCU
+    of each of the ``after`` calls that follow (within one window)."""
+    import threading
+
+    backend, metered, clock = _fleet_backend(env, _DEFAULT_CLIENT)
+    peek = env.new_client(counted=False)
+    counters = backend.counters
+    writer = _Process(backend.table)
+    if shape == "threads":
+        barrier = threading.Barrier(burst)
+
+        def call() -> None:
+            barrier.wait()
+            counters.increment("b")
+
+        with writer.active():
+            threads = [threading.Thread(target=call) for _ in range(burst)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    else:
+        for _ in range(burst):
+            with _Process(backend.table).active():
+                counters.increment("b")
+    per_call = []
+    meter = UnitMeter(metered, peek, env.table)
+    try:
+        for _ in range(after):
+            clock.advance(1)
+            before = meter.wcu
+            with writer.active():
+                counters.increment("b")
+            per_call.append(meter.wcu - before)
+    finally:
+        meter.close()
+    item = _slot_item(peek, env.table, f"COUNTER#{backend.namespace}#b", "COUNTER")
+    return {
+        "burst": burst,
+        "shape": shape,
+        "wcu_first_5": per_call[:5],
+        "wcu_per_call_after": round(sum(per_call) / len(per_call), 3),
+        "slots_at_end": sum(1 for n in item if n.startswith("w:")),
+        "item_bytes_at_end": item_size(item),
+    }
+
+
+def _one_shot_row(env: BenchEnv, processes: int, every_s: float) -> dict[str, Any]:
+    """``processes`` one-shot processes (a cron job, a CLI call), one every ``every_s`` s,
+    each writing once: the item's largest size and slots, and WCU per call over the last
+    half."""
+    backend, metered, clock = _fleet_backend(env, _DEFAULT_CLIENT)
+    peek = env.new_client(counted=False)
+    counters = backend.counters
+    pk = f"COUNTER#{backend.namespace}#cron"
+    meter = UnitMeter(metered, peek, env.table)
+    worst = 0
+    try:
+        for i in range(processes):
+            if i == processes // 2:
+                start = meter.usage()
+            with _Process(backend.table).active():
+                counters.increment("cron")
+            clock.advance(every_s)
+            if i % 50 == 49:
+                worst = max(worst, item_size(_slot_item(peek, env.table, pk, "COUNTER")))
+        used = meter.usage()
+    finally:
+        meter.close()
+    measured = processes - processes // 2
+    item = _slot_item(peek, env.table, pk, "COUNTER")
+    worst = max(worst, item_size(item))
+    return {
+        "processes": processes,
+        "every_s": every_s,
+        "window_s": backend.table.count_window_ms / 1000,
+        "wcu_per_call": round((used.wcu - start.wcu) / measured, 3),
+        "requests_per_call": round(
+            (sum(used.requests.values()) - sum(start.requests.values())) / measured, 3
+        ),
+        "slots_at_end": sum(1 for n in item if n.startswith("w:")),
+        "largest_item_bytes": worst,
+    }
+
+
+def _transaction_row(env: BenchEnv, threads: int, calls: int) -> dict[str, Any]:
+    """Route (b), measured: an increment as a one-item TransactWriteItems with a
+    ClientRequestToken (DynamoDB makes a re-sent request a no-op for 10 minutes), plus the
+    consistent GetItem increment() would need to return a value, from ``threads`` threads at
+    once on one key. Units by AWS's rules (a transaction item twice); cancellations counted.
+    DynamoDB Local serializes transactions rather than cancelling them as the service does
+    under contention, so its cancellations are a floor."""
+    import threading
+
+    client = env.new_client(counted=False)
+    peek = env.new_client(counted=False)
+    key = {"pk": {"S": f"COUNTER#{unique('tx')}#hot"}, "sk": {"S": "COUNTER"}}
+    cancelled = [0]
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        for _ in range(n):
+            try:
+                client.transact_write_items(
+                    TransactItems=[
+                        {
+                            "Update": {
+                                "TableName": env.table,
+                                "Key": key,
+                                "UpdateExpression": "ADD n :one",
+                                "ExpressionAttributeValues": {":one": {"N": "1"}},
+                            }
+                        }
+                    ],
+                    ClientRequestToken=os.urandom(16).hex(),
+                )
+            except client.exceptions.TransactionCanceledException:
+                with lock:
+                    cancelled[0] += 1
+                continue
+            client.get_item(TableName=env.table, Key=key, ConsistentRead=True)
+
+    meter = UnitMeter(client, peek, env.table)
+    try:
+        workers = [threading.Thread(target=work, args=(calls // threads,)) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        used = meter.usage()
+    finally:
+        meter.close()
+    total = (calls // threads) * threads
+    return {
+        "threads": threads,
+        "calls": total,
+        "requests_per_call": round(sum(used.requests.values()) / total, 3),
+        "wcu_per_call": round(used.wcu / total, 3),
+        "rcu_per_call": round(used.rcu / total, 3),
+        "cancelled_per_call": round(cancelled[0] / total, 3),
+    }
+
+
+def run_churn(env: BenchEnv) -> dict[str, Any]:
+    """The churning-fleet rows alone (section 9 includes them)."""
+    tiny = env.scale.name == "tiny"
+    if tiny:
+        fleet = [
+            _churn_row(env, "increment", alive=5, lifetime_s=30, rate=1, seconds=40),
+        ]
+        return {
+            "fleet": fleet,
+            "bursts": [_burst_row(env, "threads", burst=10, after=3)],
+            "one_shot": [_one_shot_row(env, 20, 30)],
+            "transactions": [_transaction_row(env, 2, 10)],
+        }
+    fleet = [
+        # the issue's fleet: 50 environments, each replaced after 300 s, 4 calls/s, botocore's
+        # default client (400 s window): ~117 writers per window
+        _churn_row(env, "increment", alive=50, lifetime_s=300, rate=4, seconds=1500),
+        _churn_row(env, "incr", alive=50, lifetime_s=300, rate=4, seconds=1500),
+        # the goal's fleet: ~120 writers per window whatever their lifetimes (environments
+        # replaced after 240 s: 50 x (1 + 400 / 240) less those gone before their next call)
+        _churn_row(env, "increment", alive=50, lifetime_s=240, rate=4, seconds=1500),
+        # from_env()'s client keeps slots 1,240 s: ~250 writers per window at the same churn
+        _churn_row(
+            env, "increment", alive=50, lifetime_s=300, rate=1, seconds=3600, client="from_env"
+        ),
+        # 100 processes alive for the whole run on a counter of 8 shards
+        _churn_row(env, "sharded", alive=100, lifetime_s=10**6, rate=10, seconds=300),
+    ]
+    return {
+        "fleet": fleet,
+        "bursts": [_burst_row(env, "threads"), _burst_row(env, "processes")],
+        # a cron job every 10 s (40 per window), and one every 2 s (200 per window: past the
+        # ~130 writers per window that fit in 2 KB)
+        "one_shot": [_one_shot_row(env, 1200, 10.0), _one_shot_row(env, 1200, 2.0)],
+        "transactions": [_transaction_row(env, threads, 400) for threads in (1, 8)],
     }
