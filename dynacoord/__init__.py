@@ -38,6 +38,8 @@ from .errors import (
     RunExistsError,
     RunNotFoundError,
     RunNotRunningError,
+    SemaphoreError,
+    SemaphoreFullError,
     StackDeploymentError,
     TableNotReadyError,
     TransactionCancelledError,
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
     )
     from .relays import EventBridgeRelay, SNSRelay, SQSRelay
     from .runs import ReconcileStats, Run, Runs, RunStatus
+    from .semaphore import Permit, PermitInfo, Semaphore
 
 __version__ = "0.1.0"
 
@@ -141,6 +144,8 @@ __all__ = [
     "OutboxError",
     "OutboxStats",
     "OutboxWorker",
+    "Permit",
+    "PermitInfo",
     "ReconcileStats",
     "RelayError",
     "RetryReport",
@@ -154,6 +159,9 @@ __all__ = [
     "SNSRelay",
     "SQSJobQueue",
     "SQSRelay",
+    "Semaphore",
+    "SemaphoreError",
+    "SemaphoreFullError",
     "StackDeploymentError",
     "SystemClock",
     "TableLayout",
@@ -201,6 +209,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Outbox": ("dynacoord.outbox", "Outbox"),
     "OutboxStats": ("dynacoord.outbox", "OutboxStats"),
     "OutboxWorker": ("dynacoord.outbox", "OutboxWorker"),
+    "Permit": ("dynacoord.semaphore", "Permit"),
+    "PermitInfo": ("dynacoord.semaphore", "PermitInfo"),
     "ReconcileStats": ("dynacoord.runs", "ReconcileStats"),
     "RetryReport": ("dynacoord.outbox", "RetryReport"),
     "Run": ("dynacoord.runs", "Run"),
@@ -209,6 +219,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SNSRelay": ("dynacoord.relays", "SNSRelay"),
     "SQSJobQueue": ("dynacoord.jobs", "SQSJobQueue"),
     "SQSRelay": ("dynacoord.relays", "SQSRelay"),
+    "Semaphore": ("dynacoord.semaphore", "Semaphore"),
     "Transaction": ("dynacoord.backends.dynamodb.transaction", "Transaction"),
     "TableLayout": ("dynacoord._table_schema", "TableLayout"),
     "EMFMetrics": ("dynacoord.metrics", "EMFMetrics"),

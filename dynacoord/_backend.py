@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
     from .runs import Runs, RunStore
+    from .semaphore import Semaphore, SemaphoreStore
 
     _P = ParamSpec("_P")
     _R = TypeVar("_R")
@@ -164,6 +165,10 @@ class Backend(abc.ABC):
     def _run_store(self, namespace: str) -> RunStore:
         """The workflow-run store; backends without one raise NotSupportedError."""
         raise self._unsupported("workflow runs")
+
+    def _semaphore_store(self, namespace: str) -> SemaphoreStore:
+        """The semaphore store; backends without one raise NotSupportedError."""
+        raise self._unsupported("semaphores")
 
     # -- public primitives ------------------------------------------------------------------------
 
@@ -306,6 +311,22 @@ class Backend(abc.ABC):
 
         return self._memo(
             "_counters", lambda: Counters(self._counter_store(self.namespace), clock=self.clock)
+        )
+
+    def semaphore(self, name: str, *, limit: int, ttl: float) -> Semaphore:
+        """A leased counting semaphore named ``name`` in this namespace: at most ``limit``
+        permits held at once, each for ``ttl`` seconds unless renewed (see semaphore.py and
+        docs/semaphore.md). Every process must give one semaphore the same ``limit``."""
+        from .semaphore import Semaphore
+
+        keys.semaphore_pk(self.namespace, name)  # a bad name is refused here, not at first use
+        return Semaphore(
+            self._semaphore_store(self.namespace),
+            name,
+            limit=limit,
+            ttl=ttl,
+            clock=self.clock,
+            metrics=self._scope("semaphore"),
         )
 
     @property

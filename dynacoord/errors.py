@@ -39,6 +39,8 @@ __all__ = [
     "RunExistsError",
     "RunNotFoundError",
     "RunNotRunningError",
+    "SemaphoreError",
+    "SemaphoreFullError",
     "StackDeploymentError",
     "TableNotReadyError",
     "TransactionCancelledError",
@@ -180,6 +182,24 @@ class LockError(DynacoordError):
 
 class LockNotAcquiredError(LockError):
     """The lock is held by someone else and the timeout ran out."""
+
+
+# --- semaphores --------------------------------------------------------------------------------
+
+
+class SemaphoreError(DynacoordError):
+    """Base of semaphore errors; carries the semaphore's name, its limit and the holders seen."""
+
+    def __init__(self, message: str, *, name: str, limit: int, holders: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.name = name
+        self.limit = limit
+        #: the live permits (:class:`~dynacoord.PermitInfo`) at the last look, oldest fence first
+        self.holders = tuple(holders)
+
+
+class SemaphoreFullError(SemaphoreError):
+    """Every permit of the semaphore is held and the timeout ran out (or the call did not block)."""
 
 
 # --- circuit breaker ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ __all__ = [
     "MAX_PARTITION_KEY_BYTES",
     "MAX_SORT_KEY_BYTES",
     "RUN_SK",
+    "SEMAPHORE_SK",
     "ItemKey",
     "Kind",
     "ParsedKey",
@@ -52,6 +53,8 @@ __all__ = [
     "run_index_sk",
     "run_key",
     "run_pk",
+    "semaphore_key",
+    "semaphore_pk",
     "shard_of",
     "time_sk_bound",
     "validate_key",
@@ -80,6 +83,7 @@ class Kind(StrEnum):
     OUTBOX = "OUTBOX"
     COUNTER = "COUNTER"
     RUN = "RUN"
+    SEMAPHORE = "SEM"
 
     def __str__(self) -> str:
         return self.value
@@ -94,6 +98,7 @@ _FIXED_SK: dict[Kind, str] = {
     Kind.OUTBOX: "EVENT",
     Kind.COUNTER: "COUNTER",
     Kind.RUN: "RUN",
+    Kind.SEMAPHORE: "SEM",
 }
 
 
@@ -107,6 +112,7 @@ _IDEMPOTENCY = Kind.IDEMPOTENCY.value
 _OUTBOX = Kind.OUTBOX.value
 _COUNTER = Kind.COUNTER.value
 _RUN = Kind.RUN.value
+_SEMAPHORE = Kind.SEMAPHORE.value
 _SK_LOCK = LOCK_SK = _FIXED_SK[Kind.LOCK]
 _SK_BREAKER = BREAKER_SK = _FIXED_SK[Kind.BREAKER]
 _SK_CACHE = CACHE_SK = _FIXED_SK[Kind.CACHE]
@@ -114,6 +120,7 @@ _SK_IDEMPOTENCY = IDEMPOTENCY_SK = _FIXED_SK[Kind.IDEMPOTENCY]
 _SK_OUTBOX = _FIXED_SK[Kind.OUTBOX]
 _SK_COUNTER = COUNTER_SK = _FIXED_SK[Kind.COUNTER]
 _SK_RUN = RUN_SK = _FIXED_SK[Kind.RUN]
+_SK_SEMAPHORE = SEMAPHORE_SK = _FIXED_SK[Kind.SEMAPHORE]
 
 
 # Records (NamedTuples to a type checker) rather than dataclasses or NamedTuples: both generate
@@ -271,6 +278,15 @@ def lock_key(namespace: str, key: str) -> ItemKey:
 def lock_pk(namespace: str, key: str) -> str:
     """Only the pk of :func:`lock_key` (its sk is :data:`LOCK_SK`)."""
     return _pk(_LOCK, namespace, key, "lock key")
+
+
+def semaphore_key(namespace: str, name: str) -> ItemKey:
+    return ItemKey(semaphore_pk(namespace, name), _SK_SEMAPHORE)
+
+
+def semaphore_pk(namespace: str, name: str) -> str:
+    """Only the pk of :func:`semaphore_key` (its sk is :data:`SEMAPHORE_SK`)."""
+    return _pk(_SEMAPHORE, namespace, name, "semaphore name")
 
 
 def breaker_key(namespace: str, name: str) -> ItemKey:

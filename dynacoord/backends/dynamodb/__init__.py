@@ -15,6 +15,7 @@ from ._verify import VerifiedTable, Verify, check_client, check_verify
 
 if TYPE_CHECKING:
     from ...locks import LockStore
+    from ...semaphore import SemaphoreStore
     from .transaction import Transaction
 
 __all__ = ["DEFAULT_TABLE_NAME", "DynamoDBBackend", "TableLayout"]
@@ -258,6 +259,11 @@ class DynamoDBBackend(Backend):
         from .runs import DynamoDBRunStore
 
         return DynamoDBRunStore(self.table, namespace)
+
+    def _semaphore_store(self, namespace: str) -> SemaphoreStore:
+        from .semaphore import DynamoDBSemaphoreStore
+
+        return DynamoDBSemaphoreStore(self.table, namespace, fence_grace_s=self.lock_fence_grace)
 
     if TYPE_CHECKING:
         from .counters import DynamoDBCounterStore

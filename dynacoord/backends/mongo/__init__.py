@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ...locks import LockStore
     from ...outbox import OutboxStore
     from ...runs import RunStore
+    from ...semaphore import SemaphoreStore
 
 __all__ = ["DEFAULT_SERVER_SELECTION_TIMEOUT_MS", "INDEXES", "MongoBackend"]
 
@@ -206,6 +207,11 @@ class MongoBackend(Backend):
         from .runs import MongoRunStore
 
         return MongoRunStore(self._ready(), namespace)
+
+    def _semaphore_store(self, namespace: str) -> SemaphoreStore:
+        from .semaphore import MongoSemaphoreStore
+
+        return MongoSemaphoreStore(self._ready(), namespace, fence_grace_s=self.lock_fence_grace)
 
     def _outbox_store(self, namespace: str) -> OutboxStore:
         from .outbox import MongoOutboxStore

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ...locks import LockStore
     from ...outbox import OutboxStore
     from ...runs import RunStore
+    from ...semaphore import SemaphoreStore
 
 __all__ = ["RedisBackend"]
 
@@ -162,6 +163,11 @@ class RedisBackend(Backend):
         from .runs import RedisRunStore
 
         return RedisRunStore(self.conn, namespace)
+
+    def _semaphore_store(self, namespace: str) -> SemaphoreStore:
+        from .semaphore import RedisSemaphoreStore
+
+        return RedisSemaphoreStore(self.conn, namespace, fence_grace_s=self.lock_fence_grace)
 
     def _outbox_store(self, namespace: str) -> OutboxStore:
         from .outbox import RedisOutboxStore
