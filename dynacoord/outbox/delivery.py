@@ -427,6 +427,8 @@ class ClaimedBatch:
                 current = None
                 self.handled += 1
                 self._outcomes.append(outcome)
+                if keeper is not None:
+                    keeper.decided(record.id)
                 self._settled.add(record.id)
                 if group is not None and outcome.kind == "pending":
                     self._held_back[group] = outcome.due_ms
@@ -527,6 +529,8 @@ class LeaseKeeper:
         self._held: dict[str, tuple[EventRecord, int]] = {}
         #: held events whose outcome is being written: a refused extension is that write's doing
         self._closing: set[str] = set()
+        #: held events whose outcome is decided, waiting for the batch's flush (see _beat)
+        self._decided: set[str] = set()
         #: held events delivered without a claim (the stream relay's): event id -> the event as
         #: read (pending, unclaimed). When its lease wants extending the keeper claims it under
         #: the token its delivery carries: from then on it is held as any claimed event.
@@ -557,6 +561,12 @@ class LeaseKeeper:
             self._unclaimed[record.id] = seen
             self._wake()
 
+    def decided(self, event_id: str) -> None:
+        """The outcome of a held event is decided; the batch stores it at its next flush."""
+        with self._lock:
+            if event_id in self._held:
+                self._decided.add(event_id)
+
     def closing(self, event_ids: Iterable[str]) -> None:
         """The outcomes of these events are being written: keep them alive meanwhile, and take
         a refused extension for the outcome's own write, not a lost lease."""
@@ -569,6 +579,7 @@ class LeaseKeeper:
             for event_id in event_ids:
                 self._held.pop(event_id, None)
                 self._closing.discard(event_id)
+                self._decided.discard(event_id)
                 self._unclaimed.pop(event_id, None)
                 self.claimed.pop(event_id, None)
                 self.lost.discard(event_id)
@@ -621,8 +632,23 @@ class LeaseKeeper:
         return thread
 
     def _run(self, done: threading.Event) -> None:
-        while not done.wait(self._interval):
+        while not done.wait(self._next_wait()):
             self.beat()
+
+    def _next_wait(self) -> float:
+        """Seconds to the next beat: one interval, sooner when a held lease would have less than
+        a beat left by then. A claim's lease end is set before the claim is sent, so a slow claim
+        (a loaded store, statements sent again) leaves less of it; a first beat a whole interval
+        after the hold let other workers take such a batch over before it was extended. Never
+        sooner than a twentieth of the interval (50 ms at least): an extension that keeps
+        failing is not sent in a loop."""
+        floor = max(0.05, self._interval / 20)
+        with self._lock:
+            ends = [until for _, until in self._held.values()]
+        if not ends:
+            return self._interval
+        left_ms = min(ends) - now_ms(self._delivery.clock) - 2 * self.interval_ms
+        return max(floor, min(self._interval, left_ms / 1000))
 
     # -- a beat -----------------------------------------------------------------------------------
 
@@ -635,9 +661,19 @@ class LeaseKeeper:
         delivery = self._delivery
         # Half a beat, not a whole one: a late wake-up must not skip a claim's turn.
         threshold = delivery.lease_ms - self.interval_ms // 2
+        # An event whose outcome waits for the batch's flush is extended only once its lease is
+        # within a beat and a half of its end: the flush comes a third of a lease after the
+        # batch starts, as the first beat does, and extending what it is storing at that moment
+        # was a write refused or wasted per event. A flush held up (a slow handler after it)
+        # leaves it to the next beat, which still has half a beat's margin if it wakes late.
+        decided_threshold = self.interval_ms * 3 // 2
         now = now_ms(delivery.clock)
         with self._lock:
-            due = [rec for rec, until in self._held.values() if until - now <= threshold]
+            due = [
+                rec
+                for rec, until in self._held.values()
+                if until - now <= (decided_threshold if rec.id in self._decided else threshold)
+            ]
             claims = [(self._unclaimed[r.id], r) for r in due if r.id in self._unclaimed]
             due = [r for r in due if r.id not in self._unclaimed]
         if claims:
