@@ -66,3 +66,23 @@ class Process:
         if errors:
             raise errors[0]
         return result[0]
+
+
+def stored_slots(backend: Any, kind: str, key: str) -> int:
+    """How many counting slots the counter ``key`` of ``backend`` (a contract backend of
+    ``kind``) holds in its store: DynamoDB attributes ``w:*``, the Redis hash ``{pk}|rq``, the
+    MongoDB subdocument ``w``."""
+    from dynacoord.keys import counter_key
+
+    ident = counter_key(backend.namespace, key)
+    if kind in ("redis", "redis_cluster"):
+        return int(backend.client.hlen(f"{{{ident.pk}}}|rq"))
+    if kind in ("mongo", "mongodb"):
+        doc = backend.coll.collection.find_one(ident.primary) or {}
+        return len(doc.get("w") or {})
+    item = backend.client.get_item(
+        TableName=backend.table_name,
+        Key={"pk": {"S": ident.pk}, "sk": {"S": ident.sk}},
+        ConsistentRead=True,
+    ).get("Item")
+    return sum(1 for name in item or {} if name.startswith("w:"))

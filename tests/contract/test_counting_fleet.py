@@ -27,9 +27,8 @@ from bench._units import UnitMeter, item_size
 from dynacoord import ManualClock
 from dynacoord._writers import PRUNE_AT
 from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.keys import counter_key
 from dynacoord.testing import unique_name
-from tests.slot_pools import Process
+from tests.slot_pools import Process, stored_slots
 
 #: a client whose retries end 70 s after a call starts: 3 x (5 + 5) s + 2 x 20 s of backoff
 SHORT_WINDOW = Config(
@@ -306,21 +305,6 @@ def test_each_shard_of_a_counter_written_by_100_processes_stays_within_2_wcu(fle
 # -- Redis and MongoDB: the same fleet of one-shot writers ----------------------------------------
 
 
-def _store_slots(backend: Any, kind: str, key: str) -> int:
-    ident = counter_key(backend.namespace, key)
-    if kind in ("redis", "redis_cluster"):
-        return int(backend.client.hlen(f"{{{ident.pk}}}|rq"))
-    if kind in ("mongo", "mongodb"):
-        doc = backend.coll.collection.find_one(ident.primary) or {}
-        return len(doc.get("w") or {})
-    item = backend.client.get_item(
-        TableName=backend.table_name,
-        Key={"pk": {"S": ident.pk}, "sk": {"S": ident.sk}},
-        ConsistentRead=True,
-    ).get("Item")
-    return _slots(item or {})
-
-
 def test_one_shot_writers_leave_one_window_of_slots_on_every_backend(make_backend) -> None:
     kind = getattr(make_backend, "kind", "")
     if kind == "moto":
@@ -337,4 +321,4 @@ def test_one_shot_writers_leave_one_window_of_slots_on_every_backend(make_backen
     assert counters.get("cron") == 8 * per_window
     # DynamoDB leaves up to 4 x PRUNE_AT stale slots to be dropped inside a later write
     slack = 4 * PRUNE_AT if kind == "dynamodb" else PRUNE_AT
-    assert _store_slots(backend, kind, "cron") <= per_window + slack + 1
+    assert stored_slots(backend, kind, "cron") <= per_window + slack + 1
