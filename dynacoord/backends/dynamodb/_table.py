@@ -9,8 +9,10 @@ Every request goes through :meth:`DynamoTable.call`, the table session's one req
 order, a :class:`~dynacoord.TableLayout`'s translation (``_layout.py``), the request, the error
 translation (``ClientError`` codes to dynacoord errors, in one place) and the metrics. The
 first-use check comes before it (``_verify.VerifiedTable``). What the process learns about the
-table through its client (checked, PartiQL or not, join generations, stale counting slots) is
-the session's :attr:`DynamoTable.state`, shared by every backend on the same client and table.
+table through its client (checked, PartiQL or not, join generations, the stale counting slots
+the breaker's window writes drop) is the session's :attr:`DynamoTable.state`, shared by every
+backend on the same client and table; the slots a counting write saw on an item are kept with
+the process's slot pool (dynacoord._writers.remember), which a forked child makes afresh.
 
 No boto3/botocore import at module level: this module is imported deep inside the lazy-import
 chain on a Lambda cold start, where module-level imports of boto3's regex-heavy modules cost
