@@ -196,6 +196,43 @@ def test_a_blocked_acquire_takes_an_expiring_slot(make_backend):
     assert 3 <= clock.monotonic() - start < 4
 
 
+def test_two_acquires_decided_from_one_read_take_one_slot(make_backend):
+    # Both objects read the semaphore with its one permit free; the first takes it, the second
+    # writes from the same (now stale) read: its write must be refused, not add a second holder.
+    clock = ManualClock()
+    backend = make_backend(clock=clock)
+    first = backend.semaphore("one-read", limit=1, ttl=30)
+    second = backend.semaphore("one-read", limit=1, ttl=30)
+    assert first.acquire(owner="setup").release()  # the item exists: both writes are updates
+    assert first.holders() == [] and second.holders() == []  # each has read it free
+    taken = first.acquire(owner="a", blocking=False)
+    with pytest.raises(SemaphoreFullError) as full:
+        second.acquire(owner="b", blocking=False)
+    assert [p.token for p in full.value.holders] == [taken.token]
+    assert [p.owner for p in second.holders()] == ["a"]
+
+
+def test_a_slot_renewed_by_a_slower_clock_is_not_dropped(make_backend):
+    # The fast process (2 s ahead) reads the slow one's permit expired; the slow one renews it
+    # (live at its own clock, and now at the fast one's too); the fast one's write, decided from
+    # its read, must not drop the renewed permit.
+    slow_clock = ManualClock()
+    fast_clock = ManualClock(slow_clock.time() + 2)
+    slow = make_backend(clock=slow_clock)
+    fast = make_backend(clock=fast_clock, namespace=slow.namespace)
+    slow_sem = slow.semaphore("skew", limit=1, ttl=3)
+    fast_sem = fast.semaphore("skew", limit=1, ttl=3)
+    held = slow_sem.acquire(owner="slow")
+    for clock in (slow_clock, fast_clock):
+        clock.advance(1.5)
+    assert fast_sem.holders() == []  # expired at the fast clock: read as free
+    assert held.extend(3) is True  # live at the slow clock: renewed until slow + 3 s
+    with pytest.raises(SemaphoreFullError):
+        fast_sem.acquire(owner="fast", blocking=False)
+    assert [p.owner for p in slow_sem.holders()] == ["slow"]
+    assert held.release() is True
+
+
 def test_namespaces_isolate(make_backend):
     one = make_backend(namespace="tenant-one-s")
     two = make_backend(namespace="tenant-two-s")
