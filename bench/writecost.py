@@ -740,7 +740,7 @@ def _churn_row(
     """``op`` (``increment``, ``incr`` or ``sharded``) by a Lambda-like fleet: ``alive``
     environments, each replaced ``lifetime_s`` after it started (staggered), ``rate`` calls/s
     spread round-robin over them, for ``seconds`` on the ManualClock; units per call over the
-    last third (steady state: past one window and one lifetime)."""
+    last third (steady state: ``seconds`` x 2/3 past one window and one lifetime)."""
     retries = _CLIENTS[client]
     backend, metered, clock = _fleet_backend(env, retries)
     peek = env.new_client(counted=False)
@@ -968,14 +968,14 @@ def run_churn(env: BenchEnv) -> dict[str, Any]:
     fleet = [
         # the issue's fleet: 50 environments, each replaced after 300 s, 4 calls/s, botocore's
         # default client (400 s window): ~117 writers per window
-        _churn_row(env, "increment", alive=50, lifetime_s=300, rate=4, seconds=1500),
-        _churn_row(env, "incr", alive=50, lifetime_s=300, rate=4, seconds=1500),
+        _churn_row(env, "increment", alive=50, lifetime_s=300, rate=4, seconds=1100),
+        _churn_row(env, "incr", alive=50, lifetime_s=300, rate=4, seconds=1100),
         # the goal's fleet: ~120 writers per window whatever their lifetimes (environments
         # replaced after 240 s: 50 x (1 + 400 / 240) less those gone before their next call)
-        _churn_row(env, "increment", alive=50, lifetime_s=240, rate=4, seconds=1500),
+        _churn_row(env, "increment", alive=50, lifetime_s=240, rate=4, seconds=1100),
         # from_env()'s client keeps slots 1,240 s: ~250 writers per window at the same churn
         _churn_row(
-            env, "increment", alive=50, lifetime_s=300, rate=1, seconds=3600, client="from_env"
+            env, "increment", alive=50, lifetime_s=300, rate=1, seconds=2400, client="from_env"
         ),
         # 100 processes alive for the whole run on a counter of 8 shards
         _churn_row(env, "sharded", alive=100, lifetime_s=10**6, rate=10, seconds=300),
