@@ -78,8 +78,14 @@ class LockStore(Protocol):
         """Push the expiry to ``now + ttl`` if (owner, fence) still holds an unexpired lock."""
         ...
 
-    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
-        """Free the lock if (owner, fence) still holds it; False if it was lost."""
+    def release(
+        self, key: str, owner: str, fence: int, now_ms: int, token: str | None = None
+    ) -> bool:
+        """Free the lock if (owner, fence) still holds it; False if it was lost.
+
+        ``token`` (a fresh one when None) is stored with the release: a refusal that shows it
+        is a release of this caller's that applied (its answer lost, or its call raised), and
+        answers True. A caller that retries a release which raised passes the same token."""
         ...
 
     def force_release(self, key: str, now_ms: int) -> bool:
@@ -121,6 +127,9 @@ class Lease:
         self.ttl_ms = ttl_ms
         self.lost = False
         self.released = False
+        # the token of a release that raised (maybe applied): its retry sends the same one, so
+        # the store recognises the release as this lease's own
+        self._release_token: str | None = None
 
     @property
     def expires_at(self) -> float:
@@ -164,12 +173,22 @@ class Lease:
         with self._mutex:
             if self.released:
                 return False
-            self.released = True
-            if self.lost:
+            if self.lost and self._release_token is None:
+                self.released = True
                 return False
+            if self._release_token is None:
+                self._release_token = os.urandom(8).hex()
+            # Released only once the store answered: a call that raised may not have been sent,
+            # and the caller's retry must send it (with the same token, so that a release that
+            # did apply is recognised as this lease's own rather than reported lost).
             ok = self._locks._store.release(
-                self.key, self.owner, self.fence, now_ms(self._locks.clock)
+                self.key,
+                self.owner,
+                self.fence,
+                now_ms(self._locks.clock),
+                token=self._release_token,
             )
+            self.released = True
             if not ok:
                 self.lost = True
                 self._locks._metrics.count("LockLost")

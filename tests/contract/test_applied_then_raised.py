@@ -159,29 +159,36 @@ def test_lock_extend_raised_is_recognised_by_the_next_attempt(lossy, applied):
     assert lease.release() is True
 
 
-@pytest.mark.parametrize(
-    "applied",
-    [
-        True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 49 s.2, reported: Lease.release marks itself released before its "
-                "write, so a release that raised unsent is never sent again (held until its TTL)",
-            ),
-        ),
-    ],
-    ids=["applied", "unsent"],
-)
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "unsent"])
 def test_lock_release_raised_leaves_the_lock_free_or_releasable(lossy, applied):
     locks = lossy.backend().locks
     lease = locks.acquire("k", ttl=30, owner="me")
     _raise_in(lossy, locks._store, "release", applied=applied)
     with pytest.raises(RAISED):
         lease.release()
-    lease.release()  # the caller's next attempt
+    # the caller's next attempt: sent (unsent), or recognised as its own release (applied); the
+    # answer is the one the first call would have given
+    assert lease.release() is True
     assert locks.get("k") is None  # not held until its TTL by a release that never went out
+    assert lease.release() is False  # answered once: a second release has nothing to free
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "unsent"])
+def test_lock_release_raised_then_retried_never_frees_the_next_owners_lock(lossy, applied):
+    clock = ManualClock()
+    locks = lossy.backend(clock=clock).locks
+    lease = locks.acquire("k", ttl=10, owner="me")
+    _raise_in(lossy, locks._store, "release", applied=applied)
+    with pytest.raises(RAISED):
+        lease.release()
+    clock.advance(11)  # the lease ran out (or was released): another owner takes the lock
+    other = locks.acquire("k", ttl=30, owner="other")
+    assert other is not None
+    # applied: the release was this lease's and did free its lock; unsent: the lock was lost
+    assert lease.release() is applied
+    assert lease.lost is not applied
+    held = locks.get("k")
+    assert held is not None and (held.owner, held.fence) == ("other", other.fence)
 
 
 @pytest.mark.parametrize(

@@ -137,11 +137,15 @@ class DynamoDBLockStore:
             return None
         return LockInfo(key, owner, fence, expires)
 
-    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
-        # released_by: the retry of a release whose answer was lost knows it applied
+    def release(
+        self, key: str, owner: str, fence: int, now_ms: int, token: str | None = None
+    ) -> bool:
+        # released_by: the retry of a release whose answer was lost (the client's, or the
+        # caller's own with the same token after the call raised) knows it applied
         update = "SET expires_at_ms = :now, #ttl = :ttl, released_by = :token REMOVE #owner"
         ttl = self._ttl(now_ms)
-        return self._if_held(key, owner, fence, now_ms, update, ttl=ttl, token=request_token())
+        token = request_token() if token is None else token
+        return self._if_held(key, owner, fence, now_ms, update, ttl=ttl, token=token)
 
     def force_release(self, key: str, now_ms: int) -> bool:
         token = request_token()

@@ -107,8 +107,11 @@ class MongoLockStore:
             return None
         return LockInfo(key, owner, fence, expires)
 
-    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
-        token = request_token()
+    def release(
+        self, key: str, owner: str, fence: int, now_ms: int, token: str | None = None
+    ) -> bool:
+        # the caller's retry after a call that raised passes the same token
+        token = request_token() if token is None else token
         update = {
             "$set": {
                 "expires_at_ms": now_ms,

@@ -116,12 +116,15 @@ class RedisLockStore:
         )
         return LockInfo(key, owner, fence, expires) if as_int(ok) == 1 else None
 
-    def release(self, key: str, owner: str, fence: int, now_ms: int) -> bool:
+    def release(
+        self, key: str, owner: str, fence: int, now_ms: int, token: str | None = None
+    ) -> bool:
         ok = self._conn.run(
             _RELEASE,
             [self._key(key)],
-            # the call's token: its re-sent script (a lost reply) knows it applied
-            [owner, fence, now_ms, self._grace_ms, request_token()],
+            # the call's token: its re-sent script (a lost reply), or the caller's retry with
+            # the same token after the call raised, knows it applied
+            [owner, fence, now_ms, self._grace_ms, request_token() if token is None else token],
             "lock release",
         )
         return as_int(ok) == 1
