@@ -29,7 +29,10 @@ hypothesis, interleaved with:
   documented 2 s skew.
 
 * (issue 49) **poison events**: an event whose handler kills its worker's process wherever it
-  runs (in a batch with others, re-claimed alone), until the faults stop.
+  runs (in a batch with others, re-claimed alone), until the faults stop; an **index that
+  lags** (``LAG``: AWS's GSIs are eventually consistent, DynamoDB Local's are not): an actor's
+  next queries are answered from the index as it last answered them, entries since gone still
+  listed in their old status, due time and lease token, entries since added missing.
 
 Checked after every step (safety), by an exact oracle: a reference of what the store holds (per
 event: the lease token, its end and its holder as the claims, renewals and outcomes the model
@@ -142,6 +145,9 @@ PERMISSION = switch("PERMISSION", True)
 SKEW = switch("SKEW", True)
 #: an event whose handler kills its worker's process (issue 49: a poison event fails alone)
 POISON = switch("POISON", True)
+#: an index that lags (AWS's GSIs are eventually consistent, DynamoDB Local's are not): an actor's
+#: next queries are answered from the index as it was, entries missing or in an old status
+LAG = switch("LAG", True)
 #: the documented clock skew (docs/guarantees.md, "Clock skew")
 SKEW_MS = 2000
 #: how much room a large event leaves under the item limit (bytes; negative: over it)
@@ -207,6 +213,21 @@ class GatedStore:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         return functools.partial(self._call, name) if callable(attr) else attr
+
+    def query_page(self, status: EventStatus, shard: int, **kwargs: Any) -> Any:
+        """An index query; while the actor's index lags (the LAG generator), answered from the
+        index as it was: the last answer to the same query (entries since gone still listed in
+        their old status, due time and lease token; entries since added missing), or nothing."""
+        answer = self._call("query_page", status, shard, **kwargs)
+        key = (status, shard, kwargs.get("cursor"))
+        actor = self._actor
+        if actor.lagging > 0:
+            actor.lagging -= 1
+            stale = actor.index_seen.get(key, ([], None))
+            actor.machine.log_lag(actor, status, shard, stale[0])
+            return stale
+        actor.index_seen[key] = answer
+        return answer
 
     def claim(self, seen: EventRecord, token: str, until: int, now: int) -> EventRecord | None:
         got = self._call("claim", seen, token, until, now)
@@ -275,6 +296,9 @@ class Actor:
         self.held: dict[str, int] = {}  # claimed, outcome not stored: event id -> lease end
         self.keeper: ModelKeeper | None = None
         self.plan = Plan()  # faults injected into its requests (DynamoDB)
+        self.lagging = 0  # index queries still to answer from the index as it was (LAG)
+        #: (status, shard, cursor) -> the last answer the index gave this actor
+        self.index_seen: dict[tuple[Any, int, Any], Any] = {}
         self.clock: SkewedClock = backend.clock  # the model's clock, maybe off by a fixed offset
         self._go = threading.Semaphore(0)
         self._parked = threading.Event()
@@ -443,6 +467,7 @@ def make_machine(
             #: events whose handler kills its process (the POISON generator)
             self.poison: set[str] = set()
             self.replaced: set[Actor] = set()  # actors killed by a poison event, replaced
+            self.lagged = 0  # queries answered from a stale index (LAG)
             self.offsets = [0]  # the actors' clock offsets, in turn (ms)
             self.skew_max = 0  # the fastest actor clock's offset
             self.large = 0  # events near the item limit published
@@ -669,7 +694,11 @@ def make_machine(
         def advance(self, ms: int) -> None:
             self.pass_time(ms)
 
-        @precondition(lambda self: POISON and not self.poison and self.events)
+        # This machine's own rules only: they replace an actor its poison event killed (a
+        # machine that extends it steps actors in rules of its own, which do not).
+        @precondition(
+            lambda self: POISON and type(self) is DeliveryModel and not self.poison and self.events
+        )
         @rule(index=st.integers(0, MAX_EVENTS - 1))
         def poison_one(self, index: int) -> None:
             """An event whose handler kills the worker's process (an OOM kill, SIGKILL, a Lambda
@@ -678,6 +707,19 @@ def make_machine(
             event_id = sorted(self.events)[index % len(self.events)]
             self.poison.add(event_id)
             self.log(event_id, "poison from now on")
+
+        @precondition(lambda self: LAG)
+        @rule(index=st.integers(0, 9), queries=st.integers(1, 6))
+        def lag(self, index: int, queries: int) -> None:
+            """The actor's next ``queries`` index queries are answered from a stale index."""
+            actor = self.pick(index, frozen=None)
+            if actor is not None:
+                actor.lagging += queries
+
+        def log_lag(self, actor: Actor, status: EventStatus, shard: int, stale: Any) -> None:
+            self.lagged += 1
+            for record in stale:
+                self.log(record.id, f"listed to {actor.name} as {record.status.value} (stale)")
 
         def replace_if_poisoned(self, actor: Actor) -> None:
             """An actor its poison event killed is replaced, as ``kill`` replaces one."""
@@ -945,6 +987,8 @@ def make_machine(
             # The faults stop: frozen workers go on and finish what they hold, then rest.
             self.faults_stop()
             self.poison.clear()
+            for actor in self.actors:
+                actor.lagging = 0
             for actor in self.live():
                 actor.frozen = False
                 actor.fail_next = False
@@ -1000,6 +1044,7 @@ def make_machine(
                 print(
                     f"events {len(self.events)} handled {sum(self.delivered.values())} "
                     f"failed {len(self.ever_failed)} workers {len(self.actors)} "
+                    f"lagged {self.lagged} poison {sorted(self.poison)} "
                     f"excused {len(self.excused)} large {self.large}/{self.refused_large} clocks {self.offsets} "
                     f"injected {[a.plan.done for a in self.actors if a.plan.done]} "
                     f"denied {self.injector.denials if self.injector else 0}"
