@@ -13,7 +13,11 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from dynacoord import BreakerState, CircuitOpenError, FailureRate, ManualClock
-from dynacoord.errors import BackendError, IdempotencyInProgressError
+from dynacoord.errors import (
+    BackendError,
+    IdempotencyInProgressError,
+    IdempotencyKeyMismatchError,
+)
 
 CLOSED, OPEN = BreakerState.CLOSED, BreakerState.OPEN
 
@@ -226,21 +230,7 @@ def test_join_arrival_raised_is_counted_once_and_fires(lossy, applied):
     assert (result.count, result.complete, result.fired) == (2, True, True)
 
 
-@pytest.mark.parametrize(
-    "applied",
-    [
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 49 s.2, reported: a claim applied and raised holds the key in "
-                "progress against its own caller's next call until the claim's lease ends",
-            ),
-        ),
-        False,
-    ],
-    ids=["applied", "unsent"],
-)
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "unsent"])
 def test_idempotent_claim_raised_does_not_block_the_next_attempt(lossy, applied):
     backend = lossy.backend()
     runs = []
@@ -255,6 +245,71 @@ def test_idempotent_claim_raised_does_not_block_the_next_attempt(lossy, applied)
         work(1)
     assert work(1) == 2
     assert runs == [1]
+
+
+def test_idempotent_claim_raised_is_recognised_only_by_its_own_process(lossy):
+    # "the same caller" is this process: another one (its own backend object) is refused while
+    # the claim's lease runs, and this process's retry runs the function once
+    clock = ManualClock()
+    here = lossy.backend(clock=clock)
+    elsewhere = lossy.backend(clock=clock, namespace=here.namespace)
+    runs = []
+
+    def work(x):
+        runs.append(x)
+        return x * 2
+
+    mine = here.idempotent(key=lambda x: f"k{x}", in_progress_ttl=60)(work)
+    theirs = elsewhere.idempotent(key=lambda x: f"k{x}", in_progress_ttl=60)(work)
+    _raise_in(lossy, here.idempotency._store, "claim")
+    with pytest.raises(RAISED):
+        mine(1)
+    with pytest.raises(IdempotencyInProgressError):
+        theirs(1)
+    assert mine(1) == 2
+    assert theirs(1) == 2  # replayed
+    assert runs == [1]
+
+
+def test_idempotent_claim_raised_is_retried_by_one_call_of_the_process_at_a_time(lossy):
+    # the retry holds the raised claim's token while it runs: a second call of this process
+    # meanwhile (here re-entrant, as a second thread would be) claims with a fresh token and is
+    # refused; both never run
+    backend = lossy.backend()
+    runs, refused = [], []
+
+    @backend.idempotent(key=lambda x: f"k{x}")
+    def work(x):
+        runs.append(x)
+        if len(runs) == 1:
+            with pytest.raises(IdempotencyInProgressError):
+                work(x)
+            refused.append(x)
+        return x * 2
+
+    _raise_in(lossy, backend.idempotency._store, "claim")
+    with pytest.raises(RAISED):
+        work(1)
+    assert work(1) == 2
+    assert (runs, refused) == ([1], [1])
+
+
+def test_idempotent_claim_raised_then_a_different_payload_is_refused(lossy):
+    backend = lossy.backend()
+    runs = []
+
+    @backend.idempotent(key=lambda x, amount: f"k{x}", payload=lambda x, amount: amount)
+    def work(x, amount):
+        runs.append((x, amount))
+        return amount
+
+    _raise_in(lossy, backend.idempotency._store, "claim")
+    with pytest.raises(RAISED):
+        work(1, 10)
+    with pytest.raises(IdempotencyKeyMismatchError):
+        work(1, 20)  # another call under the same key: never taken for the raised one's retry
+    assert work(1, 10) == 10
+    assert runs == [(1, 10)]
 
 
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "unsent"])
