@@ -110,10 +110,11 @@ def register(subparsers: Any) -> None:
     work.add_argument("--poll-interval", type=float, default=1.0)
     work.add_argument(
         "--on-missing-handler",
-        choices=("fail", "retry", "skip"),
+        choices=("leave", "fail", "retry", "skip"),
         default=None,
-        help="what becomes of an event whose type no --handler names: fail it at once, retry it "
-        "(backoff; its attempts count, then failed) or skip it (completed, not delivered); "
+        help="what becomes of an event whose type no --handler names: leave it pending for a "
+        "worker that has its handler (given back, no attempt counted), fail it at once, retry "
+        "it (backoff; its attempts count, then failed) or skip it (completed, not delivered); "
         "required when every --handler names a TYPE (no catch-all handler)",
     )
     work.add_argument(
@@ -356,7 +357,8 @@ def _handlers(ctx: Context) -> Any:
         named = ", ".join(sorted(mapping))
         raise UsageError(
             f"handlers for {named} only: events of other types would be claimed too; add "
-            "--on-missing-handler fail|retry|skip (or a catch-all --handler MODULE:FUNCTION); "
+            "--on-missing-handler leave|fail|retry|skip (or a catch-all --handler "
+            "MODULE:FUNCTION); "
             "nothing was claimed"
         )
     return mapping

@@ -99,3 +99,25 @@ def test_cli_md_documents_the_option_and_the_exit() -> None:
     text = (ROOT / "docs" / "cli.md").read_text()
     assert "--on-missing-handler" in text
     assert "marked 1 event(s) failed" in text or "event(s) failed" in text
+
+
+def test_leave_gives_the_other_types_back_pending_with_no_attempt_counted(env: Any) -> None:
+    """``leave`` (the Python worker's default) is a choice of the CLI too: the other type stays
+    pending for a worker that has its handler, and its attempts are not spent."""
+    run, outbox = env
+    outbox.publish([Event("order.placed", 1, id="lv1"), Event("order.paid", 2, id="lv2")])
+    code, out, err = run(
+        "--json",
+        "outbox",
+        "work",
+        "--once",
+        "--handler",
+        "order.placed=builtins:repr",
+        "--on-missing-handler",
+        "leave",
+    )
+    assert code == 0, err
+    assert json.loads(out)["delivered"] == 1
+    left = outbox.get("lv2")
+    assert left is not None
+    assert left.status.value == "pending" and left.attempts == 0
