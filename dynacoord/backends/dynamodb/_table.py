@@ -53,10 +53,15 @@ __all__ = [
     "ConditionFailedError",
     "CountingToken",
     "DynamoTable",
+    "after_counting_write",
+    "before_counting_write",
     "counting_update",
+    "drop_slots",
     "exact_sum",
     "request_token",
     "retry_window_ms",
+    "slot_token",
+    "slot_value",
     "sum_limit",
     "written_by",
 ]
@@ -482,8 +487,7 @@ def counting_update(
     leased and written again since is kept (the write is then sent again without the drop: a
     second request, only then), and writers dropping the same slot never refuse each other."""
     kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-    if token.prunes:
-        token.prune = _to_drop(recall(token.pk), now_ms)
+    before_counting_write(token, now_ms)
     slot, value = lease(token.now_ms, table.count_window_ms)
     token.name = SLOT_PREFIX + slot.name
     token.token = str(value)
@@ -505,18 +509,40 @@ def counting_update(
             break
     finally:
         release(slot)
-    if token.prunes:
-        raw = response.get("Attributes")
-        seen = _seen_slots(raw, token.name)
-        stale = [(name, av) for name, av, until in seen if until < now_ms]
-        if len(stale) > PRUNE_AT and (
-            len(stale) > _DROP_AT_ONCE or _bills_less_without(raw, stale)
-        ):
-            drop_slots(table, kwargs["Key"], stale)
-            gone = {name for name, _ in stale}
-            seen = tuple(s for s in seen if s[0] not in gone)
-        remember(token.pk, seen)
+    after_counting_write(table, token, kwargs["Key"], response.get("Attributes"), now_ms)
     return response
+
+
+def before_counting_write(token: CountingToken, now_ms: int) -> None:
+    """Before a counting write with ``token.prunes``: ``token.prune`` takes the slots this
+    process saw on the item that no call can retry any more at ``now_ms`` (dropped in the
+    write's own request by :meth:`CountingToken.apply`). A write that sends its own request
+    (the breaker's window writes) calls this and :func:`after_counting_write` around it."""
+    if token.prunes:
+        token.prune = _to_drop(recall(token.pk), now_ms)
+
+
+def after_counting_write(
+    table: DynamoTable,
+    token: CountingToken,
+    key: dict[str, Any],
+    raw: Mapping[str, Any] | None,
+    now_ms: int,
+) -> None:
+    """After a counting write with ``token.prunes`` applied and answered with the item ``raw``
+    (``ReturnValues=ALL_NEW``): the slots it shows are remembered for this process's next
+    write there, and more than PRUNE_AT stale ones are dropped at once if that takes the item
+    below a KB it bills or there are more than :data:`_DROP_AT_ONCE` (see
+    :func:`counting_update`)."""
+    if not token.prunes:
+        return
+    seen = _seen_slots(raw, token.name)
+    stale = [(name, av) for name, av, until in seen if until < now_ms]
+    if len(stale) > PRUNE_AT and (len(stale) > _DROP_AT_ONCE or _bills_less_without(raw, stale)):
+        drop_slots(table, key, stale)
+        gone = {name for name, _ in stale}
+        seen = tuple(s for s in seen if s[0] not in gone)
+    remember(token.pk, seen)
 
 
 #: The item (if any) has not expired: no expiry, or one still ahead of ``:now``.
