@@ -41,6 +41,8 @@ from ._table import (
     ConditionFailedError,
     CountingToken,
     DynamoTable,
+    after_counting_write,
+    before_counting_write,
     counting_update,
     request_token,
     unmarshal,
@@ -195,12 +197,13 @@ class DynamoDBBreakerStore:
     ) -> dict[str, Any]:
         """:func:`counting_update` sent with the slot and token ``write`` holds across its sends
         (leased at the first, given back by the breaker) instead of a slot leased for this call
-        alone: a send after one whose call raised is refused with its own token, "applied"."""
+        alone: a send after one whose call raised is refused with its own token, "applied".
+        The steps around the write are the counting write's own (before_counting_write,
+        after_counting_write), so the slots of writers that never write again go with
+        whoever writes next: breaker items have no TTL."""
         kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         table = self._table
-        stale_slots = table.state.stale_slots
-        if token.prunes and stale_slots:
-            token.prune = stale_slots.pop(token.pk, ())
+        before_counting_write(token, now_ms)
         slot, value = write.take(token.now_ms, table.count_window_ms)
         token.name = SLOT_PREFIX + slot
         token.token = str(value)
@@ -215,9 +218,8 @@ class DynamoDBBreakerStore:
                 ):
                     token.prune = ()  # a stale slot written again since it was seen
                     continue
-                token.observe(failed.raw, now_ms, stale_slots)
                 raise
-            token.observe(response.get("Attributes"), now_ms, stale_slots)
+            after_counting_write(table, token, kwargs["Key"], response.get("Attributes"), now_ms)
             return response
 
     def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
