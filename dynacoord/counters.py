@@ -25,7 +25,9 @@ unconditional add would continue counting from the stale value of the expired co
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from typing import Any, Protocol
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._items import unfrozen_twin
+from ._raised import RaisedWrites
 from ._validate import check_int, ttl_to_ms
 from .errors import (
     BackendError,
@@ -252,10 +255,17 @@ class CounterStore(Protocol):
         ...
 
     def put_if_absent(
-        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+        self,
+        key: str,
+        kind: str,
+        value: Any,
+        ttl_ms: int | None,
+        now_ms: int,
+        token: str | None = None,
     ) -> bool:
         """Create a counter (int ``value``) or a flag (codec-encodable ``value``) if absent or
-        expired."""
+        expired. The item carries ``token`` (a fresh one when None): a refusal by an item that
+        carries it is this caller's own write, applied (True)."""
         ...
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
@@ -289,6 +299,7 @@ class Counters:
 
     def __init__(self, store: CounterStore, *, clock: Clock | None = None) -> None:
         self._store = store
+        self._raised = RaisedWrites()  # set_if_absent writes that raised (maybe applied)
         self.clock: Clock = clock or SystemClock()
 
     # -- counters --------------------------------------------------------------------------------
@@ -343,12 +354,30 @@ class Counters:
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         if isinstance(value, int) and not isinstance(value, bool):
             check_int(value, "value", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
-            return self._store.put_if_absent(key, COUNTER, value, ttl_ms, now_ms(self.clock))
+            return self._put_if_absent(key, COUNTER, value, str(value), ttl_ms)
         encoded = codec.encode(value)  # refuses unsupported values before anything is written
         # A UTF-8 character takes at most 4 bytes: a short flag fits without the exact estimate.
         if 4 * (len(key) + len(encoded)) + _FLAG_SIZE_OVERHEAD > codec.DYNAMODB_ITEM_LIMIT:
             codec.check_item_size({"pk": key, "v": encoded}, key=key)
-        return self._store.put_if_absent(key, FLAG, value, ttl_ms, now_ms(self.clock))
+        return self._put_if_absent(key, FLAG, value, encoded, ttl_ms)
+
+    def _put_if_absent(
+        self, key: str, kind: str, value: Any, encoded: str, ttl_ms: int | None
+    ) -> bool:
+        """One put_if_absent, recognised by this process's next attempt if its call raised: the
+        request token is kept for the key and the same value (dynacoord._raised), so a refusal
+        by an item holding it is this caller's own write, applied (True), never "taken"."""
+        now = now_ms(self.clock)
+        # the same value written again: a digest, so that the memory stays small for big flags
+        match = f"{kind}:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+        token = (self._raised.take(key, match, now) if key in self._raised else None) or (
+            os.urandom(8).hex()
+        )
+        try:
+            return self._store.put_if_absent(key, kind, value, ttl_ms, now, token=token)
+        except BaseException:
+            self._raised.keep(key, token, match, None if ttl_ms is None else now + ttl_ms)
+            raise
 
     def get(self, key: str) -> Any:
         """The counter's int, the flag's value or the join's count; None if missing or expired."""

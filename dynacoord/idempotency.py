@@ -55,6 +55,7 @@ from ._invocation import (
 from ._invocation import compile_jmespath as compile_jmespath
 from ._invocation import jmespath_options as jmespath_options
 from ._items import member_reader
+from ._raised import RaisedWrites
 from ._typed import OutputType
 from ._typed import output_type as output_type_of
 from ._unstorable import (
@@ -400,51 +401,6 @@ class _LocalCache:
         return len(self._items)
 
 
-class _RaisedClaims:
-    """The tokens of this process's claims whose call raised (they may have applied): the next
-    claim of the same key and payload in this process carries the same token, so a claim that
-    applied is recognised as its own instead of holding the key in progress against it.
-
-    A token is *taken* by one claim at a time (under the lock), so two calls of this process
-    never both carry it: the other one claims with a fresh token and is refused while the claim
-    is live. Entries end with the claim's lease, at most ``max_items`` are kept (the oldest
-    dropped first: that claim is then blocked until its lease ends, as before), and a forked
-    child starts with none (its parent may retry the same claim)."""
-
-    max_items = 1024
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        # key -> (token, payload hash, the end of the claim's lease)
-        self._items: OrderedDict[str, tuple[str, str | None, int]] = OrderedDict()
-
-    def take(self, key: str, payload_hash: str | None, now_ms: int) -> str | None:
-        if not self._items:
-            return None
-        with self._lock:
-            if self._pid != os.getpid():  # a forked child: the tokens are its parent's
-                self._items.clear()
-                self._pid = os.getpid()
-                return None
-            entry = self._items.get(key)
-            # a different payload is another call: it must be refused (or told it mismatches)
-            if entry is None or entry[1] != payload_hash:
-                return None
-            del self._items[key]
-            return entry[0] if now_ms < entry[2] else None
-
-    def keep(self, key: str, token: str, payload_hash: str | None, until_ms: int) -> None:
-        with self._lock:
-            if self._pid != os.getpid():
-                self._items.clear()
-                self._pid = os.getpid()
-            self._items[key] = (token, payload_hash, until_ms)
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
-
-
 class Idempotency:
     """Idempotency records over an :class:`IdempotencyStore`. Reached as ``backend.idempotency``.
 
@@ -466,7 +422,9 @@ class Idempotency:
         self._store = store
         self.clock: Clock = clock or SystemClock()
         self._metrics = metrics if metrics is not None else NO_SCOPE
-        self._raised = _RaisedClaims()
+        # the tokens of this process's claims whose call raised: the next claim of the key
+        # with the same payload here is their retry (see dynacoord._raised for who may reuse one)
+        self._raised = RaisedWrites()
 
     register_lambda_context = staticmethod(register_lambda_context)
 
@@ -493,7 +451,7 @@ class Idempotency:
     def _claim(self, key: str, lease_ms: int, payload_hash: str | None) -> ClaimResult:
         now = now_ms(self.clock)
         # the token of this process's earlier claim of the key that raised, if any: this call
-        # is that claim's retry (see _RaisedClaims)
+        # is that claim's retry
         token = self._raised.take(key, payload_hash, now) or _claim_token()
         try:
             outcome = self._store.claim(key, token, payload_hash, lease_ms, now)

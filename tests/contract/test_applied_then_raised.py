@@ -195,27 +195,40 @@ def test_lock_release_raised_then_retried_never_frees_the_next_owners_lock(lossy
     assert held is not None and (held.owner, held.fence) == ("other", other.fence)
 
 
-@pytest.mark.parametrize(
-    "applied",
-    [
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 49 s.2, reported: a set_if_absent applied and raised is refused by "
-                "its caller's next attempt (a new request token): the caller reads it as taken",
-            ),
-        ),
-        False,
-    ],
-    ids=["applied", "unsent"],
-)
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "unsent"])
 def test_set_if_absent_raised_is_recognised_by_the_next_attempt(lossy, applied):
     counters = lossy.backend().counters
     _raise_in(lossy, counters._store, "put_if_absent", applied=applied)
     with pytest.raises(RAISED):
         counters.set_if_absent("flag", "mine")
     assert counters.set_if_absent("flag", "mine") is True  # its own value: it set it
+    assert counters.get("flag") == "mine"
+    # recognised once: a later call of the process is another writer, refused
+    assert counters.set_if_absent("flag", "mine") is False
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "unsent"])
+def test_set_if_absent_of_a_counter_raised_is_recognised_by_the_next_attempt(lossy, applied):
+    counters = lossy.backend().counters
+    _raise_in(lossy, counters._store, "put_if_absent", applied=applied)
+    with pytest.raises(RAISED):
+        counters.set_if_absent("c", 5, ttl=60)
+    assert counters.set_if_absent("c", 5, ttl=60) is True
+    assert counters.increment("c") == 6
+
+
+def test_set_if_absent_raised_is_never_recognised_by_another_writer(lossy):
+    # another process (its own backend object), and a call of this process with another value,
+    # are other writers: refused while the raised write holds the key
+    here = lossy.backend()
+    elsewhere = lossy.backend(namespace=here.namespace)
+    counters = here.counters
+    _raise_in(lossy, counters._store, "put_if_absent")
+    with pytest.raises(RAISED):
+        counters.set_if_absent("flag", "mine")
+    assert elsewhere.counters.set_if_absent("flag", "mine") is False
+    assert counters.set_if_absent("flag", "another") is False
+    assert counters.set_if_absent("flag", "mine") is True  # the raised call's retry
     assert counters.get("flag") == "mine"
 
 

@@ -63,6 +63,7 @@ from ._limits import MAX_BATCH_WRITES
 from ._table import (
     FREE,
     LIVE,
+    REQUEST_TOKEN,
     ConditionFailedError,
     CountingToken,
     DynamoTable,
@@ -328,7 +329,13 @@ class DynamoDBCounterStore:
         return self._update(key, _restart_write(ttl_ms is not None), values, now_ms, token)
 
     def put_if_absent(
-        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+        self,
+        key: str,
+        kind: str,
+        value: Any,
+        ttl_ms: int | None,
+        now_ms: int,
+        token: str | None = None,
     ) -> bool:
         item: dict[str, Any] = {
             "pk": counter_pk(self._ns, key),
@@ -339,7 +346,17 @@ class DynamoDBCounterStore:
             expires = now_ms + ttl_ms
             item["expires_at_ms"] = expires
             item["ttl"] = _ttl_s(expires)
-        return self._table.put_if_free(item, now_ms)
+        if token is None:
+            return self._table.put_if_free(item, now_ms)
+        # The caller's token (kept across its attempts when a call raised): a refusal by the
+        # item that carries it is this caller's write, applied; botocore's own retry too.
+        raw = marshal(item)
+        raw[REQUEST_TOKEN] = {"S": token}
+        try:
+            self._table.put_free(raw, now_ms)
+        except ConditionFailedError as failed:
+            return failed.raw is not None and failed.raw.get(REQUEST_TOKEN) == {"S": token}
+        return True
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         raw = self._table.get_raw(self._key(key))

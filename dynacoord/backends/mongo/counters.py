@@ -150,10 +150,34 @@ class MongoCounterStore:
         return self._replace(key, {"kind": COUNTER, "n": by}, ttl_ms, now_ms, "counter restart")
 
     def put_if_absent(
-        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+        self,
+        key: str,
+        kind: str,
+        value: Any,
+        ttl_ms: int | None,
+        now_ms: int,
+        token: str | None = None,
     ) -> bool:
         fields = value_fields(kind, value)
-        return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
+        if token is None:
+            return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
+        # replace_if_free with the caller's token (kept across its attempts when a call
+        # raised): the live document carrying it is this caller's write, applied
+        what = "counter set_if_absent"
+        doc: dict[str, Any] = {**self._key(key), **fields, "req": token}
+        if ttl_ms is not None:
+            doc["expires_at_ms"] = now_ms + ttl_ms
+            doc["expires_at"] = self._coll.gc_date(now_ms + ttl_ms, now_ms)
+        try:
+            with translate_errors(what):
+                self._c.replace_one(
+                    {**self._key(key), "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
+                )
+        except DuplicateKeyError:
+            with translate_errors(what):
+                current = self._c.find_one(self._key(key), {"req": 1})
+            return current is not None and current.get("req") == token
+        return True
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         with translate_errors("counter get"):

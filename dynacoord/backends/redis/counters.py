@@ -200,10 +200,24 @@ class RedisCounterStore:
         return self._replace(key, {"kind": COUNTER, "n": by}, ttl_ms, now_ms, "counter restart")
 
     def put_if_absent(
-        self, key: str, kind: str, value: Any, ttl_ms: int | None, now_ms: int
+        self,
+        key: str,
+        kind: str,
+        value: Any,
+        ttl_ms: int | None,
+        now_ms: int,
+        token: str | None = None,
     ) -> bool:
-        fields = value_fields(kind, value)
-        return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
+        if token is None:
+            fields = value_fields(kind, value)
+            return self._replace(key, fields, ttl_ms, now_ms, "counter set_if_absent").ok
+        # _replace with the caller's token (kept across its attempts when a call raised): the
+        # script finding it on the live item is this caller's write, applied
+        args: list[Any] = [now_ms, *self._expiry(ttl_ms, now_ms), "req", token]
+        for name, field in value_fields(kind, value).items():
+            args.extend([name, field])
+        reply = self._conn.run(_REPLACE, [self._key(key)], args, "counter set_if_absent")
+        return self._outcome(reply, now_ms).ok
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
         with translate_errors("counter get"):
