@@ -61,9 +61,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: the largest ``limit``: a held slot takes at most ~260 bytes (a 200-byte owner) and a released
-#: one ~60, with at most ``limit`` of each, so a full item stays near 320 KB, under DynamoDB's
-#: 400 KB item limit
+#: the largest ``limit``: a held slot takes at most ~240 bytes (a 200-byte owner) and a released
+#: one ~50, with at most ``limit`` of each, so a full item stays under 300 KB (293 KB with the
+#: longest name and owners, by AWS's size rules), below DynamoDB's 400 KB item limit
 MAX_LIMIT = 1000
 #: the longest owner id (UTF-8 bytes) a slot stores
 MAX_OWNER_BYTES = 200

@@ -356,3 +356,19 @@ def test_bad_acquire_input_raises_and_writes_nothing(make_backend, kwargs, error
     with pytest.raises(error):
         sem.acquire(**kwargs)
     assert sem.holders() == []
+
+
+def test_metrics_name_what_happened(make_backend):
+    from tests.test_metrics import Recorder
+
+    clock = ManualClock()
+    recorder = Recorder()
+    sem = make_backend(metrics=recorder, clock=clock).semaphore("m", limit=1, ttl=1)
+    held = sem.acquire(owner="a")
+    with pytest.raises(SemaphoreFullError):
+        sem.acquire(owner="b", timeout=0.5)
+    clock.advance(1)
+    assert held.release() is False  # expired: lost
+    names = recorder.names("semaphore")
+    assert names.count("PermitAcquired") == 1 and names.count("PermitWait") == 1
+    assert names.count("SemaphoreFull") == 1 and names.count("PermitLost") == 1
