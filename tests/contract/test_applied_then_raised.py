@@ -9,6 +9,8 @@ written", and its next attempt must recognise it (DESIGN.md section 1). ``lossy.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
@@ -305,6 +307,38 @@ def test_idempotent_claim_raised_is_retried_by_one_call_of_the_process_at_a_time
         work(1)
     assert work(1) == 2
     assert (runs, refused) == ([1], [1])
+
+
+def test_idempotent_claim_raised_then_retried_by_racing_threads_runs_once(lossy):
+    # 8 threads of the process retry the raised call at once: one takes the raised claim's
+    # token and runs; the others are refused (in progress) or replay its result
+    backend = lossy.backend()
+    runs, outcomes = [], []
+    gate = threading.Barrier(8)
+
+    @backend.idempotent(key=lambda x: f"k{x}")
+    def work(x):
+        runs.append(x)
+        return x * 2
+
+    _raise_in(lossy, backend.idempotency._store, "claim")
+    with pytest.raises(RAISED):
+        work(1)
+
+    def retry():
+        gate.wait()
+        try:
+            outcomes.append(work(1))
+        except IdempotencyInProgressError:
+            outcomes.append("in progress")
+
+    threads = [threading.Thread(target=retry) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert runs == [1]
+    assert len(outcomes) == 8 and set(outcomes) <= {2, "in progress"} and 2 in outcomes
 
 
 def test_idempotent_claim_raised_then_a_different_payload_is_refused(lossy):
