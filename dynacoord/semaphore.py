@@ -232,7 +232,7 @@ class SemaphoreStore(Protocol):
         ...
 
 
-#: conflicts in a row an acquire retries at once (past its deadline too) before it backs off
+#: conflicts in a row an acquire out of time (non-blocking, or past its deadline) retries at once
 _MAX_CONFLICTS = 5
 #: what a store that does not read first gets as ``seen``
 _UNREAD = SemaphoreState(None, 0)
@@ -514,12 +514,16 @@ class Semaphore:
                 )
                 return Permit(self, attempt.permit, ttl_ms)
             remaining = None if deadline is None else deadline - self.clock.monotonic()
-            if attempt.conflict and conflicts < _MAX_CONFLICTS:
-                # The item changed under us (another acquire applied): try again with what the
-                # refusal showed (or a fresh read), even past the deadline, after a short jitter
-                # so that the losers do not collide again. Each conflict is someone's progress.
+            out_of_time = remaining is not None and remaining <= 0
+            if attempt.conflict and out_of_time and conflicts < _MAX_CONFLICTS:
+                # The item changed under us (another acquire applied) and there is no time left
+                # to wait: try again at once with what the refusal showed, after a jitter that
+                # doubles with each conflict in a row, so that a non-blocking acquire is not
+                # refused while a permit is free. A waiter instead backs off like for a full
+                # semaphore and reads again: the losers of one race would mostly race again,
+                # and a refused write costs five times a read (measured in docs/semaphore.md).
+                self.clock.sleep(random.uniform(0, self.backoff_initial * 2**conflicts))
                 conflicts += 1
-                self.clock.sleep(random.uniform(0, self.backoff_initial))
                 continue
             conflicts = 0
             if cached:
