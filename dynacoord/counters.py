@@ -294,6 +294,12 @@ class CounterStore(Protocol):
         ...
 
 
+def _value_digest(kind: str, encoded: str) -> str:
+    """What a set_if_absent wrote, as its retry must match it: a digest, so that the memory of
+    raised writes stays small for big flags."""
+    return f"{kind}:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
 class Counters:
     """Counters, flags and joins over a :class:`CounterStore`. Reached as ``backend.counters``."""
 
@@ -368,14 +374,14 @@ class Counters:
         request token is kept for the key and the same value (dynacoord._raised), so a refusal
         by an item holding it is this caller's own write, applied (True), never "taken"."""
         now = now_ms(self.clock)
-        # the same value written again: a digest, so that the memory stays small for big flags
-        match = f"{kind}:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
-        token = (self._raised.take(key, match, now) if key in self._raised else None) or (
-            os.urandom(8).hex()
-        )
+        token = None
+        if key in self._raised:  # rare: the digest only then (and when a call raises)
+            token = self._raised.take(key, _value_digest(kind, encoded), now)
+        token = token or os.urandom(8).hex()
         try:
             return self._store.put_if_absent(key, kind, value, ttl_ms, now, token=token)
         except BaseException:
+            match = _value_digest(kind, encoded)
             self._raised.keep(key, token, match, None if ttl_ms is None else now + ttl_ms)
             raise
 
