@@ -82,7 +82,8 @@ logger = logging.getLogger("dynacoord.backends.redis")
 #: last write.
 COUNT_WINDOW_MS = DEFAULT_WINDOW_MS
 
-#: Lua ``seen(rq, token)`` and ``remember(rq, token, now)`` for counting scripts; ``token`` is
+#: Lua ``seen(rq, token)``, ``remember(rq, token, now)`` and ``prune(rq, now)`` (past PRUNE_AT
+#: slots, drop the stale ones) for counting scripts; ``token`` is
 #: ``{slot}:{token}`` (:func:`counting_token`). A token of 18 digits or more was made as
 #: ``ms * 10**6`` and holds for 60 s (hashes on a server may still carry one: it must turn
 #: stale like the others), otherwise it is ``until_ms * 10``.
@@ -102,9 +103,7 @@ local function stale(v, now)
   if #v >= 18 then return tonumber(string.sub(v, 1, -7)) + 60000 < now end
   return tonumber(string.sub(v, 1, -2)) < now
 end
-local function remember(rq, token, now)
-  local w, t = slot(token)
-  redis.call('HSET', rq, w, t)
+local function prune(rq, now)
   if redis.call('HLEN', rq) > {PRUNE_AT} then
     local all = redis.call('HGETALL', rq)
     local at = tonumber(now)
@@ -112,6 +111,11 @@ local function remember(rq, token, now)
       if stale(all[i + 1], at) then redis.call('HDEL', rq, all[i]) end
     end
   end
+end
+local function remember(rq, token, now)
+  local w, t = slot(token)
+  redis.call('HSET', rq, w, t)
+  prune(rq, now)
   redis.call('PEXPIRE', rq, {2 * DEFAULT_WINDOW_MS})
 end
 """

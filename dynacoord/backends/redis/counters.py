@@ -63,7 +63,9 @@ _ADD = (
     + LUA_TOKENS
     + """
 if seen(KEYS[2], ARGV[5]) then return reply(1) end  -- a retry of this very add: counted once
-if s == 'expired' then return {0} end
+-- an expired counter is written again by another request that keeps no slot: the stale slots of
+-- its earlier life go now, or a key restarted by one-shot writers would keep them
+if s == 'expired' then prune(KEYS[2], ARGV[1]) return {0} end
 if s == 'live' and redis.call('HGET', KEYS[1], 'kind') ~= 'counter' then return reply(0) end
 -- HINCRBY first: a sum outside int64 is refused before anything is written
 local added = redis.pcall('HINCRBY', KEYS[1], 'n', ARGV[2])
