@@ -37,8 +37,12 @@ class FailureRate:
     ``slow_call_seconds`` (None: no limit) counts as a failure, also when it succeeded (a trial
     call too). The window moves one bucket (``window / buckets`` seconds) at a time: it holds
     the current bucket and the ``buckets - 1`` before it. Each process writes its counts every
-    ``flush_interval`` seconds (0: on every call), and at once after a failure that could trip
-    the breaker by the window this process last saw.
+    ``flush_interval`` seconds (0: on every call) while it holds a failure not written yet or
+    the window it last saw is near a decision (at least half of ``minimum_calls``, and half of
+    ``threshold`` failing), at once after a failure that could trip the breaker by that window,
+    and otherwise (successes only, far from a decision) every ``success_flush_interval``
+    seconds (None: ``window / 2``, or ``flush_interval`` if that is longer): successes that
+    change no decision are not worth a write a second from every process of a fleet.
     """
 
     threshold: float = 0.5
@@ -47,6 +51,7 @@ class FailureRate:
     buckets: int = 10
     slow_call_seconds: float | None = None
     flush_interval: float = 1.0
+    success_flush_interval: float | None = None
 
     def __post_init__(self) -> None:
         threshold = self.threshold
@@ -68,6 +73,25 @@ class FailureRate:
             raise InvalidValueError(
                 f"flush_interval must be shorter than the window, got {self.flush_interval!r}"
             )
+        if self.success_flush_interval is not None:
+            successes = non_negative_seconds(self.success_flush_interval, "success_flush_interval")
+            if not interval <= successes < self.window:
+                raise InvalidValueError(
+                    "success_flush_interval must be at least flush_interval and shorter than "
+                    f"the window, got {self.success_flush_interval!r}"
+                )
+
+    @property
+    def success_interval(self) -> float:
+        """How long a process keeps successes that change no decision before writing them."""
+        if self.success_flush_interval is not None:
+            return float(self.success_flush_interval)
+        return max(float(self.flush_interval), self.window / 2)
+
+    def near(self, calls: int, failures: int) -> bool:
+        """Whether a window holding ``calls`` and ``failures`` is near a decision: half of
+        ``minimum_calls`` made and half of ``threshold`` failing (successes then count)."""
+        return 2 * calls >= self.minimum_calls and 2 * failures >= self.threshold * calls
 
     @property
     def bucket_ms(self) -> int:

@@ -27,8 +27,10 @@ Counting is atomic (``ADD`` with the new value returned), never read-modify-writ
 failures are never lost.
 
 With ``policy=FailureRate(...)`` the read is the same; a closed call's outcome is counted in
-memory, and each process sends one counting write per ``flush_interval`` (plus one at once after
-a failure that could trip, and the trip's conditional write), whatever its call rate.
+memory, and each process sends one counting write per ``flush_interval`` while it holds a
+failure or the window is near a decision, otherwise one per ``success_flush_interval`` (half the
+window by default), plus one at once after a failure that could trip, and the trip's
+conditional write, whatever its call rate.
 
 Trial slots have a lease. A caller that wins a half-open slot and then never reports (its process
 crashed, its Lambda froze) would otherwise hold the slot forever and wedge the breaker in
@@ -59,8 +61,9 @@ before a trip never land in the window that starts when the breaker closes again
     P: flush gen 3 -> refused (the stored gen is 4): the counts are dropped, not added to gen 4
 
 What it trades: a trip can come up to one ``flush_interval`` late (another process's failures
-not written yet), or early by the successes other processes have not written yet; a process
-that dies loses at most one ``flush_interval`` of counts.
+not written yet), or early by the successes other processes have not written yet (up to one
+``success_flush_interval`` of theirs while the window is far from a decision, one
+``flush_interval`` near it); a process that dies loses at most that much of its counts.
 """
 
 from __future__ import annotations
@@ -698,17 +701,19 @@ class CircuitBreaker:
             counts[0] += 1
             if failed:
                 counts[1] += 1
+            since = self.clock.monotonic() - window.flushed_at
             due = (
                 policy.flush_interval == 0
-                or self.clock.monotonic() - window.flushed_at >= policy.flush_interval
-                or (failed and self._could_trip(window, now))
+                or since >= policy.success_interval
+                or (failed and policy.trips(*self._seen_totals(window, now)))  # could trip: at once
+                or (since >= policy.flush_interval and self._worth_writing(window, now))
             )
         if due:
             self.flush()
 
-    def _could_trip(self, window: _LocalWindow, now: int) -> bool:
-        """Whether the window this process last saw, with its own counts added, opens the
-        breaker (lock held): then a failure is written at once instead of at the next flush."""
+    def _seen_totals(self, window: _LocalWindow, now: int) -> tuple[int, int]:
+        """(calls, failures) of the window this process last saw with its own counts added
+        (lock held)."""
         policy = self.policy
         assert policy is not None
         oldest = now // policy.bucket_ms - policy.buckets + 1
@@ -717,7 +722,18 @@ class CircuitBreaker:
             if bucket >= oldest:
                 calls += c
                 failures += f
-        return policy.trips(calls, failures)
+        return calls, failures
+
+    def _worth_writing(self, window: _LocalWindow, now: int) -> bool:
+        """Whether this process's unwritten counts are due at ``flush_interval`` (lock held): a
+        failure (the fleet sees it within the interval), or a window near a decision (its
+        successes then matter). Successes far from a decision wait for
+        ``success_interval``."""
+        policy = self.policy
+        assert policy is not None
+        if any(f for _, f in window.pending.values()):
+            return True
+        return policy.near(*self._seen_totals(window, now))
 
     def flush(self) -> None:
         """Write the calls this process counted and has not written yet (FailureRate policy;

@@ -86,16 +86,52 @@ def test_failures_age_out_of_the_window(make_backend):
     assert a.state is CLOSED
 
 
-def test_successes_are_written_once_per_flush_interval(make_backend):
+def test_successes_far_from_a_decision_are_written_once_per_success_interval(make_backend):
+    """Successes that change no decision wait for ``success_flush_interval`` (None: half the
+    window, 5 s here), not ``flush_interval``: from every process of a fleet, a write a second
+    each cost 0.6-0.8 WCU per call (issue 50). Before: one write per ``flush_interval``."""
     (a,), clock = _processes(make_backend, 1, flush_interval=1.0)
     store = CountingStore(a._store)
     a._store = store
-    for _ in range(100):  # 100 calls/s for 1 s
+    for _ in range(499):  # 100 calls/s for 5 s
         _run(a, "ok")
         clock.advance(0.01)
+    assert "add_window" not in store.calls
+    clock.advance(0.1)
     _run(a, "ok")
     assert store.calls.get("add_window") == 1
-    assert store.calls.get("get") == 101  # one eventually consistent read per call, as before
+    assert store.calls.get("get") == 500  # one eventually consistent read per call, as before
+
+
+def test_a_failure_is_written_within_flush_interval(make_backend):
+    (a, b), clock = _processes(make_backend, 2, flush_interval=1.0, minimum_calls=100)
+    store = CountingStore(a._store)
+    a._store = store
+    _run(a, "fail")
+    for _ in range(110):
+        _run(a, "ok")
+        clock.advance(0.01)
+    assert store.calls.get("add_window") == 1  # the failure and the calls after it
+    assert b.status().state is CLOSED
+
+
+def test_successes_near_a_decision_are_written_within_flush_interval(make_backend):
+    """Once the window a process saw is near a decision (half of ``minimum_calls``, half of
+    ``threshold`` failing), its successes count: they go every ``flush_interval``."""
+    (a,), clock = _processes(make_backend, 1, flush_interval=1.0, minimum_calls=10)
+    store = CountingStore(a._store)
+    a._store = store
+    for _ in range(3):
+        _run(a, "fail")
+        _run(a, "ok")
+        clock.advance(0.6)
+    writes = store.calls.get("add_window", 0)
+    assert writes >= 1  # failures: within the interval; the window seen is now near a decision
+    for _ in range(3):
+        _run(a, "ok")
+        clock.advance(0.6)
+    assert store.calls.get("add_window", 0) > writes
+    assert a.state is CLOSED
 
 
 def test_a_failure_that_could_trip_is_written_at_once(make_backend):
