@@ -107,6 +107,9 @@ BAD_NAMESPACES: list[tuple[str, Any, type[BaseException]]] = [
     ("empty", "", InvalidKeyError),
     ("hash", "a#b", InvalidKeyError),
     ("pipe", "a|b", InvalidKeyError),
+    ("comma", "a,b", InvalidKeyError),
+    ("tab", "a\tb", InvalidKeyError),
+    ("newline", "a\nb", InvalidKeyError),
     ("too-long", "n" * 129, InvalidKeyError),
     ("surrogate", "\udfff", InvalidKeyError),
     ("int", 7, InvalidKeyError),
@@ -618,9 +621,10 @@ def test_unusual_but_valid_keys_are_stored_under_their_own_key(
 
 # -- the key schema, fuzzed -----------------------------------------------------------------------
 
-# no "#" or "|" (delimiters) nor "*", "?", "$" (IAM wildcards: refused as namespaces)
+# no "#" or "|" (delimiters), "*", "?", "$" (IAM wildcards), "," (the stack's Namespaces list)
+# nor control characters (Cc: invisible in listings): all refused as namespaces
 namespaces = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="#|*?$"),
+    st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="#|*?$,"),
     min_size=1,
     max_size=20,
 )
