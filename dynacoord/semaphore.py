@@ -128,6 +128,13 @@ class SemaphoreState(Record):
                 return slot
         return None
 
+    def permit(self, name: str, token: str, now_ms: int) -> PermitInfo | None:
+        """The permit of the slot ``token`` if this state shows it held at ``now_ms``."""
+        slot = self.slot(token)
+        if slot is None or slot.released or slot.expires_at_ms <= now_ms:
+            return None
+        return PermitInfo(name, slot.owner, slot.fence, slot.expires_at_ms, token)
+
 
 class AcquireAttempt(Record):
     """What one acquisition attempt returned.

@@ -59,14 +59,6 @@ def _state(raw: dict[str, Any] | None) -> SemaphoreState:
     return SemaphoreState(int(raw["rev"]["N"]), int(raw["fence"]["N"]), slots)
 
 
-def _permit(name: str, state: SemaphoreState, token: str, now_ms: int) -> PermitInfo | None:
-    """The permit ``token`` if ``state`` shows it held at ``now_ms``."""
-    slot = state.slot(token)
-    if slot is None or slot.released or slot.expires_at_ms <= now_ms:
-        return None
-    return PermitInfo(name, slot.owner, slot.fence, slot.expires_at_ms, token)
-
-
 class DynamoDBSemaphoreStore:
     reads_first = True
 
@@ -100,7 +92,7 @@ class DynamoDBSemaphoreStore:
         """One conditional UpdateItem, or none when ``seen`` shows this permit held already or
         every slot taken (write units: the larger of the item's sizes before and after, per KB).
         """
-        mine = _permit(name, seen, token, now_ms)
+        mine = seen.permit(name, token, now_ms)
         if mine is not None:
             return AcquireAttempt(mine, seen)  # an earlier attempt of this permit applied
         plan = plan_acquire(seen, token, limit, now_ms, self._keep_released_ms)
@@ -156,7 +148,7 @@ class DynamoDBSemaphoreStore:
             state = _state(refused.raw)
             # the refusal shows this token's slot: this very write applied and its answer was
             # lost (botocore sent it again, and the first attempt had bumped rev)
-            applied = _permit(name, state, token, now_ms)
+            applied = state.permit(name, token, now_ms)
             return AcquireAttempt(applied, state, conflict=applied is None)
         state = _state(response.get("Attributes"))
         return AcquireAttempt(PermitInfo(name, owner, fence, expires, token), state)

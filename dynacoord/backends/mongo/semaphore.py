@@ -49,13 +49,6 @@ def _state(doc: dict[str, Any] | None) -> SemaphoreState:
     return SemaphoreState(int(doc["rev"]), int(doc["fence"]), slots)
 
 
-def _permit(name: str, state: SemaphoreState, token: str, now_ms: int) -> PermitInfo | None:
-    slot = state.slot(token)
-    if slot is None or slot.released or slot.expires_at_ms <= now_ms:
-        return None
-    return PermitInfo(name, slot.owner, slot.fence, slot.expires_at_ms, token)
-
-
 class MongoSemaphoreStore:
     reads_first = True
 
@@ -88,7 +81,7 @@ class MongoSemaphoreStore:
     ) -> AcquireAttempt:
         """One ``find_one_and_update`` (an ``insert_one`` for a new semaphore), plus one read
         when it is refused; none when ``seen`` shows this permit held or every slot taken."""
-        mine = _permit(name, seen, token, now_ms)
+        mine = seen.permit(name, token, now_ms)
         if mine is not None:
             return AcquireAttempt(mine, seen)  # an earlier attempt of this permit applied
         plan = plan_acquire(seen, token, limit, now_ms, COUNT_WINDOW_MS)
@@ -134,7 +127,7 @@ class MongoSemaphoreStore:
         """The write did not match: read once. The token's slot there means this very write
         applied and its answer was lost (pymongo sent it again); else the document changed."""
         state = self.read(name, now_ms)
-        applied = _permit(name, state, token, now_ms)
+        applied = state.permit(name, token, now_ms)
         return AcquireAttempt(applied, state, conflict=applied is None)
 
     def _own_slot(self, name: str, token: str, fence: int, now_ms: int) -> dict[str, Any]:
