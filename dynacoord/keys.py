@@ -26,6 +26,7 @@ __all__ = [
     "LOCK_SK",
     "MAX_PARTITION_KEY_BYTES",
     "MAX_SORT_KEY_BYTES",
+    "RATE_SK",
     "RUN_SK",
     "SEMAPHORE_SK",
     "ItemKey",
@@ -49,6 +50,7 @@ __all__ = [
     "outbox_key",
     "parse_pk",
     "parse_sk_sequence",
+    "rate_key",
     "run_index_pk",
     "run_index_sk",
     "run_key",
@@ -84,6 +86,7 @@ class Kind(StrEnum):
     COUNTER = "COUNTER"
     RUN = "RUN"
     SEMAPHORE = "SEM"
+    RATE = "RATE"
 
     def __str__(self) -> str:
         return self.value
@@ -99,6 +102,7 @@ _FIXED_SK: dict[Kind, str] = {
     Kind.COUNTER: "COUNTER",
     Kind.RUN: "RUN",
     Kind.SEMAPHORE: "SEM",
+    Kind.RATE: "RATE",
 }
 
 
@@ -121,6 +125,8 @@ _SK_OUTBOX = _FIXED_SK[Kind.OUTBOX]
 _SK_COUNTER = COUNTER_SK = _FIXED_SK[Kind.COUNTER]
 _SK_RUN = RUN_SK = _FIXED_SK[Kind.RUN]
 _SK_SEMAPHORE = SEMAPHORE_SK = _FIXED_SK[Kind.SEMAPHORE]
+_RATE = Kind.RATE.value
+_SK_RATE = RATE_SK = _FIXED_SK[Kind.RATE]
 
 
 # Records (NamedTuples to a type checker) rather than dataclasses or NamedTuples: both generate
@@ -287,6 +293,28 @@ def semaphore_key(namespace: str, name: str) -> ItemKey:
 def semaphore_pk(namespace: str, name: str) -> str:
     """Only the pk of :func:`semaphore_key` (its sk is :data:`SEMAPHORE_SK`)."""
     return _pk(_SEMAPHORE, namespace, name, "semaphore name")
+
+
+def rate_key(namespace: str, name: str, shard: int | None = None) -> ItemKey:
+    """A rate limiter's item: ``RATE#{ns}#{name}`` / ``RATE``; shard ``i`` of a sharded one:
+    ``RATE#{ns}#{name}#{i}`` (a partition of its own) / ``RATE#{i}``. No unsharded item has a
+    ``RATE#`` sort key, and a shard's pk ends with the number its sk names, so two (name, shard)
+    pairs never share an item whatever ``#`` the names hold."""
+    pk = _pk(_RATE, namespace, name, "rate limiter name")
+    if shard is None:
+        return ItemKey(pk, _SK_RATE)
+    return ItemKey(_shard_pk(f"{pk}#{shard}", name), f"{_SK_RATE}#{shard}")
+
+
+def _shard_pk(pk: str, key: object) -> str:
+    # a shard's suffix may take a pk at the limit past it
+    if len(pk.encode("utf-8", "surrogatepass")) > MAX_PARTITION_KEY_BYTES:
+        raise InvalidKeyError(
+            f"rate limiter name is too long: the stored key would be over "
+            f"{MAX_PARTITION_KEY_BYTES} bytes of UTF-8",
+            key=key,
+        )
+    return pk
 
 
 def breaker_key(namespace: str, name: str) -> ItemKey:
