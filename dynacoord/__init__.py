@@ -67,6 +67,7 @@ if TYPE_CHECKING:
         register_lambda_context,
     )
     from .jobs import ConsumeStats, SQSJobQueue
+    from .leader import Leader, LeaderInfo
     from .locks import Lease, LockInfo, Locks
     from .metrics import EMFMetrics, LoggingMetrics, Metrics
     from .outbox import (
@@ -131,6 +132,8 @@ __all__ = [
     "JobSendError",
     "JoinMismatchError",
     "JoinResult",
+    "Leader",
+    "LeaderInfo",
     "Lease",
     "LockError",
     "LockInfo",
@@ -203,6 +206,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "IdempotencyRecord": ("dynacoord.idempotency", "IdempotencyRecord"),
     "IdempotencyStatus": ("dynacoord.idempotency", "IdempotencyStatus"),
     "JoinResult": ("dynacoord.counters", "JoinResult"),
+    "Leader": ("dynacoord.leader", "Leader"),
+    "LeaderInfo": ("dynacoord.leader", "LeaderInfo"),
     "Lease": ("dynacoord.locks", "Lease"),
     "LockInfo": ("dynacoord.locks", "LockInfo"),
     "Locks": ("dynacoord.locks", "Locks"),

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .checkpoints import Checkpoints, CheckpointStore
     from .counters import Counters, CounterStore
     from .idempotency import Idempotency, IdempotencyOptions, IdempotencyStore
+    from .leader import Leader
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
     from .runs import Runs, RunStore
@@ -327,6 +328,36 @@ class Backend(abc.ABC):
             ttl=ttl,
             clock=self.clock,
             metrics=self._scope("semaphore"),
+        )
+
+    def leader(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        owner: str | None = None,
+        margin: float | None = None,
+        renew_interval: float | None = None,
+        on_elected: Callable[[int], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> Leader:
+        """A candidate for the leadership of ``name`` in this namespace: ``campaign()``,
+        ``is_leader``, ``term``, ``step_down()`` (see leader.py and docs/leader.md). Built on the
+        lock store (the lock key ``leader:{name}``), so every backend with locks has it."""
+        from .leader import Leader, leader_key
+
+        keys.lock_pk(self.namespace, leader_key(name))  # a bad name is refused here
+        return Leader(
+            self._lock_store(self.namespace),
+            name,
+            ttl=ttl,
+            owner=owner,
+            margin=margin,
+            renew_interval=renew_interval,
+            on_elected=on_elected,
+            on_lost=on_lost,
+            clock=self.clock,
+            metrics=self._scope("leader"),
         )
 
     @property
