@@ -33,6 +33,8 @@ from .errors import (
     LockNotAcquiredError,
     NotSupportedError,
     OutboxError,
+    RateLimitedError,
+    RateLimitError,
     RelayError,
     RunError,
     RunExistsError,
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
         OutboxWorker,
         RetryReport,
     )
+    from .ratelimit import RateDecision, RateLimiter
     from .relays import EventBridgeRelay, SNSRelay, SQSRelay
     from .runs import ReconcileStats, Run, Runs, RunStatus
     from .semaphore import Permit, PermitInfo, Semaphore
@@ -149,6 +152,10 @@ __all__ = [
     "OutboxWorker",
     "Permit",
     "PermitInfo",
+    "RateDecision",
+    "RateLimitError",
+    "RateLimitedError",
+    "RateLimiter",
     "ReconcileStats",
     "RelayError",
     "RetryReport",
@@ -216,6 +223,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "OutboxWorker": ("dynacoord.outbox", "OutboxWorker"),
     "Permit": ("dynacoord.semaphore", "Permit"),
     "PermitInfo": ("dynacoord.semaphore", "PermitInfo"),
+    "RateDecision": ("dynacoord.ratelimit", "RateDecision"),
+    "RateLimiter": ("dynacoord.ratelimit", "RateLimiter"),
     "ReconcileStats": ("dynacoord.runs", "ReconcileStats"),
     "RetryReport": ("dynacoord.outbox", "RetryReport"),
     "Run": ("dynacoord.runs", "Run"),

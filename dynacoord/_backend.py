@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .leader import Leader
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
+    from .ratelimit import RateLimiter, RateLimitStore
     from .runs import Runs, RunStore
     from .semaphore import Semaphore, SemaphoreStore
 
@@ -170,6 +171,10 @@ class Backend(abc.ABC):
     def _semaphore_store(self, namespace: str) -> SemaphoreStore:
         """The semaphore store; backends without one raise NotSupportedError."""
         raise self._unsupported("semaphores")
+
+    def _rate_limit_store(self, namespace: str) -> RateLimitStore:
+        """The rate limiter store; backends without one raise NotSupportedError."""
+        raise self._unsupported("rate limiters")
 
     # -- public primitives ------------------------------------------------------------------------
 
@@ -328,6 +333,32 @@ class Backend(abc.ABC):
             ttl=ttl,
             clock=self.clock,
             metrics=self._scope("semaphore"),
+        )
+
+    def rate_limiter(
+        self,
+        name: str,
+        *,
+        rate: float,
+        per: float = 1.0,
+        burst: int | None = None,
+        shards: int = 1,
+    ) -> RateLimiter:
+        """A shared rate limiter named ``name`` in this namespace: ``rate`` calls per ``per``
+        seconds, ``burst`` at once, over ``shards`` items (see ratelimit.py and
+        docs/ratelimit.md). Every process must give one limiter the same settings."""
+        from .ratelimit import RateLimiter
+
+        keys.rate_key(self.namespace, name)  # a bad name is refused here, not at first use
+        return RateLimiter(
+            self._rate_limit_store(self.namespace),
+            name,
+            rate=rate,
+            per=per,
+            burst=burst,
+            shards=shards,
+            clock=self.clock,
+            metrics=self._scope("ratelimit"),
         )
 
     def leader(

@@ -34,6 +34,8 @@ __all__ = [
     "LockNotAcquiredError",
     "NotSupportedError",
     "OutboxError",
+    "RateLimitError",
+    "RateLimitedError",
     "RelayError",
     "RunError",
     "RunExistsError",
@@ -200,6 +202,27 @@ class SemaphoreError(DynacoordError):
 
 class SemaphoreFullError(SemaphoreError):
     """Every permit of the semaphore is held and the timeout ran out (or the call did not block)."""
+
+
+# --- rate limiters ------------------------------------------------------------------------------
+
+
+class RateLimitError(DynacoordError):
+    """Base of rate limiter errors; carries the limiter's name."""
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class RateLimitedError(RateLimitError):
+    """``RateLimiter.acquire`` was not admitted within its timeout. ``retry_after``: seconds
+    until the call would have been admitted, as the limiter last answered (an HTTP
+    ``Retry-After``)."""
+
+    def __init__(self, message: str, *, name: str, retry_after: float) -> None:
+        super().__init__(message, name=name)
+        self.retry_after = retry_after
 
 
 # --- circuit breaker ----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from ._verify import VerifiedTable, Verify, check_client, check_verify
 
 if TYPE_CHECKING:
     from ...locks import LockStore
+    from ...ratelimit import RateLimitStore
     from ...semaphore import SemaphoreStore
     from .transaction import Transaction
 
@@ -264,6 +265,11 @@ class DynamoDBBackend(Backend):
         from .semaphore import DynamoDBSemaphoreStore
 
         return DynamoDBSemaphoreStore(self.table, namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _rate_limit_store(self, namespace: str) -> RateLimitStore:
+        from .ratelimit import DynamoDBRateLimitStore
+
+        return DynamoDBRateLimitStore(self.table, namespace)
 
     if TYPE_CHECKING:
         from .counters import DynamoDBCounterStore

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ...idempotency import IdempotencyStore
     from ...locks import LockStore
     from ...outbox import OutboxStore
+    from ...ratelimit import RateLimitStore
     from ...runs import RunStore
     from ...semaphore import SemaphoreStore
 
@@ -212,6 +213,11 @@ class MongoBackend(Backend):
         from .semaphore import MongoSemaphoreStore
 
         return MongoSemaphoreStore(self._ready(), namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _rate_limit_store(self, namespace: str) -> RateLimitStore:
+        from .ratelimit import MongoRateLimitStore
+
+        return MongoRateLimitStore(self._ready(), namespace)
 
     def _outbox_store(self, namespace: str) -> OutboxStore:
         from .outbox import MongoOutboxStore

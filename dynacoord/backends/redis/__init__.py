@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ...idempotency import IdempotencyStore
     from ...locks import LockStore
     from ...outbox import OutboxStore
+    from ...ratelimit import RateLimitStore
     from ...runs import RunStore
     from ...semaphore import SemaphoreStore
 
@@ -168,6 +169,11 @@ class RedisBackend(Backend):
         from .semaphore import RedisSemaphoreStore
 
         return RedisSemaphoreStore(self.conn, namespace, fence_grace_s=self.lock_fence_grace)
+
+    def _rate_limit_store(self, namespace: str) -> RateLimitStore:
+        from .ratelimit import RedisRateLimitStore
+
+        return RedisRateLimitStore(self.conn, namespace)
 
     def _outbox_store(self, namespace: str) -> OutboxStore:
         from .outbox import RedisOutboxStore
