@@ -66,7 +66,7 @@ typecheck: dev
 test: dev dynamodb-local redis-server
 	$(BIN)/ruff check dynacoord tests examples bench
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -m "not stress" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not stress" -n $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 test-fast: dev
 	$(BIN)/python -m pytest -m "not stress" -x -q $(PYTEST_ARGS)

@@ -61,20 +61,21 @@ def _wcu_per_call(meter: UnitMeter, clock: ManualClock, rate: float, calls: int,
     return (meter.wcu - start_wcu) / (calls - half)
 
 
-@pytest.mark.parametrize("rate", [10, 100, 1000])
-def test_an_increment_costs_at_most_2_wcu_at_any_rate(moto_table, rate) -> None:
+# 1,500 calls at 10/s: 150 s, past two windows of the previous design's token sets; at the
+# higher rates one writer's slot settles within a few calls, and 300 keep make test's budget.
+@pytest.mark.parametrize(("rate", "calls"), [(10, 1500), (100, 400), (1000, 300)])
+def test_an_increment_costs_at_most_2_wcu_at_any_rate(moto_table, rate, calls) -> None:
     client, table = moto_table
     clock = ManualClock()
     backend, meter = _metered(client, table, clock)
     counters = backend.counters
     try:
-        # 1,500 calls: 150 s at 10/s, past two windows of the previous design's token sets
-        wcu = _wcu_per_call(meter, clock, rate, 1500, lambda: counters.increment("hot"))
+        wcu = _wcu_per_call(meter, clock, rate, calls, lambda: counters.increment("hot"))
     finally:
         meter.close()
     assert wcu <= 2, f"{wcu} WCU per increment at {rate}/s"
-    assert meter.requests["UpdateItem"] == 1500
-    assert counters.get("hot") == 1500
+    assert meter.requests["UpdateItem"] == calls
+    assert counters.get("hot") == calls
 
 
 @pytest.mark.parametrize("rate", [10, 1000])
@@ -197,10 +198,10 @@ def _disable_recognition(lossy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make counting writes forget their writer slot's token (the condition/filter that refuses
     a retry of an applied write)."""
     if lossy.kind == "dynamodb":
-        from dynacoord.backends.dynamodb import _table
+        from dynacoord.backends.dynamodb import _counting
 
         monkeypatch.setattr(
-            _table.CountingToken,
+            _counting.CountingToken,
             "condition",
             "(attribute_not_exists(#rqw) OR attribute_exists(#rqw))",
         )
