@@ -19,6 +19,7 @@ from .errors import (
     CredentialsError,
     DuplicateEventError,
     DynacoordError,
+    FenceRejectedError,
     GlobalTableError,
     IdempotencyError,
     IdempotencyInProgressError,
@@ -30,6 +31,7 @@ from .errors import (
     JobSendError,
     JoinMismatchError,
     LockError,
+    LockLostError,
     LockNotAcquiredError,
     NotSupportedError,
     OutboxError,
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from .cache import Cache
     from .checkpoints import Checkpoint, Checkpoints, CheckpointTask
     from .counters import CounterItem, Counters, JoinResult
+    from .fencing import FenceCondition, fence_condition
     from .idempotency import (
         Claim,
         ClaimResult,
@@ -120,6 +123,8 @@ __all__ = [
     "EventRecord",
     "EventStatus",
     "FailureRate",
+    "FenceCondition",
+    "FenceRejectedError",
     "GlobalTableError",
     "Idempotency",
     "IdempotencyError",
@@ -140,6 +145,7 @@ __all__ = [
     "Lease",
     "LockError",
     "LockInfo",
+    "LockLostError",
     "LockNotAcquiredError",
     "Locks",
     "LoggingMetrics",
@@ -181,6 +187,7 @@ __all__ = [
     "TransactionTooLargeError",
     "ValueTooLargeError",
     "__version__",
+    "fence_condition",
     "process_sqs_batch",
     "process_stream_batch",
     "register_lambda_context",
@@ -199,6 +206,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Checkpoints": ("dynacoord.checkpoints", "Checkpoints"),
     "CircuitBreaker": ("dynacoord.breaker", "CircuitBreaker"),
     "FailureRate": ("dynacoord.breaker", "FailureRate"),
+    "FenceCondition": ("dynacoord.fencing", "FenceCondition"),
+    "fence_condition": ("dynacoord.fencing", "fence_condition"),
     "Claim": ("dynacoord.idempotency", "Claim"),
     "ClaimResult": ("dynacoord.idempotency", "ClaimResult"),
     "ConsumeStats": ("dynacoord.jobs", "ConsumeStats"),

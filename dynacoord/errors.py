@@ -20,6 +20,7 @@ __all__ = [
     "CredentialsError",
     "DuplicateEventError",
     "DynacoordError",
+    "FenceRejectedError",
     "GlobalTableError",
     "IdempotencyError",
     "IdempotencyInProgressError",
@@ -31,6 +32,7 @@ __all__ = [
     "JobSendError",
     "JoinMismatchError",
     "LockError",
+    "LockLostError",
     "LockNotAcquiredError",
     "NotSupportedError",
     "OutboxError",
@@ -184,6 +186,62 @@ class LockError(DynacoordError):
 
 class LockNotAcquiredError(LockError):
     """The lock is held by someone else and the timeout ran out."""
+
+
+class FenceRejectedError(LockError):
+    """A write carrying a lease's fence was refused where it lands: the resource holds a larger
+    fence (a later holder wrote it), so this lease is stale and its write was not applied.
+
+    ``fence`` is the fence the write carried; ``stored_fence`` the one found at the resource
+    (None when not known); ``resource`` names the item (table or collection and key, or the
+    Redis key)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        owner: str | None,
+        fence: int,
+        stored_fence: int | None = None,
+        resource: str | None = None,
+    ) -> None:
+        super().__init__(message, key=key, owner=owner)
+        self.fence = fence
+        self.stored_fence = stored_fence
+        self.resource = resource
+
+
+class LockLostError(FenceRejectedError, TransactionCancelledError):
+    """A transaction guarded by ``lease.guard(tx)`` was cancelled because the lease no longer
+    holds the lock (released, expired, or taken over with a larger fence): nothing in the
+    transaction was written. Also a :class:`TransactionCancelledError` (``reasons`` as there);
+    ``holder`` and ``stored_fence`` are the lock's owner and fence as the refusal saw them
+    (None when the lock item was free or gone)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        owner: str | None,
+        fence: int,
+        holder: str | None = None,
+        stored_fence: int | None = None,
+        reasons: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        # The two bases take different keywords, so each part is set here rather than through
+        # a cooperative super() chain.
+        Exception.__init__(self, message)
+        self.key = key
+        self.owner = owner
+        self.expires_at = None
+        self.fence = fence
+        self.stored_fence = stored_fence
+        self.resource = None
+        self.code = "TransactionCanceledException"
+        self.reasons = list(reasons)
+        self.holder = holder
 
 
 # --- semaphores --------------------------------------------------------------------------------

@@ -22,16 +22,19 @@ import socket
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import Record
 from ._validate import check_bool, check_str, non_negative_seconds, ttl_to_ms
-from .errors import LockNotAcquiredError
+from .errors import LockLostError, LockNotAcquiredError, NotSupportedError
 from .metrics import NO_SCOPE, MetricsScope
+
+if TYPE_CHECKING:
+    from .fencing import FenceCondition
 
 __all__ = ["AcquireResult", "Lease", "LockInfo", "LockStore", "Locks", "default_owner"]
 
@@ -201,6 +204,69 @@ class Lease:
             return False
         info = self._locks._store.get(self.key, now_ms(self._locks.clock))
         return info is not None and info.owner == self.owner and info.fence == self.fence
+
+    # -- fencing at the resource (dynacoord/fencing.py, docs/locks.md) ----------------------------
+
+    def guard(self, tx: Any) -> None:
+        """Make ``tx`` (a ``backend.transaction()``, DynamoDB) commit only while this lease holds
+        the lock: one condition check on the lock item (owner and fence as held, not expired by
+        this process's clock as of this call) joins the transaction. If the lock was released,
+        expired or taken over when the transaction commits, nothing in it is written (in any
+        table) and :class:`~dynacoord.errors.LockLostError` is raised. A lease already known
+        lost or released raises it here. The check counts as one of the transaction's items."""
+        if self.lost or self.released:
+            raise LockLostError(
+                f"lease of lock {self.key!r} (owner {self.owner!r}, fence {self.fence}) is "
+                f"{'released' if self.released else 'lost'}: the transaction cannot be guarded",
+                key=self.key,
+                owner=self.owner,
+                fence=self.fence,
+            )
+        store = self._locks._store
+        add_guard = getattr(store, "guard", None)
+        if add_guard is None:
+            raise NotSupportedError(
+                f"lease.guard(tx) needs a backend with multi-item transactions (DynamoDB); "
+                f"{type(store).__name__} has none: fence the write itself with "
+                "lease.fenced_update(key, values) (one atomic write that refuses a smaller fence)"
+            )
+        add_guard(tx, self.key, self.owner, self.fence, now_ms(self._locks.clock))
+
+    def fenced_update(
+        self,
+        key: Any,
+        values: Mapping[str, Any] | None = None,
+        *,
+        table: Any = None,
+        attr: str = "fence",
+    ) -> None:
+        """Write the application's item ``key``, refused if it holds a larger fence than this
+        lease's: one atomic write that sets ``values`` and stores ``fence`` in ``attr``.
+
+        ``table``: DynamoDB, the table name (None: the backend's own table, for items of
+        yours that share it) and ``key`` a dict of key attributes; MongoDB, a collection name
+        in the backend's database or a collection (None: the backend's own) and ``key`` an
+        equality filter on a unique index (``{"_id": ...}``); Redis, None, and ``key`` the name
+        of a hash (``values`` its fields). A refusal raises
+        :class:`~dynacoord.errors.FenceRejectedError`; nothing was written. The same or a
+        smaller lease's fence already there is overwritten (a holder writes many times; a
+        re-sent write applies again)."""
+        from .fencing import check_attr
+
+        check_attr(attr)
+        store = self._locks._store
+        fenced = getattr(store, "fenced_update", None)
+        if fenced is None:
+            raise NotSupportedError(f"{type(store).__name__} has no fenced writes")
+        fenced(table, key, values, attr, self.fence, lock_key=self.key, owner=self.owner)
+
+    def fence_condition(self, attr: str = "fence") -> FenceCondition:
+        """The pieces of a write of your own that stores this lease's fence in ``attr`` and is
+        refused when the item holds a larger one (:class:`dynacoord.fencing.FenceCondition`:
+        a boto3 request, a transaction's update, a MongoDB filter)."""
+        from .fencing import FenceCondition
+
+        return FenceCondition(self.fence, attr)
 
     def __enter__(self) -> Lease:
         return self

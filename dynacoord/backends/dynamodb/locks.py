@@ -16,11 +16,17 @@ import math
 from decimal import Decimal
 from typing import Any
 
+from ...errors import FenceRejectedError, InvalidValueError
 from ...keys import LOCK_SK, lock_pk
 from ...locks import AcquireResult, LockInfo
 from ._table import FREE, ConditionFailedError, DynamoTable, request_token, unmarshal, values
 
 __all__ = ["DynamoDBLockStore"]
+
+#: lease.guard(tx): the lock item as the lease holds it (the condition of extend and release)
+GUARD_CONDITION = "#owner = :owner AND fence = :fence AND expires_at_ms > :now"
+#: a fenced write of the application's item: no fence there yet, or none larger than the write's
+FENCED_CONDITION = "attribute_not_exists(#dcfence) OR #dcfence <= :dcfence"
 
 #: force_release touches only an existing item (it never creates one), and only once per call: a
 #: retry after a lost answer must not free a lock taken in the gap.
@@ -114,7 +120,7 @@ class DynamoDBLockStore:
         attr_values[":ttl"] = {"N": str(ttl)}
         request: dict[str, Any] = {
             "Key": self._key(key),
-            "ConditionExpression": "#owner = :owner AND fence = :fence AND expires_at_ms > :now",
+            "ConditionExpression": GUARD_CONDITION,
             "UpdateExpression": update,
             "ExpressionAttributeNames": {"#owner": "owner", "#ttl": "ttl"},
             "ExpressionAttributeValues": attr_values,
@@ -191,3 +197,96 @@ class DynamoDBLockStore:
         except (KeyError, TypeError, ValueError):
             # not the attribute types the store writes: the general reader decides (or raises)
             return self._info(key, unmarshal(raw), now_ms)
+
+    # -- fencing at the resource (dynacoord/fencing.py) ----------------------------------------
+
+    def guard(self, tx: Any, key: str, owner: str, fence: int, now_ms: int) -> None:
+        """Add to ``tx`` (a ``backend.transaction()``) one ConditionCheck of the lock item: the
+        transaction commits only while (owner, fence) holds the unexpired lock. It closes the
+        race of a holder paused past its TTL: if another acquired the lock meanwhile, the
+        acquire changed owner and fence, the check fails and the whole transaction is
+        cancelled (its writes to any table with it). Sends nothing itself."""
+        add_guard = getattr(tx, "_add_guard", None)
+        if add_guard is None:
+            raise InvalidValueError(
+                f"lease.guard() takes a backend.transaction() of a DynamoDB backend, got {tx!r}"
+            )
+        entry: dict[str, Any] = {
+            "ConditionCheck": {
+                "TableName": self._table.name,
+                "Key": self._key(key),
+                "ConditionExpression": GUARD_CONDITION,
+                "ExpressionAttributeNames": {"#owner": "owner"},
+                "ExpressionAttributeValues": {
+                    ":owner": {"S": owner},
+                    ":fence": {"N": str(fence)},
+                    ":now": {"N": str(now_ms)},
+                },
+                # the lock as it is, so the error can say who holds it now
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        translator = self._table.translator
+        if translator is not None:  # in the table's names: the transaction adds it as it is
+            entry = translator.transact_item(entry)
+        add_guard(entry, (key, owner, fence))
+
+    def fenced_update(
+        self,
+        table: Any,
+        key: Any,
+        values: Any,
+        attr: str,
+        fence: int,
+        *,
+        lock_key: str,
+        owner: str,
+    ) -> None:
+        """One UpdateItem of the application's item ``key`` in ``table`` (default: this
+        backend's table, the item in your own names): SET ``values`` and ``attr = fence`` if
+        the item has no ``attr`` or one no larger than ``fence``. Sent as it is (never through
+        the table layout: the item is yours). A re-sent write (its answer lost) carries the
+        same fence and applies again."""
+        from ...fencing import check_values
+        from .transaction import marshal_with_bound
+
+        table_name = self._table.name if table is None else table
+        if type(table_name) is not str or not table_name:
+            raise InvalidValueError(f"table must be a table name (str) or None, got {table!r}")
+        marshalled_key, _ = marshal_with_bound(key, "key")
+        fields = check_values(values, attr, marshalled_key)
+        names = {"#dcfence": attr}
+        attr_values: dict[str, Any] = {":dcfence": {"N": str(fence)}}
+        actions = ["#dcfence = :dcfence"]
+        if fields:
+            marshalled, _ = marshal_with_bound(fields, "values")
+            for i, (name, av) in enumerate(marshalled.items()):
+                names[f"#v{i}"] = name
+                attr_values[f":v{i}"] = av
+                actions.append(f"#v{i} = :v{i}")
+        client = self._table.client
+        try:
+            client.update_item(
+                TableName=table_name,
+                Key=marshalled_key,
+                UpdateExpression="SET " + ", ".join(actions),
+                ConditionExpression=FENCED_CONDITION,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=attr_values,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except self._table._client_error as exc:
+            translated = self._table.translate(exc)
+            if not isinstance(translated, ConditionFailedError):
+                raise translated from exc
+            stored = (translated.raw or {}).get(attr, {}).get("N")
+            raise FenceRejectedError(
+                f"write of {key!r} in {table_name!r} with fence {fence} (lock {lock_key!r}, "
+                f"owner {owner!r}) refused: the item holds "
+                + (f"fence {stored}" if stored is not None else f"a {attr!r} that is no number"),
+                key=lock_key,
+                owner=owner,
+                fence=fence,
+                stored_fence=None if stored is None else int(Decimal(stored)),
+                resource=f"{table_name}:{key!r}",
+            ) from exc

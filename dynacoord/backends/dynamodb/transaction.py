@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import (
     DuplicateEventError,
     InvalidValueError,
+    LockLostError,
     TableNotReadyError,
     TransactionCancelledError,
     TransactionTooLargeError,
@@ -140,6 +141,7 @@ class Transaction:
         "_bound_bytes",
         "_event_ids",
         "_exact_bytes",
+        "_guards",
         "_items",
         "_key_names",
         "_labels",
@@ -182,6 +184,8 @@ class Transaction:
         self._seen: dict[tuple[str, Any], int] = {}
         self._state = "new"  # new -> open -> committed | discarded
         self._after_commit: list[Callable[[], object]] | None = None
+        # index of a lease's condition check (lease.guard) -> (lock key, owner, fence)
+        self._guards: dict[int, tuple[str, str, int]] | None = None
 
     # -- collecting -------------------------------------------------------------------------------
 
@@ -448,6 +452,16 @@ class Transaction:
         label = ("condition check in", table)
         self._add_operation("ConditionCheck", label, op, condition, names, values, bound)
 
+    def _add_guard(self, entry: dict[str, Any], lease: tuple[str, str, int]) -> None:
+        """Add a lease's condition check on its lock item (``entry``, already in the table's
+        names), remembered so that its refusal raises ``LockLostError``."""
+        index = len(self._items)
+        label = ("lock guard in", entry["ConditionCheck"]["TableName"])
+        self._collect_entries([(label, None, entry, None)])
+        if self._guards is None:
+            self._guards = {}
+        self._guards[index] = lease
+
     def publish(self, events: Event | Iterable[Event]) -> list[str]:
         """Add outbox events (of the backend this transaction came from); return their ids."""
         if self._outbox is None:
@@ -546,6 +560,10 @@ class Transaction:
             else:
                 other_failure = True
         summary = "; ".join(failures) or str(cancelled)
+        if self._guards:
+            lost = self._lock_lost(reasons, summary)
+            if lost is not None:
+                return lost
         if duplicate_ids and not other_failure:
             return DuplicateEventError(
                 f"transaction cancelled, nothing written: event id(s) {duplicate_ids!r} already "
@@ -556,6 +574,34 @@ class Transaction:
         return TransactionCancelledError(
             f"transaction cancelled, nothing written: {summary}", reasons=reasons
         )
+
+    def _lock_lost(self, reasons: list[dict[str, Any]], summary: str) -> LockLostError | None:
+        """The :class:`LockLostError` of a refused lease guard (the first), or None."""
+        for index, (key, owner, fence) in (self._guards or {}).items():
+            reason = reasons[index] if index < len(reasons) else {}
+            if reason.get("Code") != "ConditionalCheckFailed":
+                continue
+            item = reason.get("Item") or {}
+            holder = item.get("owner")
+            stored = item.get("fence")
+            stored_fence = int(stored) if stored is not None else None
+            if holder is None:
+                now = "released or gone"
+            elif holder == owner and stored_fence == fence:
+                now = "expired by this process's clock when guarded"
+            else:
+                now = f"held by {holder!r} with fence {stored_fence}"
+            return LockLostError(
+                f"transaction cancelled, nothing written: the lease of lock {key!r} (owner "
+                f"{owner!r}, fence {fence}) no longer holds it (the lock is {now}; {summary})",
+                key=key,
+                owner=owner,
+                fence=fence,
+                holder=None if holder is None else str(holder),
+                stored_fence=stored_fence,
+                reasons=reasons,
+            )
+        return None
 
     def __repr__(self) -> str:
         return f"Transaction(items={len(self)}, state={self._state!r})"
@@ -616,7 +662,7 @@ class LayoutTransaction(Transaction):
         # dynacoord's refused items (the events) back in its names; yours stay in yours
         reasons = [
             {**r, "Item": self._translator.item_in(r["Item"])}
-            if i in self._event_ids and r.get("Item")
+            if (i in self._event_ids or (self._guards and i in self._guards)) and r.get("Item")
             else r
             for i, r in enumerate(cancelled.reasons)
         ]

@@ -23,6 +23,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
+from ...errors import FenceRejectedError, InvalidValueError
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
 from ._collection import MongoCollection, literal, request_token, translate_errors
@@ -165,3 +166,57 @@ class MongoLockStore:
         with translate_errors("lock get"):
             doc = self._c.find_one(self._filter(key))
         return self._info(key, doc, now_ms)
+
+    def fenced_update(
+        self,
+        table: Any,
+        key: Any,
+        values: Any,
+        attr: str,
+        fence: int,
+        *,
+        lock_key: str,
+        owner: str,
+    ) -> None:
+        """One upserting ``update_one`` of the application's document ``key`` in ``table`` (a
+        collection name in this backend's database, a collection, or None: this backend's):
+        ``$set`` of ``values`` and ``attr = fence``, filtered on ``attr`` missing or no larger
+        than ``fence``. A document with a larger fence does not match; the upsert then inserts
+        a second document with the same key and the unique index refuses it
+        (``DuplicateKeyError``): ``key`` must be on a unique index (``_id`` always is).
+        MongoDB runs multi-document transactions only on a replica set, in a session of your
+        own client: this write is the fence check."""
+        from ...fencing import FenceCondition, check_values
+
+        if table is None:
+            coll = self._c
+        elif isinstance(table, str) and table:
+            coll = self._c.database[table]
+        elif hasattr(table, "update_one"):
+            coll = table
+        else:
+            raise InvalidValueError(
+                f"table must be a collection name, a collection or None, got {table!r}"
+            )
+        condition = FenceCondition(fence, attr)
+        query = condition.mongo_filter(key)
+        fields = check_values(values, attr, key)
+        update = {"$set": {**fields, **condition.mongo_set()}}
+        name = getattr(coll, "name", table)
+        try:
+            with translate_errors("fenced update"):
+                coll.update_one(query, update, upsert=True)
+            return
+        except DuplicateKeyError as refused:
+            with translate_errors("fenced update"):
+                doc = coll.find_one(dict(key), {attr: 1})
+            stored = None if doc is None else doc.get(attr)
+            raise FenceRejectedError(
+                f"write of {dict(key)!r} in collection {name!r} with fence {fence} (lock "
+                f"{lock_key!r}, owner {owner!r}) refused: it holds {attr} = {stored!r}",
+                key=lock_key,
+                owner=owner,
+                fence=fence,
+                stored_fence=stored if type(stored) is int else None,
+                resource=f"{name}:{dict(key)!r}",
+            ) from refused

@@ -16,6 +16,9 @@ server: a release can never delete a lock that another owner took between a read
 
 from __future__ import annotations
 
+from typing import Any
+
+from ...errors import FenceRejectedError, InvalidValueError
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
 from ._conn import RedisConn, as_int, as_str, item_key, request_token, translate_errors
@@ -83,6 +86,19 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return held
 """
 
+# lease.fenced_update: KEYS[1]=the application's hash; ARGV: fence field, fence, field, value, ...
+# Refused (0 and the stored fence) when the hash holds a larger fence, or one that is no number.
+# An equal fence is written again: the holder's next write, or its own write re-sent after a
+# lost reply.
+_FENCED_UPDATE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and not (tonumber(cur) and tonumber(cur) <= tonumber(ARGV[2])) then
+  return {0, cur}
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
+return {1, ARGV[2]}
+"""
+
 
 class RedisLockStore:
     def __init__(self, conn: RedisConn, namespace: str, *, fence_grace_s: int = 3600) -> None:
@@ -148,3 +164,47 @@ class RedisLockStore:
         if owner is None or as_int(expires) <= now_ms:
             return None
         return LockInfo(key, as_str(owner) or "", as_int(fence), as_int(expires))
+
+    def fenced_update(
+        self,
+        table: Any,
+        key: Any,
+        values: Any,
+        attr: str,
+        fence: int,
+        *,
+        lock_key: str,
+        owner: str,
+    ) -> None:
+        """One script on the application's hash ``key``: HSET ``values`` and ``attr = fence``
+        unless the hash holds a larger fence in ``attr``. One key, so it runs on a cluster too.
+        Redis has no multi-key transaction across slots: this write is the fence check."""
+        from ...fencing import check_values
+
+        if table is not None:
+            raise InvalidValueError(
+                f"Redis has no tables: key names the hash to write, table must be None, got {table!r}"
+            )
+        if type(key) is not str or not key:
+            raise InvalidValueError(f"key must be the name of a Redis hash (a str), got {key!r}")
+        fields = check_values(values, attr)
+        args: list[Any] = [attr, fence]
+        for name, value in fields.items():
+            if not isinstance(value, str | bytes | int | float) or isinstance(value, bool):
+                raise InvalidValueError(
+                    f"a Redis hash field holds str, bytes, int or float, got {name!r}: {value!r}"
+                )
+            args += [name, value]
+        reply = self._conn.run(_FENCED_UPDATE, [key], args, "fenced update")
+        if as_int(reply[0]) == 1:
+            return
+        stored = as_str(reply[1])
+        raise FenceRejectedError(
+            f"write of Redis hash {key!r} with fence {fence} (lock {lock_key!r}, owner {owner!r}) "
+            f"refused: it holds {attr} = {stored!r}",
+            key=lock_key,
+            owner=owner,
+            fence=fence,
+            stored_fence=int(stored) if stored is not None and stored.isdigit() else None,
+            resource=key,
+        )
