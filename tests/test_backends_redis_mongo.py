@@ -324,7 +324,7 @@ def test_mongo_incr_of_a_new_key_is_one_upsert(any_mongo):
     clock = ManualClock()
     backend = make(clock=clock)
     store = backend._cache_store(backend.namespace)
-    counting = store._c = _CountingCollection(store._c)
+    counting = store._coll.collection = _CountingCollection(store._coll.collection)
     cache = Cache(store, clock=clock, namespace=backend.namespace, default_ttl=10)
     assert cache.incr("new", 4) == 4
     assert cache.incr("new") == 5
@@ -448,18 +448,18 @@ def test_mongo_batch_refused_by_a_racing_publisher_rolls_back_only_unclaimed_eve
         return real_clashes(events, now_ms)
 
     monkeypatch.setattr(store, "_clashes", clash_check_that_misses_the_race)
-    real_insert_many = store._c.insert_many
+    real_insert_many = store._coll.collection.insert_many
 
     def insert_many_then_a_worker_claims(docs, **kwargs):
         try:
             return real_insert_many(docs, **kwargs)
         finally:
             if claimed_meanwhile:
-                store._c.update_one(
+                store._coll.collection.update_one(
                     {"event_id": "a"}, {"$set": {"status": "in_flight", "attempts": 1}}
                 )
 
-    monkeypatch.setattr(store._c, "insert_many", insert_many_then_a_worker_claims)
+    monkeypatch.setattr(store._coll.collection, "insert_many", insert_many_then_a_worker_claims)
     with pytest.raises(DuplicateEventError):
         outbox.publish([Event("t", "mine", id="a"), Event("t", "mine", id="b")])
     assert outbox.get("b").event.payload == "theirs"

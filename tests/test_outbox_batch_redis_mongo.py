@@ -33,7 +33,7 @@ class Env:
     def gate(self, group: str) -> dict[str, int]:
         """The ordered group's gate as stored (numbers as int)."""
         if self.kind == "mongo":
-            doc = self.store._c.find_one(self.store._gate_key(group)) or {}
+            doc = self.store._coll.collection.find_one(self.store._gate_key(group)) or {}
             fields = {k: v for k, v in doc.items() if k not in ("_id", "pk", "sk")}
         else:
             raw = self.store._conn.client.hgetall(self.store._gate(group))
@@ -87,7 +87,7 @@ def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
     store = backend.outbox._store
     sent: list[str] = []
     if kind == "mongo":
-        store._c = _CountingCollection(store._c, sent)
+        store._coll.collection = _CountingCollection(store._coll.collection, sent)
     else:
         _count_redis(store._conn.client, sent, monkeypatch)
     yield Env("mongo" if kind == "mongo" else "redis", backend, store, sent)
@@ -524,7 +524,7 @@ def mongo_store(mongo_backend_factory: Any) -> Any:
 
 def _hole(store: Any, group: str) -> None:
     """A publisher that took place 1 of ``group`` and died before inserting its event."""
-    store._c.update_one(
+    store._coll.collection.update_one(
         store._gate_key(group),
         {"$inc": {"published": 1}, "$set": {"published_ms": NOW, "next_seq": 1}},
         upsert=True,
@@ -532,7 +532,7 @@ def _hole(store: Any, group: str) -> None:
 
 
 def _next_seq(store: Any, group: str) -> int:
-    return int(store._c.find_one(store._gate_key(group))["next_seq"])
+    return int(store._coll.collection.find_one(store._gate_key(group))["next_seq"])
 
 
 def test_mongo_waits_for_a_publisher_that_may_still_be_writing(mongo_store) -> None:
@@ -554,7 +554,7 @@ def test_mongo_skips_a_place_left_empty_by_a_publisher_that_died(mongo_store) ->
     seen = due(mongo_store)
     later = NOW + 60_000  # place 2 was published 60 s ago, so place 1 was taken before
     sent: list[str] = []
-    mongo_store._c = _CountingCollection(mongo_store._c, sent)
+    mongo_store._coll.collection = _CountingCollection(mongo_store._coll.collection, sent)
     claimed = mongo_store.claim_many(seen, tokens(2), later + LEASE, later)
     # bulk_write, find, then the places before the run looked up and the gate moved
     assert sent == ["bulk_write", "find", "find", "find_one_and_update"]
@@ -610,7 +610,7 @@ def test_mongo_an_ordered_publish_undone_by_a_clash_leaves_a_place_that_is_skipp
     assert set(mongo_store.publish([*first, taken], NOW)) == {taken.id}
     del mongo_store._clashes
     assert mongo_store.get(first[0].id, NOW) is None
-    assert mongo_store._c.find_one(mongo_store._gate_key("g"))["published"] == 1
+    assert mongo_store._coll.collection.find_one(mongo_store._gate_key("g"))["published"] == 1
     assert mongo_store.publish(first, NOW) == {}  # published again: place 2, behind the hole
     [record] = [r for r in due(mongo_store) if r.id == first[0].id]
     assert record.seq == 2

@@ -63,7 +63,7 @@ def _read_gate(store: Any, kind: str, group: str) -> dict[str, Any]:
         raw = store._conn.client.hgetall(store._gate_prefix + group)
         return {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
     if kind == "mongo":
-        return store._c.find_one(store._gate_key(group)) or {}
+        return store._coll.collection.find_one(store._gate_key(group)) or {}
     return store._gate(group)
 
 

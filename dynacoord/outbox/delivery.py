@@ -193,8 +193,10 @@ class Delivery:
             # was claimed, the dead claim included).
             counted = dataclasses.replace(record, attempts=attempts)
             outcome = self._handle(counted, record.attempts)
-            if outcome.kind == "pending" and outcome.count_attempt:
-                outcome = dataclasses.replace(outcome, count_attempt=False)
+            if outcome.kind == "pending":
+                # given back with the dead claim's attempt, whether its own counts or not (a
+                # worker without its handler leaves it uncounted)
+                outcome = dataclasses.replace(outcome, uncounted=record.attempts - attempts)
             return outcome
         return self._handle(record, attempts)
 
@@ -468,7 +470,11 @@ class ClaimedBatch:
         given = 0
         for record in records:
             if record.id not in self._settled:
-                self._outcomes.append(Outcome(record, "pending", due_ms=now, count_attempt=False))
+                # A re-claim gives the dead claim's attempt back too (see counted_attempts).
+                uncounted = record.attempts - counted_attempts(record)
+                self._outcomes.append(
+                    Outcome(record, "pending", due_ms=now, count_attempt=False, uncounted=uncounted)
+                )
                 self._settled.add(record.id)
                 given += 1
         return given

@@ -37,6 +37,9 @@ class Outcome:
     ``kind``: ``"completed"`` (delivered), ``"pending"`` (back to pending, due at ``due_ms``;
     ``count_attempt=False`` gives the claim's attempt back: released unhandled) or ``"failed"``.
     ``record`` is the event as claimed; its ``lease_token`` is the claim that must still hold it.
+    ``uncounted``: attempts stored by earlier claims that do not count (a re-claim's, see
+    :func:`~dynacoord.outbox.delivery.counted_attempts`), given back too when it goes back to
+    pending.
     """
 
     record: EventRecord
@@ -44,6 +47,14 @@ class Outcome:
     due_ms: int = 0
     error: str | None = None
     count_attempt: bool = True
+    uncounted: int = 0
+
+    @property
+    def attempts_back(self) -> int:
+        """How many stored attempts a pending outcome takes back (0 for the others)."""
+        if self.kind != "pending":
+            return 0
+        return self.uncounted + (0 if self.count_attempt else 1)
 
     @property
     def token(self) -> str:

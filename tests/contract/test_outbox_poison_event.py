@@ -12,6 +12,7 @@ kills real processes on DynamoDB Local and redis-server.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from dynacoord import ManualClock
@@ -140,3 +141,88 @@ def test_a_poison_event_delivered_one_at_a_time_fails_alone(make_backend: Any) -
     assert outbox.get("e1").status is EventStatus.FAILED
     assert starts["e1"] >= MAX_ATTEMPTS
     assert {starts["e2"], starts["e3"]} == {1}
+
+
+class LateAnswerStore(MortalStore):
+    """A store whose claim of ``late`` is answered a lease after it applied (a loaded store, a
+    long GC pause): the worker finds that lease ended before its turn and gives the event back
+    unhandled."""
+
+    def __init__(self, store: Any, clock: ManualClock, late: str) -> None:
+        super().__init__(store)
+        self._clock = clock
+        self._late = late
+        self.answered_late = False
+
+    def claim(self, seen: Any, *args: Any, **kwargs: Any) -> Any:
+        record = self._store.claim(seen, *args, **kwargs)
+        if seen.id == self._late:
+            self._clock.advance(LEASE + 1)
+            self.answered_late = True
+        return record
+
+
+def _dead_batch(make_backend: Any) -> tuple[Any, ManualClock]:
+    """e1, e2, e3 claimed in one batch by a process that dies in e1's handler; their leases
+    have run out since."""
+    clock = ManualClock()
+    outbox = make_backend(clock=clock, **_one_shard(make_backend)).outbox
+    outbox.publish([Event("t", i, id=f"e{i}") for i in (1, 2, 3)])
+    store = MortalStore(outbox._store)
+
+    def poison(event: Event) -> None:
+        store.killed = True
+        raise KilledError()
+
+    worker = OutboxWorker(
+        store,  # type: ignore[arg-type]
+        poison,
+        clock=clock,
+        options=WorkerOptions(lease=LEASE, max_attempts=MAX_ATTEMPTS, heartbeat=False),
+    )
+    with contextlib.suppress(KilledError):
+        worker.run_once()
+    assert {outbox.get(f"e{i}").status for i in (1, 2, 3)} == {EventStatus.IN_FLIGHT}
+    clock.advance(LEASE + 1)
+    return outbox, clock
+
+
+def test_a_reclaim_given_back_unhandled_keeps_no_attempt(make_backend: Any) -> None:
+    """e2, a batchmate of the poison event e1, is re-claimed alone after the dead batch's lease,
+    and that claim's answer comes after its lease ended: e2 is given back unhandled. Its handler
+    never started, so it is stored with no attempt (before the fix: 1, the dead batch's claim,
+    which then counted as a start: an always-raising e2 failed after MAX_ATTEMPTS - 1 runs)."""
+    outbox, clock = _dead_batch(make_backend)
+    store = LateAnswerStore(outbox._store, clock, late="e2")
+    starts: list[str] = []
+    worker = OutboxWorker(
+        store,  # type: ignore[arg-type]
+        lambda event: starts.append(event.id),
+        clock=clock,
+        options=WorkerOptions(lease=LEASE, max_attempts=MAX_ATTEMPTS, heartbeat=False),
+    )
+    worker.run_once(keep_going=lambda: not store.answered_late)
+    record = outbox.get("e2")
+    assert store.answered_late
+    assert "e2" not in starts, starts
+    assert record.status is EventStatus.PENDING, record
+    assert record.attempts == 0, record
+
+
+def test_a_reclaim_left_for_another_handler_keeps_no_attempt(make_backend: Any) -> None:
+    """The same re-claim, by a worker without e2's handler (``on_missing_handler="leave"``):
+    given back for a worker that has it, with no attempt (before the fix: 1). (e1 died in its
+    own handler, but nothing in the store tells it from its batchmates: see
+    test_a_poison_event_fails_after_exactly_its_attempts.)"""
+    outbox, clock = _dead_batch(make_backend)
+    worker = OutboxWorker(
+        outbox._store,
+        {"other": lambda event: None},
+        clock=clock,
+        options=WorkerOptions(lease=LEASE, max_attempts=MAX_ATTEMPTS, heartbeat=False),
+    )
+    worker.run_once()
+    for event_id in ("e2", "e3"):
+        record = outbox.get(event_id)
+        assert record.status is EventStatus.PENDING, record
+        assert record.attempts == 0, record

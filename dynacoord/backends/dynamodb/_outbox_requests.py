@@ -182,9 +182,9 @@ class OutboxRequests:
             if outcome.error is not None:
                 update += ", last_error = :err"
                 args["err"] = outcome.error
-            if not outcome.count_attempt:
-                update += ", attempts = attempts - :one"
-                args["one"] = 1
+            if outcome.attempts_back:
+                update += ", attempts = attempts - :back"
+                args["back"] = outcome.attempts_back
             update += " REMOVE lease_token"
         return {
             "Update": {

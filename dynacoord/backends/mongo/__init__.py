@@ -31,7 +31,7 @@ from ..._backend import Backend
 from ..._clock import Clock
 from ...errors import BackendError, ConfigurationError, NotSupportedError
 from ...metrics import Metrics
-from ._collection import MongoCollection, translate_errors
+from ._collection import MongoCollection
 
 if TYPE_CHECKING:
     from ...breaker import BreakerStore
@@ -156,12 +156,16 @@ class MongoBackend(Backend):
         :class:`~dynacoord.errors.BackendError` naming the servers and that setting.
         """
         names = []
-        with translate_errors("ensure_indexes"):
-            try:
-                for name, (keys, options) in INDEXES.items():
-                    names.append(self.coll.collection.create_index(keys, name=name, **options))
-            except pymongo.errors.ServerSelectionTimeoutError as exc:
-                raise _unreachable(self.database, exc, "ensure_indexes") from exc
+        try:
+            for name, (keys, options) in INDEXES.items():
+                names.append(
+                    self.coll.call("ensure_indexes", "create_index", keys, name=name, **options)
+                )
+        except BackendError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, pymongo.errors.ServerSelectionTimeoutError):
+                raise _unreachable(self.database, cause, "ensure_indexes") from cause
+            raise
         self._indexes_ready = True
         return names
 

@@ -1,4 +1,6 @@
-"""Helpers shared by the MongoDB stores: the collection wrapper and the one error translation point.
+"""The door of the MongoDB stores, :class:`MongoCollection`: the only holder of the collection,
+whose :meth:`MongoCollection.send` is the one request path (the request, metrics, error
+translation); and what the stores share: filters, request tokens, counting slots.
 
 Layout (DESIGN.md section 2): one collection; every item is one document with the ``pk``/``sk``
 strings of the key schema (plus ``gsi1pk``/``gsi1sk`` for listed kinds), a unique (pk, sk)
@@ -20,13 +22,13 @@ import datetime
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from ..._writers import DEFAULT_WINDOW_MS, PRUNE_AT, Slot, lease, release, token_ms
 from ...errors import BackendError, TableNotReadyError
-from ...metrics import Metrics
+from ...metrics import Metrics, measure_request
 
 __all__ = ["MongoCollection", "literal", "live_filter", "translate_errors"]
 
@@ -45,35 +47,44 @@ def literal(value: Any) -> dict[str, Any]:
 
 @contextmanager
 def translate_errors(what: str) -> Iterator[None]:
-    """Turn pymongo errors into dynacoord errors (chained) in one place.
-
-    ``DuplicateKeyError`` is *not* translated: stores catch it themselves, because it is how an
-    upsert tells them that the item exists but did not match the condition. Nor is a
-    ``BulkWriteError`` refused only by duplicate keys (how ``insert_many`` reports a clash).
-    """
+    """Turn pymongo errors into dynacoord errors (chained), as :meth:`MongoCollection.send`
+    does (stores send through the door instead)."""
     from pymongo import errors
 
     try:
         yield
-    except errors.DuplicateKeyError:
-        raise
-    except errors.BulkWriteError as exc:
+    except errors.PyMongoError as exc:
+        error = _translated(exc, what)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _translated(exc: Exception, what: str) -> Exception | None:
+    """The dynacoord error for a pymongo error; None for a refusal the stores catch themselves:
+    ``DuplicateKeyError`` (how an upsert says that the item exists but did not match the
+    condition) and a ``BulkWriteError`` refused only by duplicate keys (how ``insert_many``
+    reports a clash)."""
+    from pymongo import errors
+
+    if isinstance(exc, errors.DuplicateKeyError):
+        return None
+    if isinstance(exc, errors.BulkWriteError):
         write_errors = exc.details.get("writeErrors") or []
         if write_errors and all(e.get("code") == 11000 for e in write_errors):
-            raise
-        raise BackendError(f"MongoDB error during {what}: {exc}", code=str(exc.code)) from exc
-    except errors.OperationFailure as exc:
+            return None
+        return BackendError(f"MongoDB error during {what}: {exc}", code=str(exc.code))
+    if isinstance(exc, errors.OperationFailure):
         if exc.code == 26:  # NamespaceNotFound
-            raise TableNotReadyError(
+            return TableNotReadyError(
                 f"MongoDB collection missing during {what}: call backend.ensure_indexes()"
-            ) from exc
-        raise BackendError(
+            )
+        return BackendError(
             f"MongoDB error during {what}: {exc}", code=str(exc.code) if exc.code else None
-        ) from exc
-    except errors.PyMongoError as exc:
-        raise BackendError(
-            f"MongoDB {type(exc).__name__} during {what}: {exc}", code=type(exc).__name__
-        ) from exc
+        )
+    return BackendError(
+        f"MongoDB {type(exc).__name__} during {what}: {exc}", code=type(exc).__name__
+    )
 
 
 #: Counting writes keep one slot per call in flight in the subdocument ``w`` (slot -> its last
@@ -140,16 +151,23 @@ def request_token() -> str:
 
 
 class MongoCollection:
-    """The collection all Mongo stores share."""
+    """The door of every MongoDB store: the only holder of the collection. Stores send each
+    request through one of its methods, never the collection:
+
+    * :meth:`call`: one collection method (``find_one``, ``update_one``,
+      ``find_one_and_update``, ``bulk_write``...);
+    * :meth:`find`: one query, its cursor read whole;
+    * :meth:`replace_if_free` and :meth:`drop_stale_slots`: writes several stores share.
+
+    Each goes through :meth:`send`, the one request path (error translation, metrics).
+    """
 
     def __init__(
         self, collection: Any, *, gc_grace_ms: int = 60_000, metrics: Metrics | None = None
     ) -> None:
         self.collection = collection
-        if metrics is not None and metrics.enabled:
-            from ._metrics import TimedCollection  # times every request (dynacoord.metrics)
-
-            self.collection = TimedCollection(collection, metrics)
+        # None: nothing is measured, the request path adds no clock read
+        self._metrics = metrics if metrics is not None and metrics.enabled else None
         self.gc_grace_ms = gc_grace_ms
 
     def gc_date(
@@ -157,6 +175,82 @@ class MongoCollection:
     ) -> datetime.datetime:
         """The ``expires_at`` date for the TTL monitor: remaining lifetime plus grace, real time."""
         grace = self.gc_grace_ms if grace_ms is None else grace_ms
+        from pymongo.errors import DuplicateKeyError, PyMongoError
+
+        self._error: type[Exception] = PyMongoError
+        self._refusal: type[Exception] = DuplicateKeyError
+
+    def send(
+        self, what: str, operation: str, request: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """The request path of the MongoDB backend: every request of every store, in this order.
+
+        1. The request: ``request(*args, **kwargs)``, one round trip. Retries are pymongo's own
+           (``retryWrites``/``retryReads``: one retry of a request whose connection failed);
+           dynacoord adds none, so a write whose response was lost may apply twice: every
+           conditional write recognises its own applied write (``req`` tokens, counting slots).
+        2. Metrics, when the backend has a listener: ``StoreRequestLatency`` with dimensions
+           ``Backend=mongo`` and ``Operation`` (the method: ``find_one_and_update``, ``find``...),
+           and ``StoreRequestErrors`` for a request that raised, except a ``DuplicateKeyError``
+           (how a conditional upsert says "held": not an error).
+        3. Errors: a ``PyMongoError`` becomes :class:`~dynacoord.errors.BackendError` (or
+           :class:`~dynacoord.errors.TableNotReadyError` for a missing collection) naming
+           ``what`` (the store call: ``"lock acquire"``), the cause chained. A duplicate key
+           is left to the store, which catches it (see :func:`_translated`).
+        """
+        try:
+            metrics = self._metrics
+            if metrics is None:
+                return request(*args, **kwargs)
+            dimensions = {"Backend": "mongo", "Operation": operation}
+            start = time.perf_counter()
+            try:
+                result = request(*args, **kwargs)
+            except Exception as exc:
+                failed = not isinstance(exc, self._refusal)
+                measure_request(metrics, dimensions, start, failed=failed)
+                raise
+            measure_request(metrics, dimensions, start)
+            return result
+        except self._error as exc:
+            error = _translated(exc, what)
+            if error is None:
+                raise
+            raise error from exc
+
+    def call(self, what: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """One request: ``collection.<method>(*args, **kwargs)`` through :meth:`send`."""
+        return self.send(what, method, getattr(self.collection, method), *args, **kwargs)
+
+    def find(
+        self,
+        what: str,
+        query: Mapping[str, Any],
+        projection: Mapping[str, Any] | None = None,
+        *,
+        sort: tuple[str, int] | None = None,
+        limit: int = 0,
+    ) -> list[dict[str, Any]]:
+        """One query through :meth:`send` (``find``): the documents, read whole (the stores
+        always bound them with a limit or a list of keys)."""
+        docs: list[dict[str, Any]] = self.send(
+            what, "find", self._find, query, projection, sort, limit
+        )
+        return docs
+
+    def _find(
+        self,
+        query: Mapping[str, Any],
+        projection: Mapping[str, Any] | None,
+        sort: tuple[str, int] | None,
+        limit: int,
+    ) -> list[dict[str, Any]]:
+        cursor = self.collection.find(query, projection)
+        if sort is not None:
+            cursor = cursor.sort(*sort)
+        if limit:
+            cursor = cursor.limit(limit)
+        return list(cursor)
         at_ms = int(time.time() * 1000) + max(0, expires_at_ms - now_ms) + grace
         return datetime.datetime.fromtimestamp(at_ms / 1000, tz=datetime.timezone.utc)
 
@@ -174,13 +268,15 @@ class MongoCollection:
 
         token = request_token()
         try:
-            with translate_errors(what):
-                self.collection.replace_one(
-                    {**key, "expires_at_ms": {"$lte": now_ms}}, {**doc, "req": token}, upsert=True
-                )
+            self.call(
+                what,
+                "replace_one",
+                {**key, "expires_at_ms": {"$lte": now_ms}},
+                {**doc, "req": token},
+                upsert=True,
+            )
         except DuplicateKeyError:
-            with translate_errors(what):
-                current = self.collection.find_one(dict(key), {"req": 1})
+            current = self.call(what, "find_one", dict(key), {"req": 1})
             return current is not None and current.get("req") == token
         return True
 
@@ -193,5 +289,4 @@ class MongoCollection:
         stale = stale_slots(doc, now_ms)
         if stale is None:
             return
-        with translate_errors(what):
-            self.collection.update_one({**key, **stale}, {"$unset": dict.fromkeys(stale, "")})
+        self.call(what, "update_one", {**key, **stale}, {"$unset": dict.fromkeys(stale, "")})

@@ -54,7 +54,6 @@ from ._collection import (
     MongoCollection,
     literal,
     request_token,
-    translate_errors,
 )
 
 __all__ = ["MongoBreakerStore"]
@@ -116,7 +115,6 @@ def _close(now_ms: int, token: str, *, note_prior: bool = False) -> list[dict[st
 class MongoBreakerStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
         #: the window counts each name's document held at the last window write seen
         self._window_names: dict[str, tuple[str, ...]] = {}
@@ -125,8 +123,7 @@ class MongoBreakerStore:
         return breaker_key(self._ns, name).primary
 
     def _stored(self, name: str, what: str) -> dict[str, Any] | None:
-        with translate_errors(what):
-            doc: dict[str, Any] | None = self._c.find_one(self._key(name))
+        doc: dict[str, Any] | None = self._coll.call(what, "find_one", self._key(name))
         return doc
 
     def _own(self, name: str, token: str, what: str) -> dict[str, Any] | None:
@@ -148,10 +145,14 @@ class MongoBreakerStore:
         a duplicate-key refusal is tried once more as a plain update."""
         for insert in (upsert, False):
             try:
-                with translate_errors(what):
-                    doc: dict[str, Any] | None = self._c.find_one_and_update(
-                        query, update, upsert=insert, return_document=document
-                    )
+                doc: dict[str, Any] | None = self._coll.call(
+                    what,
+                    "find_one_and_update",
+                    query,
+                    update,
+                    upsert=insert,
+                    return_document=document,
+                )
             except DuplicateKeyError:
                 # The document exists but did not match: either it is in another state (the
                 # answer is "no"), or a racing upsert inserted it a moment ago. It exists now,
@@ -245,16 +246,17 @@ class MongoBreakerStore:
     ) -> bool:
         """A trial round's close or reopen stamped with ``token``: True when it applied, also
         when the refusal shows this call's own write (applied, its first response lost)."""
-        with translate_errors(what):
-            result = self._c.update_one(
-                {
-                    **self._key(name),
-                    "state": _HALF,
-                    "trial_round": trial_round,
-                    "req": {"$ne": token},
-                },
-                update,
-            )
+        result = self._coll.call(
+            what,
+            "update_one",
+            {
+                **self._key(name),
+                "state": _HALF,
+                "trial_round": trial_round,
+                "req": {"$ne": token},
+            },
+            update,
+        )
         return result.matched_count == 1 or self._own(name, token, what) is not None
 
     def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
@@ -272,11 +274,12 @@ class MongoBreakerStore:
         )
 
     def reset_failures(self, name: str, now_ms: int) -> bool:
-        with translate_errors("breaker reset_failures"):
-            result = self._c.update_one(
-                {**self._key(name), "state": _CLOSED, "failures": {"$gt": 0}},
-                {"$set": {"failures": 0, "updated_ms": now_ms}},
-            )
+        result = self._coll.call(
+            "breaker reset_failures",
+            "update_one",
+            {**self._key(name), "state": _CLOSED, "failures": {"$gt": 0}},
+            {"$set": {"failures": 0, "updated_ms": now_ms}},
+        )
         return bool(result.matched_count == 1)
 
     def trip(self, name: str, now_ms: int, min_failures: int | None) -> BreakerRecord | None:
@@ -310,8 +313,7 @@ class MongoBreakerStore:
         doc = self._modify(name, condition, update, "breaker start_trial")
         if doc is not None:
             return StartTrialResult(BreakerRecord.from_item(doc))
-        with translate_errors("breaker get"):
-            current = self._c.find_one(self._key(name))
+        current = self._coll.call("breaker get", "find_one", self._key(name))
         if current is not None and current.get("state") == _HALF and current.get("req") == token:
             # A retry of this very start whose first response was lost: the slot is ours.
             return StartTrialResult(BreakerRecord.from_item(current))

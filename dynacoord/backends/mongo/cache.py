@@ -28,7 +28,6 @@ from ._collection import (
     CountingToken,
     MongoCollection,
     live_filter,
-    translate_errors,
 )
 
 __all__ = ["MongoCacheStore"]
@@ -43,7 +42,6 @@ class MongoCacheStore:
 
     def __init__(self, coll: MongoCollection, namespace: str, clock: Clock) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
         self._clock = clock
         self._index_pk = cache_key(namespace, "x").gsi1pk
@@ -72,15 +70,15 @@ class MongoCacheStore:
 
     def get(self, key: str, now_ms: int, *, consistent: bool = True) -> CacheEntry | None:
         # reads here are always consistent: ``consistent`` changes nothing
-        with translate_errors("cache get"):
-            return CacheEntry.from_item(self._c.find_one(self._primary(key)), now_ms)
+        return CacheEntry.from_item(
+            self._coll.call("cache get", "find_one", self._primary(key)), now_ms
+        )
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         doc = self._doc(key, encoded, expires_at_ms, now_ms(self._clock))
         for attempt in range(2):
             try:
-                with translate_errors("cache set"):
-                    self._c.replace_one(self._primary(key), doc, upsert=True)
+                self._coll.call("cache set", "replace_one", self._primary(key), doc, upsert=True)
                 return
             except DuplicateKeyError:
                 # Two upserts of a new key raced (servers before 4.2 do not retry this
@@ -97,8 +95,7 @@ class MongoCacheStore:
         return self.add(key, str(value), expires_at_ms, now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:
-        with translate_errors("cache delete"):
-            old = self._c.find_one_and_delete(self._primary(key))
+        old = self._coll.call("cache delete", "find_one_and_delete", self._primary(key))
         return CacheEntry.from_item(old, now_ms) is not None
 
     def touch(self, key: str, expires_at_ms: int | None, now_ms: int) -> bool:
@@ -111,8 +108,9 @@ class MongoCacheStore:
                     "expires_at": self._coll.gc_date(expires_at_ms, now_ms),
                 }
             }
-        with translate_errors("cache touch"):
-            result = self._c.update_one({**self._primary(key), **live_filter(now_ms)}, update)
+        result = self._coll.call(
+            "cache touch", "update_one", {**self._primary(key), **live_filter(now_ms)}, update
+        )
         return bool(result.matched_count == 1)
 
     def incr(self, key: str, by: int, now_ms: int, expires_if_new: int | None) -> int | None:
@@ -145,10 +143,14 @@ class MongoCacheStore:
                 on_insert["expires_at"] = self._coll.gc_date(expires_if_new, now_ms)
             update["$setOnInsert"] = on_insert
         try:
-            with translate_errors("cache incr"):
-                doc = self._c.find_one_and_update(
-                    live_counter, update, upsert=upsert, return_document=ReturnDocument.AFTER
-                )
+            doc = self._coll.call(
+                "cache incr",
+                "find_one_and_update",
+                live_counter,
+                update,
+                upsert=upsert,
+                return_document=ReturnDocument.AFTER,
+            )
             if doc is not None:
                 self._coll.drop_stale_slots(self._primary(key), doc, now_ms, "cache incr")
                 return int(doc["n"])
@@ -156,8 +158,7 @@ class MongoCacheStore:
             pass  # an expired or non-integer entry holds the key, or a racing incr created it
         finally:
             token.release()
-        with translate_errors("cache get"):
-            current = self._c.find_one(self._primary(key))
+        current = self._coll.call("cache get", "find_one", self._primary(key))
         if token.applied(current):
             return int((current or {})["n"])
         n = (current or {}).get("n")
@@ -188,12 +189,13 @@ class MongoCacheStore:
         query: dict[str, Any] = {"gsi1pk": self._index_pk}
         if sk:
             query["gsi1sk"] = sk
-        with translate_errors("cache keys"):
-            docs = list(
-                self._c.find(query, {"_id": 0, "gsi1sk": 1, "expires_at_ms": 1})
-                .sort("gsi1sk", pymongo.ASCENDING)
-                .limit(_PAGE + 1)
-            )
+        docs = self._coll.find(
+            "cache keys",
+            query,
+            {"_id": 0, "gsi1sk": 1, "expires_at_ms": 1},
+            sort=("gsi1sk", pymongo.ASCENDING),
+            limit=_PAGE + 1,
+        )
         more = len(docs) > _PAGE
         docs = docs[:_PAGE]
         live: list[str] = []
@@ -207,8 +209,7 @@ class MongoCacheStore:
         self, keys: list[str], now_ms: int, *, consistent: bool = True
     ) -> tuple[dict[str, CacheEntry], list[str]]:
         by_pk = {cache_key(self._ns, k).pk: k for k in keys}
-        with translate_errors("cache get_many"):
-            docs = list(self._c.find({"pk": {"$in": list(by_pk)}, "sk": "CACHE"}))
+        docs = self._coll.find("cache get_many", {"pk": {"$in": list(by_pk)}, "sk": "CACHE"})
         found: dict[str, CacheEntry] = {}
         for doc in docs:
             entry = CacheEntry.from_item(doc, now_ms)
@@ -233,14 +234,12 @@ class MongoCacheStore:
             # replace-or-insert; UpdateOne/ReplaceOne would do the same on a server, but
             # mongomock's bulk API refuses them with current pymongo versions.
             requests.append(pymongo.UpdateMany(self._primary(key), update, upsert=True))
-        with translate_errors("cache set_many"):
-            self._c.bulk_write(requests, ordered=False)
+        self._coll.call("cache set_many", "bulk_write", requests, ordered=False)
         return []
 
     def delete_batch(self, keys: list[str]) -> list[str]:
         if not keys:
             return []
         pks = [cache_key(self._ns, k).pk for k in keys]
-        with translate_errors("cache delete_many"):
-            self._c.delete_many({"pk": {"$in": pks}, "sk": "CACHE"})
+        self._coll.call("cache delete_many", "delete_many", {"pk": {"$in": pks}, "sk": "CACHE"})
         return []

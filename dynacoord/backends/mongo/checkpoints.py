@@ -19,7 +19,7 @@ import pymongo
 
 from ...checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
 from ...keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._collection import MongoCollection, translate_errors
+from ._collection import MongoCollection
 
 __all__ = ["MongoCheckpointStore"]
 
@@ -30,7 +30,6 @@ _SK_RANGE = {"$gte": "SEQ#", "$lt": "SEQ$"}
 class MongoCheckpointStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
 
     def insert(self, checkpoint: StoredCheckpoint, now_ms: int) -> bool:
@@ -48,17 +47,19 @@ class MongoCheckpointStore:
         return self._coll.replace_if_free(k.primary, doc, now_ms, "checkpoint insert")
 
     def highest_sequence(self, task_id: str) -> int | None:
-        with translate_errors("checkpoint highest_sequence"):
-            doc = self._c.find_one(
-                {"pk": checkpoint_prefix(self._ns, task_id), "sk": _SK_RANGE},
-                {"sk": 1, "_id": 0},
-                sort=[("sk", pymongo.DESCENDING)],
-            )
+        doc = self._coll.call(
+            "checkpoint highest_sequence",
+            "find_one",
+            {"pk": checkpoint_prefix(self._ns, task_id), "sk": _SK_RANGE},
+            {"sk": 1, "_id": 0},
+            sort=[("sk", pymongo.DESCENDING)],
+        )
         return None if doc is None else parse_sk_sequence(str(doc["sk"]))
 
     def get(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
-        with translate_errors("checkpoint get"):
-            doc = self._c.find_one(checkpoint_key(self._ns, task_id, sequence).primary)
+        doc = self._coll.call(
+            "checkpoint get", "find_one", checkpoint_key(self._ns, task_id, sequence).primary
+        )
         return None if doc is None else StoredCheckpoint.from_item(task_id, doc)
 
     def page(
@@ -79,14 +80,13 @@ class MongoCheckpointStore:
         if not keys_only:
             projection.update(data=1, progress=1)
         direction = pymongo.DESCENDING if newest_first else pymongo.ASCENDING
-        with translate_errors("checkpoint page"):
-            docs = list(
-                self._c.find(
-                    {"pk": checkpoint_prefix(self._ns, task_id), "sk": sk_filter}, projection
-                )
-                .sort("sk", direction)
-                .limit(limit + 1)  # one more than asked tells whether a next page exists
-            )
+        docs = self._coll.find(
+            "checkpoint page",
+            {"pk": checkpoint_prefix(self._ns, task_id), "sk": sk_filter},
+            projection,
+            sort=("sk", direction),
+            limit=limit + 1,  # one more than asked tells whether a next page exists
+        )
         items = [StoredCheckpoint.from_item(task_id, d) for d in docs[:limit]]
         more = len(docs) > limit
         return CheckpointPage(items, str(docs[limit - 1]["sk"]) if more and limit else None)
@@ -97,6 +97,9 @@ class MongoCheckpointStore:
         if len(sequences) > DELETE_BATCH:
             raise ValueError(f"at most {DELETE_BATCH} deletes per batch, got {len(sequences)}")
         sks = [checkpoint_key(self._ns, task_id, seq).sk for seq in sequences]
-        with translate_errors("checkpoint delete_batch"):
-            self._c.delete_many({"pk": checkpoint_prefix(self._ns, task_id), "sk": {"$in": sks}})
+        self._coll.call(
+            "checkpoint delete_batch",
+            "delete_many",
+            {"pk": checkpoint_prefix(self._ns, task_id), "sk": {"$in": sks}},
+        )
         return []

@@ -34,7 +34,6 @@ from ._collection import (
     MongoCollection,
     literal,
     live_filter,
-    translate_errors,
 )
 
 __all__ = ["MongoCounterStore"]
@@ -43,7 +42,6 @@ __all__ = ["MongoCounterStore"]
 class MongoCounterStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
 
     def _key(self, key: str) -> dict[str, Any]:
@@ -76,21 +74,21 @@ class MongoCounterStore:
         query = {**self._key(key), **condition}
         for upsert in (True, False):
             try:
-                with translate_errors(what):
-                    doc = self._c.find_one_and_update(
-                        query,
-                        [{"$set": stage}],
-                        upsert=upsert,
-                        return_document=ReturnDocument.AFTER,
-                    )
+                doc = self._coll.call(
+                    what,
+                    "find_one_and_update",
+                    query,
+                    [{"$set": stage}],
+                    upsert=upsert,
+                    return_document=ReturnDocument.AFTER,
+                )
             except DuplicateKeyError:
                 continue  # exists but did not match: maybe created by a racer; update only
             if doc is not None:
                 if token is not None:
                     self._coll.drop_stale_slots(self._key(key), doc, now_ms, what)
                 return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
-        with translate_errors(what):
-            current = self._c.find_one(self._key(key))
+        current = self._coll.call(what, "find_one", self._key(key))
         if token is not None and token.applied(current):
             return WriteOutcome(True, item=CounterItem.from_item(current, now_ms))
         return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))
@@ -103,8 +101,7 @@ class MongoCounterStore:
             doc["expires_at_ms"] = now_ms + ttl_ms
             doc["expires_at"] = self._coll.gc_date(now_ms + ttl_ms, now_ms)
         if not self._coll.replace_if_free(self._key(key), doc, now_ms, what):
-            with translate_errors(what):
-                current = self._c.find_one(self._key(key))
+            current = self._coll.call(what, "find_one", self._key(key))
             return WriteOutcome(False, current=CounterItem.from_item(current, now_ms))
         return WriteOutcome(True, item=CounterItem.from_item(doc, now_ms))
 
@@ -169,53 +166,58 @@ class MongoCounterStore:
             doc["expires_at_ms"] = now_ms + ttl_ms
             doc["expires_at"] = self._coll.gc_date(now_ms + ttl_ms, now_ms)
         try:
-            with translate_errors(what):
-                self._c.replace_one(
-                    {**self._key(key), "expires_at_ms": {"$lte": now_ms}}, doc, upsert=True
-                )
+            self._coll.call(
+                what,
+                "replace_one",
+                {**self._key(key), "expires_at_ms": {"$lte": now_ms}},
+                doc,
+                upsert=True,
+            )
         except DuplicateKeyError:
-            with translate_errors(what):
-                current = self._c.find_one(self._key(key), {"req": 1})
+            current = self._coll.call(what, "find_one", self._key(key), {"req": 1})
             return current is not None and current.get("req") == token
         return True
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        with translate_errors("counter get"):
-            return CounterItem.from_item(self._c.find_one(self._key(key)), now_ms)
+        return CounterItem.from_item(
+            self._coll.call("counter get", "find_one", self._key(key)), now_ms
+        )
 
     def delete(self, key: str, now_ms: int) -> bool:
         # A counter or a flag is deleted in place: its value goes and it expires now, but the
         # document keeps its counting slots (``w``) until the TTL monitor removes it two windows
         # later, so an increment applied before the delete and retried after it finds its token
         # and is not applied again. A join (no slots) is deleted.
-        with translate_errors("counter delete"):
-            old = self._c.find_one_and_update(
-                {**self._key(key), "kind": {"$ne": JOIN}},
-                {
-                    "$set": {
-                        "expires_at_ms": now_ms,
-                        "expires_at": self._coll.gc_date(now_ms, now_ms, 2 * COUNT_WINDOW_MS),
-                    },
-                    "$unset": {"n": "", "value": "", "last": ""},
+        old = self._coll.call(
+            "counter delete",
+            "find_one_and_update",
+            {**self._key(key), "kind": {"$ne": JOIN}},
+            {
+                "$set": {
+                    "expires_at_ms": now_ms,
+                    "expires_at": self._coll.gc_date(now_ms, now_ms, 2 * COUNT_WINDOW_MS),
                 },
-                return_document=ReturnDocument.BEFORE,
-            )
-            if old is None:  # a join, or nothing there
-                old = self._c.find_one_and_delete(self._key(key))
+                "$unset": {"n": "", "value": "", "last": ""},
+            },
+            return_document=ReturnDocument.BEFORE,
+        )
+        if old is None:  # a join, or nothing there
+            old = self._coll.call("counter delete", "find_one_and_delete", self._key(key))
         return CounterItem.from_item(old, now_ms) is not None
 
     def extend(self, key: str, ttl_ms: int, now_ms: int) -> bool:
         expires = now_ms + ttl_ms
-        with translate_errors("counter extend"):
-            result = self._c.update_one(
-                {**self._key(key), **live_filter(now_ms)},
-                {
-                    "$set": {
-                        "expires_at_ms": expires,
-                        "expires_at": self._coll.gc_date(expires, now_ms),
-                    }
-                },
-            )
+        result = self._coll.call(
+            "counter extend",
+            "update_one",
+            {**self._key(key), **live_filter(now_ms)},
+            {
+                "$set": {
+                    "expires_at_ms": expires,
+                    "expires_at": self._coll.gc_date(expires, now_ms),
+                }
+            },
+        )
         return bool(result.matched_count == 1)
 
     def join_add(

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus
 from ...keys import idempotency_key
-from ._collection import MongoCollection, request_token, translate_errors
+from ._collection import MongoCollection, request_token
 
 __all__ = ["MongoIdempotencyStore"]
 
@@ -28,7 +28,6 @@ _CLAIM_ATTEMPTS = 4
 class MongoIdempotencyStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
 
     def _filter(self, key: str) -> dict[str, Any]:
@@ -52,8 +51,9 @@ class MongoIdempotencyStore:
         for _ in range(_CLAIM_ATTEMPTS):
             if self._coll.replace_if_free(self._filter(key), doc, now_ms, "idempotency claim"):
                 return ClaimResult(Claim(key, token, expires, payload_hash))
-            with translate_errors("idempotency get"):
-                existing = IdempotencyRecord.from_item(key, self._c.find_one(self._filter(key)))
+            existing = IdempotencyRecord.from_item(
+                key, self._coll.call("idempotency get", "find_one", self._filter(key))
+            )
             if existing is not None and existing.live(now_ms):
                 return ClaimResult(None, existing)
         return ClaimResult(None, existing)
@@ -61,41 +61,45 @@ class MongoIdempotencyStore:
     def complete(self, key: str, token: str, result_text: str, ttl_ms: int, now_ms: int) -> bool:
         expires = now_ms + ttl_ms
         req = request_token()  # kept as completed_by: its retry after a lost answer knows it
-        with translate_errors("idempotency complete"):
-            result = self._c.update_one(
-                {
-                    **self._filter(key),
-                    "token": token,
-                    "status": IdempotencyStatus.IN_PROGRESS.value,
+        result = self._coll.call(
+            "idempotency complete",
+            "update_one",
+            {
+                **self._filter(key),
+                "token": token,
+                "status": IdempotencyStatus.IN_PROGRESS.value,
+            },
+            {
+                "$set": {
+                    "status": IdempotencyStatus.COMPLETED.value,
+                    "result": result_text,
+                    "expires_at_ms": expires,
+                    "expires_at": self._coll.gc_date(expires, now_ms),
+                    "completed_ms": now_ms,
+                    "completed_by": req,
                 },
-                {
-                    "$set": {
-                        "status": IdempotencyStatus.COMPLETED.value,
-                        "result": result_text,
-                        "expires_at_ms": expires,
-                        "expires_at": self._coll.gc_date(expires, now_ms),
-                        "completed_ms": now_ms,
-                        "completed_by": req,
-                    },
-                    "$unset": {"token": ""},
-                },
-            )
-            if result.matched_count == 1:
-                return True
-            # refused: by this very completion, applied, its answer lost (pymongo re-sent it)?
-            doc = self._c.find_one(self._filter(key), {"completed_by": 1})
+                "$unset": {"token": ""},
+            },
+        )
+        if result.matched_count == 1:
+            return True
+        # refused: by this very completion, applied, its answer lost (pymongo re-sent it)?
+        doc = self._coll.call(
+            "idempotency complete", "find_one", self._filter(key), {"completed_by": 1}
+        )
         return doc is not None and doc.get("completed_by") == req
 
     def release(self, key: str, token: str) -> bool:
-        with translate_errors("idempotency release"):
-            result = self._c.delete_one({**self._filter(key), "token": token})
+        result = self._coll.call(
+            "idempotency release", "delete_one", {**self._filter(key), "token": token}
+        )
         return bool(result.deleted_count == 1)
 
     def get(self, key: str) -> IdempotencyRecord | None:
-        with translate_errors("idempotency get"):
-            return IdempotencyRecord.from_item(key, self._c.find_one(self._filter(key)))
+        return IdempotencyRecord.from_item(
+            key, self._coll.call("idempotency get", "find_one", self._filter(key))
+        )
 
     def delete(self, key: str) -> bool:
-        with translate_errors("idempotency delete"):
-            result = self._c.delete_one(self._filter(key))
+        result = self._coll.call("idempotency delete", "delete_one", self._filter(key))
         return bool(result.deleted_count == 1)

@@ -81,7 +81,7 @@ from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS, 
 from ...outbox._gates import by_group as ordered_by_group
 from ...outbox._runs import group_runs
 from ...outbox.event import check_event_size
-from ._collection import MongoCollection, translate_errors
+from ._collection import MongoCollection
 
 __all__ = ["MongoOutboxStore"]
 
@@ -101,7 +101,6 @@ logger = logging.getLogger(__name__)
 class MongoOutboxStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
 
     @property
@@ -137,8 +136,7 @@ class MongoOutboxStore:
 
     def _clashes(self, events: Sequence[Event], now_ms: int) -> dict[str, EventRecord | None]:
         by_pk = {self._key(e.id)["pk"]: e.id for e in events}
-        with translate_errors("outbox publish"):
-            found = list(self._c.find({"pk": {"$in": list(by_pk)}, "sk": "EVENT"}))
+        found = self._coll.find("outbox publish", {"pk": {"$in": list(by_pk)}, "sk": "EVENT"})
         clashes: dict[str, EventRecord | None] = {}
         stale = []
         for doc in found:
@@ -148,10 +146,11 @@ class MongoOutboxStore:
             else:
                 clashes[by_pk[str(doc["pk"])]] = record
         if stale and not clashes:
-            with translate_errors("outbox publish"):
-                self._c.delete_many(
-                    {"pk": {"$in": stale}, "sk": "EVENT", "expires_at_ms": {"$lte": now_ms}}
-                )
+            self._coll.call(
+                "outbox publish",
+                "delete_many",
+                {"pk": {"$in": stale}, "sk": "EVENT", "expires_at_ms": {"$lte": now_ms}},
+            )
         return clashes
 
     def _take_places(
@@ -170,18 +169,23 @@ class MongoOutboxStore:
                 "$set": {"published_ms": now_ms},
                 "$setOnInsert": {"next_seq": 1},
             }
-            with translate_errors("outbox publish"):
-                try:
-                    gate = self._c.find_one_and_update(
-                        self._gate_key(group),
-                        update,
-                        upsert=True,
-                        return_document=ReturnDocument.AFTER,
-                    )
-                except DuplicateKeyError:  # a racing publisher created the gate first
-                    gate = self._c.find_one_and_update(
-                        self._gate_key(group), update, return_document=ReturnDocument.AFTER
-                    )
+            try:
+                gate = self._coll.call(
+                    "outbox publish",
+                    "find_one_and_update",
+                    self._gate_key(group),
+                    update,
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except DuplicateKeyError:  # a racing publisher created the gate first
+                gate = self._coll.call(
+                    "outbox publish",
+                    "find_one_and_update",
+                    self._gate_key(group),
+                    update,
+                    return_document=ReturnDocument.AFTER,
+                )
             first[group] = int(gate["published"]) - count + 1
         for event, doc in zip(events, docs, strict=True):
             if event.ordered and event.group is not None:
@@ -195,8 +199,7 @@ class MongoOutboxStore:
             return clashes
         self._take_places(events, docs, now_ms)
         try:
-            with translate_errors("outbox publish"):
-                self._c.insert_many(docs, ordered=True)
+            self._coll.call("outbox publish", "insert_many", docs, ordered=True)
         except (BulkWriteError, DuplicateKeyError) as exc:
             inserted = 0
             if isinstance(exc, BulkWriteError):
@@ -205,14 +208,15 @@ class MongoOutboxStore:
                 # Roll back the prefix, but only events no worker has claimed yet: deleting a
                 # claimed one would make an event that is being delivered vanish from the outbox.
                 # (An ordered event rolled back leaves its place empty: a claim skips it later.)
-                with translate_errors("outbox publish"):
-                    removed = self._c.delete_many(
-                        {
-                            "_id": {"$in": [d["_id"] for d in docs[:inserted]]},
-                            "status": EventStatus.PENDING.value,
-                            "attempts": 0,
-                        }
-                    ).deleted_count
+                removed = self._coll.call(
+                    "outbox publish",
+                    "delete_many",
+                    {
+                        "_id": {"$in": [d["_id"] for d in docs[:inserted]]},
+                        "status": EventStatus.PENDING.value,
+                        "attempts": 0,
+                    },
+                ).deleted_count
                 if removed < inserted:
                     logger.warning(
                         "outbox publish refused after %d of %d events were inserted; %d of them "
@@ -232,8 +236,9 @@ class MongoOutboxStore:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
-        with translate_errors("outbox get"):
-            return EventRecord.from_item(self._c.find_one(self._key(event_id)), now_ms)
+        return EventRecord.from_item(
+            self._coll.call("outbox get", "find_one", self._key(event_id)), now_ms
+        )
 
     def _query(self, status: EventStatus, due_before_ms: int | None, cursor: Any) -> dict[str, Any]:
         sk: dict[str, Any] = {}
@@ -256,12 +261,12 @@ class MongoOutboxStore:
         limit: int,
         cursor: Any = None,
     ) -> tuple[list[EventRecord], Any]:
-        with translate_errors("outbox query"):
-            docs = list(
-                self._c.find(self._query(status, due_before_ms, cursor))
-                .sort("gsi1sk", pymongo.ASCENDING)
-                .limit(limit + 1)
-            )
+        docs = self._coll.find(
+            "outbox query",
+            self._query(status, due_before_ms, cursor),
+            sort=("gsi1sk", pymongo.ASCENDING),
+            limit=limit + 1,
+        )
         more = len(docs) > limit
         docs = docs[:limit]
         records = [r for r in (EventRecord.from_item(d, 0) for d in docs) if r is not None]
@@ -270,8 +275,9 @@ class MongoOutboxStore:
     def count_page(
         self, status: EventStatus, shard: int, *, due_before_ms: int | None, cursor: Any = None
     ) -> tuple[int, Any]:
-        with translate_errors("outbox count"):
-            count = self._c.count_documents(self._query(status, due_before_ms, cursor))
+        count = self._coll.call(
+            "outbox count", "count_documents", self._query(status, due_before_ms, cursor)
+        )
         return int(count), None
 
     # -- claim -------------------------------------------------------------------------------------
@@ -317,16 +323,19 @@ class MongoOutboxStore:
             return claimed[0] if claimed else None
         # Still as we saw it and due, as a batch's claim. Of two workers racing for it the first
         # write changes the token/status, so the second one's filter no longer matches.
-        with translate_errors("outbox claim"):
-            doc = self._c.find_one_and_update(
-                self._claimable(seen, now_ms),
-                self._claim_update(seen, token, lease_until_ms, now_ms),
-                return_document=ReturnDocument.AFTER,
+        doc = self._coll.call(
+            "outbox claim",
+            "find_one_and_update",
+            self._claimable(seen, now_ms),
+            self._claim_update(seen, token, lease_until_ms, now_ms),
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is None:
+            # The lease token is this claim's request token: finding it on the event means a
+            # retry of this very claim whose first response was lost. The claim is ours.
+            doc = self._coll.call(
+                "outbox claim", "find_one", {**self._key(seen.id), "lease_token": token}
             )
-            if doc is None:
-                # The lease token is this claim's request token: finding it on the event means a
-                # retry of this very claim whose first response was lost. The claim is ours.
-                doc = self._c.find_one({**self._key(seen.id), "lease_token": token})
         return None if doc is None else EventRecord.from_item(doc, now_ms)
 
     def claim_many(
@@ -350,24 +359,23 @@ class MongoOutboxStore:
             )
             for r in to_claim.values()
         ]
-        with translate_errors("outbox claim"):
-            if ops:
-                self._c.bulk_write(ops, ordered=False)
-            # 2. Which claims hold (by token: a claim whose first response was lost holds too),
-            #    and the gates of the groups, read after the claims.
-            query: dict[str, Any] = {
-                "pk": {"$in": [self._key(i)["pk"] for i in to_claim]},
-                "sk": "EVENT",
-                "lease_token": {"$in": [token_of[i] for i in to_claim]},
+        if ops:
+            self._coll.call("outbox claim", "bulk_write", ops, ordered=False)
+        # 2. Which claims hold (by token: a claim whose first response was lost holds too),
+        #    and the gates of the groups, read after the claims.
+        query: dict[str, Any] = {
+            "pk": {"$in": [self._key(i)["pk"] for i in to_claim]},
+            "sk": "EVENT",
+            "lease_token": {"$in": [token_of[i] for i in to_claim]},
+        }
+        if runs:
+            query = {
+                "$or": [
+                    query,
+                    {"pk": {"$in": [self._gate_key(g)["pk"] for g in runs]}, "sk": _GATE_SK},
+                ]
             }
-            if runs:
-                query = {
-                    "$or": [
-                        query,
-                        {"pk": {"$in": [self._gate_key(g)["pk"] for g in runs]}, "sk": _GATE_SK},
-                    ]
-                }
-            found = list(self._c.find(query)) if to_claim else []
+        found = self._coll.find("outbox claim", query) if to_claim else []
         docs = {str(d["event_id"]): d for d in found if d.get("sk") == "EVENT"}
         claimed = {
             i: d for i, d in docs.items() if i in token_of and d.get("lease_token") == token_of[i]
@@ -412,52 +420,54 @@ class MongoOutboxStore:
         published = int(start_doc.get("published_ms") or now_ms)
         if now_ms - published < HOLE_WAIT_MS:
             return head
-        with translate_errors("outbox claim"):
-            # Every place from the head up to the run: all were taken before the run's first
-            # event, so all are that old. The gate moves past all the holes at once (one at a
-            # time, a group with several needed a claim round each after the wait).
-            docs = self._c.find(
-                {
-                    "pk": {
-                        "$gte": f"{Kind.OUTBOX.value}#{self._ns}#",
-                        "$lt": f"{Kind.OUTBOX.value}#{self._ns}$",
-                    },
-                    "sk": "EVENT",
-                    "event_group": group,
-                    "seq": {"$gte": head, "$lt": start},
-                }
-            )
-            on_its_way: set[int] = set()
-            finished: dict[int, str] = {}
-            for doc in docs:
-                record = EventRecord.from_item(doc, now_ms)
-                if record is None or record.seq is None:
-                    continue
-                if record.status in _CLAIMABLE:
-                    on_its_way.add(record.seq)
-                else:
-                    finished[record.seq] = record.status.value
-            after = head
-            while after < start and after not in on_its_way:
-                after += 1
-            if after == head:
-                return head  # the group's head is on its way
-            logger.warning(
-                "outbox group %r: places %s have %s; the group moves past them",
-                group,
-                ", ".join(str(place) for place in range(head, after)),
-                ", ".join(
-                    f"a {finished[place]} event" if place in finished else "no event"
-                    for place in range(head, after)
-                ),
-            )
-            gate = self._c.find_one_and_update(
-                {**self._gate_key(group), "next_seq": head},
-                {"$set": {"next_seq": after}, "$unset": {"retry_due_ms": ""}},
-                return_document=ReturnDocument.AFTER,
-            )
-            if gate is None:  # moved meanwhile
-                gate = self._c.find_one(self._gate_key(group)) or {}
+        # Every place from the head up to the run: all were taken before the run's first
+        # event, so all are that old. The gate moves past all the holes at once (one at a
+        # time, a group with several needed a claim round each after the wait).
+        docs = self._coll.find(
+            "outbox claim",
+            {
+                "pk": {
+                    "$gte": f"{Kind.OUTBOX.value}#{self._ns}#",
+                    "$lt": f"{Kind.OUTBOX.value}#{self._ns}$",
+                },
+                "sk": "EVENT",
+                "event_group": group,
+                "seq": {"$gte": head, "$lt": start},
+            },
+        )
+        on_its_way: set[int] = set()
+        finished: dict[int, str] = {}
+        for doc in docs:
+            record = EventRecord.from_item(doc, now_ms)
+            if record is None or record.seq is None:
+                continue
+            if record.status in _CLAIMABLE:
+                on_its_way.add(record.seq)
+            else:
+                finished[record.seq] = record.status.value
+        after = head
+        while after < start and after not in on_its_way:
+            after += 1
+        if after == head:
+            return head  # the group's head is on its way
+        logger.warning(
+            "outbox group %r: places %s have %s; the group moves past them",
+            group,
+            ", ".join(str(place) for place in range(head, after)),
+            ", ".join(
+                f"a {finished[place]} event" if place in finished else "no event"
+                for place in range(head, after)
+            ),
+        )
+        gate = self._coll.call(
+            "outbox claim",
+            "find_one_and_update",
+            {**self._gate_key(group), "next_seq": head},
+            {"$set": {"next_seq": after}, "$unset": {"retry_due_ms": ""}},
+            return_document=ReturnDocument.AFTER,
+        )
+        if gate is None:  # moved meanwhile
+            gate = self._coll.call("outbox claim", "find_one", self._gate_key(group)) or {}
         return int(gate.get("next_seq", after))
 
     def _postpone(
@@ -497,8 +507,7 @@ class MongoOutboxStore:
                     {"$set": {"due_ms": due, "gsi1sk": outbox_index_sk(due, record.id)}},
                 )
             )
-        with translate_errors("outbox claim"):
-            self._c.bulk_write(ops, ordered=False)
+        self._coll.call("outbox claim", "bulk_write", ops, ordered=False)
 
     # -- outcomes ----------------------------------------------------------------------------------
 
@@ -513,6 +522,7 @@ class MongoOutboxStore:
         due_ms: int = 0,
         error: str | None = None,
         count_attempt: bool = True,
+        uncounted: int = 0,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(filter, update) of an outcome, conditional on ``token`` holding the event; the
         update is None for a deletion (completed without retention)."""
@@ -544,8 +554,8 @@ class MongoOutboxStore:
             if error is not None:
                 sets["last_error"] = error
             update: dict[str, Any] = {"$set": sets, "$unset": {"lease_token": ""}}
-            if not count_attempt:
-                update["$inc"] = {"attempts": -1}
+            if not count_attempt or uncounted:
+                update["$inc"] = {"attempts": -(uncounted + (0 if count_attempt else 1))}
             return held, update
         return held, {
             "$set": {
@@ -577,31 +587,32 @@ class MongoOutboxStore:
                 due_ms=outcome.due_ms,
                 error=outcome.error,
                 count_attempt=outcome.count_attempt,
+                uncounted=outcome.uncounted,
             )
             ops.append(
                 pymongo.DeleteOne(where) if update is None else pymongo.UpdateMany(where, update)
             )
-        with translate_errors("outbox finish"):
-            result = self._c.bulk_write(ops, ordered=False)
-            if result.matched_count + result.deleted_count == len(ops):
-                written = [True] * len(outcomes)
-            else:
-                # Which were written: by this call, or by its first attempt whose response was
-                # lost (the event shows finished_by = the token, or is gone when deleted).
-                docs = {
-                    str(d["event_id"]): d
-                    for d in self._c.find(
-                        {
-                            "pk": {"$in": [self._key(o.record.id)["pk"] for o in outcomes]},
-                            "sk": "EVENT",
-                        }
-                    )
-                }
-                written = [
-                    self._was_written(docs.get(o.record.id), o.token, o.kind, retention_ms)
-                    for o in outcomes
-                ]
-            self._move_gates([o for o, ok in zip(outcomes, written, strict=True) if ok])
+        result = self._coll.call("outbox finish", "bulk_write", ops, ordered=False)
+        if result.matched_count + result.deleted_count == len(ops):
+            written = [True] * len(outcomes)
+        else:
+            # Which were written: by this call, or by its first attempt whose response was
+            # lost (the event shows finished_by = the token, or is gone when deleted).
+            docs = {
+                str(d["event_id"]): d
+                for d in self._coll.find(
+                    "outbox finish",
+                    {
+                        "pk": {"$in": [self._key(o.record.id)["pk"] for o in outcomes]},
+                        "sk": "EVENT",
+                    },
+                )
+            }
+            written = [
+                self._was_written(docs.get(o.record.id), o.token, o.kind, retention_ms)
+                for o in outcomes
+            ]
+        self._move_gates([o for o, ok in zip(outcomes, written, strict=True) if ok])
         return written
 
     @staticmethod
@@ -637,7 +648,9 @@ class MongoOutboxStore:
                     )
                 )
         if ops:
-            self._c.bulk_write(ops, ordered=True)  # in order: a retry after the moves
+            self._coll.call(
+                "outbox finish", "bulk_write", ops, ordered=True
+            )  # in order: a retry after the moves
 
     def extend_many(
         self, held: Sequence[EventRecord], lease_until_ms: int, now_ms: int
@@ -657,16 +670,16 @@ class MongoOutboxStore:
             )
             for r in held
         ]
-        with translate_errors("outbox extend"):
-            result = self._c.bulk_write(ops, ordered=False)
-            if result.matched_count == len(ops):
-                return [True] * len(held)
-            docs = {
-                str(d["event_id"]): d
-                for d in self._c.find(
-                    {"pk": {"$in": [self._key(r.id)["pk"] for r in held]}, "sk": "EVENT"}
-                )
-            }
+        result = self._coll.call("outbox extend", "bulk_write", ops, ordered=False)
+        if result.matched_count == len(ops):
+            return [True] * len(held)
+        docs = {
+            str(d["event_id"]): d
+            for d in self._coll.find(
+                "outbox extend",
+                {"pk": {"$in": [self._key(r.id)["pk"] for r in held]}, "sk": "EVENT"},
+            )
+        }
         return [
             (d := docs.get(r.id)) is not None
             and d.get("status") == _IN_FLIGHT
@@ -675,31 +688,32 @@ class MongoOutboxStore:
         ]
 
     def retry_failed(self, event_id: str, now_ms: int, token: str) -> RetryOutcome:
-        with translate_errors("outbox retry"):
-            result = self._c.update_one(
-                # Never creates (no upsert); only failed events move, once per retry (its re-sent
-                # write after a lost answer must not move the event again if it failed again).
-                {
-                    **self._key(event_id),
-                    "status": EventStatus.FAILED.value,
-                    "retried_by": {"$ne": token},
+        result = self._coll.call(
+            "outbox retry",
+            "update_one",
+            # Never creates (no upsert); only failed events move, once per retry (its re-sent
+            # write after a lost answer must not move the event again if it failed again).
+            {
+                **self._key(event_id),
+                "status": EventStatus.FAILED.value,
+                "retried_by": {"$ne": token},
+            },
+            {
+                "$set": {
+                    "status": EventStatus.PENDING.value,
+                    "attempts": 0,
+                    "due_ms": now_ms,
+                    "gsi1pk": self._gpk(EventStatus.PENDING),
+                    "gsi1sk": outbox_index_sk(now_ms, event_id),
+                    "updated_ms": now_ms,
+                    "retried_by": token,
                 },
-                {
-                    "$set": {
-                        "status": EventStatus.PENDING.value,
-                        "attempts": 0,
-                        "due_ms": now_ms,
-                        "gsi1pk": self._gpk(EventStatus.PENDING),
-                        "gsi1sk": outbox_index_sk(now_ms, event_id),
-                        "updated_ms": now_ms,
-                        "retried_by": token,
-                    },
-                    "$inc": {"manual_retries": 1},
-                },
-            )
-            if result.matched_count == 1:
-                return "retried"
-            stored = self._c.find_one(self._key(event_id))
+                "$inc": {"manual_retries": 1},
+            },
+        )
+        if result.matched_count == 1:
+            return "retried"
+        stored = self._coll.call("outbox retry", "find_one", self._key(event_id))
         if stored is not None and stored.get("retried_by") == token:
             return "retried"  # this very retry, applied, its answer lost
         return "not_failed" if EventRecord.from_item(stored, now_ms) is not None else "not_found"
@@ -746,19 +760,19 @@ class MongoOutboxStore:
             )
             for n, record in enumerate(mine)
         ]
-        with translate_errors("outbox retry"):
-            result = self._c.bulk_write(ops, ordered=True)
-            if result.matched_count == len(ops):
-                return [r.id for r in mine]
-            found = self._c.find(
-                {
-                    "pk": {"$in": [self._key(r.id)["pk"] for r in mine]},
-                    "sk": "EVENT",
-                    "retried_by": token,
-                },
-                {"event_id": 1},
-            )
-            moved = {str(d["event_id"]) for d in found}
+        result = self._coll.call("outbox retry", "bulk_write", ops, ordered=True)
+        if result.matched_count == len(ops):
+            return [r.id for r in mine]
+        found = self._coll.find(
+            "outbox retry",
+            {
+                "pk": {"$in": [self._key(r.id)["pk"] for r in mine]},
+                "sk": "EVENT",
+                "retried_by": token,
+            },
+            {"event_id": 1},
+        )
+        moved = {str(d["event_id"]) for d in found}
         return [r.id for r in mine if r.id in moved]
 
     def _take_retry_places(self, group: str, count: int, now_ms: int, token: str) -> int:
@@ -771,28 +785,31 @@ class MongoOutboxStore:
             if round_:
                 time.sleep(random.uniform(0, delay))  # a racing publisher moved the counter
                 delay = min(RACE_BACKOFF_MAX, delay * 2)
-            with translate_errors("outbox retry"):
-                gate = self._c.find_one(key)
-                if gate is not None and gate.get("retried_by") == token:
-                    return int(gate["retry_first"])  # taken by this call, its answer lost
-                seen = int(gate.get("published", 0)) if gate is not None else 0
-                update = {
-                    "$set": {
-                        "published": seen + count,
-                        "published_ms": now_ms,
-                        "retried_by": token,
-                        "retry_first": seen + 1,
-                    },
-                    "$setOnInsert": {"next_seq": 1},
-                }
-                # still the count read (none: a gate made now, never one a racer made)
-                expected = seen if seen else {"$exists": False}
-                try:
-                    taken = self._c.find_one_and_update(
-                        {**key, "published": expected}, update, upsert=gate is None
-                    )
-                except DuplicateKeyError:  # a racing publisher created the gate first
-                    continue
+            gate = self._coll.call("outbox retry", "find_one", key)
+            if gate is not None and gate.get("retried_by") == token:
+                return int(gate["retry_first"])  # taken by this call, its answer lost
+            seen = int(gate.get("published", 0)) if gate is not None else 0
+            update = {
+                "$set": {
+                    "published": seen + count,
+                    "published_ms": now_ms,
+                    "retried_by": token,
+                    "retry_first": seen + 1,
+                },
+                "$setOnInsert": {"next_seq": 1},
+            }
+            # still the count read (none: a gate made now, never one a racer made)
+            expected = seen if seen else {"$exists": False}
+            try:
+                taken = self._coll.call(
+                    "outbox retry",
+                    "find_one_and_update",
+                    {**key, "published": expected},
+                    update,
+                    upsert=gate is None,
+                )
+            except DuplicateKeyError:  # a racing publisher created the gate first
+                continue
             if taken is not None or gate is None:
                 return seen + 1
         raise OutboxError(

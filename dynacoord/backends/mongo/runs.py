@@ -29,7 +29,7 @@ from ..._items import is_live
 from ...errors import RunExistsError
 from ...keys import run_index_pk, run_index_sk, run_key, time_sk_bound
 from ...runs import Run, RunPage, RunStatus, new_run_fields, write_refused
-from ._collection import MongoCollection, literal, request_token, translate_errors
+from ._collection import MongoCollection, literal, request_token
 
 __all__ = ["MongoRunStore"]
 
@@ -56,15 +56,13 @@ def _run(doc: Mapping[str, Any]) -> Run:
 class MongoRunStore:
     def __init__(self, coll: MongoCollection, namespace: str) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
 
     def _key(self, run_id: str) -> dict[str, Any]:
         return run_key(self._ns, run_id, status="running", updated_ms=0).primary
 
     def _refused(self, run_id: str, now_ms: int, what: str) -> Exception:
-        with translate_errors(what):
-            doc = self._c.find_one(self._key(run_id))
+        doc = self._coll.call(what, "find_one", self._key(run_id))
         return write_refused(run_id, doc, now_ms)
 
     def create(
@@ -85,15 +83,15 @@ class MongoRunStore:
         return _run(doc)
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
-        with translate_errors("run get"):
-            doc = self._c.find_one(self._key(run_id))
+        doc = self._coll.call("run get", "find_one", self._key(run_id))
         return _run(doc) if doc and is_live(doc, now_ms) else None
 
     def _applied(self, run_id: str, token: str, what: str) -> dict[str, Any] | None:
         """The run as this very write left it, if the write applied before (its response lost
         and retried: the retry matched nothing), else None."""
-        with translate_errors(what):
-            doc: dict[str, Any] | None = self._c.find_one({**self._key(run_id), "req": token})
+        doc: dict[str, Any] | None = self._coll.call(
+            what, "find_one", {**self._key(run_id), "req": token}
+        )
         return doc
 
     def update(
@@ -114,12 +112,13 @@ class MongoRunStore:
         if reconciled:
             update["$inc"] = {"reconciles": 1}
         token = sets["req"] = request_token()
-        with translate_errors("run update"):
-            doc = self._c.find_one_and_update(
-                {**self._key(run_id), "status": RunStatus.RUNNING.value, "req": {"$ne": token}},
-                update,
-                return_document=ReturnDocument.AFTER,
-            )
+        doc = self._coll.call(
+            "run update",
+            "find_one_and_update",
+            {**self._key(run_id), "status": RunStatus.RUNNING.value, "req": {"$ne": token}},
+            update,
+            return_document=ReturnDocument.AFTER,
+        )
         if doc is None:
             doc = self._applied(run_id, token, "run update")
         if doc is None:
@@ -149,22 +148,24 @@ class MongoRunStore:
             stage["error"] = literal(error or "")
         token = request_token()
         stage["req"] = literal(token)
-        with translate_errors("run finish"):
-            doc = self._c.find_one_and_update(
-                {**self._key(run_id), "status": RunStatus.RUNNING.value},
-                [{"$set": stage}],
-                return_document=ReturnDocument.AFTER,
-            )
+        doc = self._coll.call(
+            "run finish",
+            "find_one_and_update",
+            {**self._key(run_id), "status": RunStatus.RUNNING.value},
+            [{"$set": stage}],
+            return_document=ReturnDocument.AFTER,
+        )
         if doc is None:
             doc = self._applied(run_id, token, "run finish")
         if doc is None:
             raise self._refused(run_id, now_ms, "run finish")
         expires = int(doc["expires_at_ms"])
-        with translate_errors("run finish"):
-            self._c.update_one(
-                {**self._key(run_id), "ended_ms": now_ms},
-                {"$set": {"expires_at": self._coll.gc_date(expires, now_ms)}},
-            )
+        self._coll.call(
+            "run finish",
+            "update_one",
+            {**self._key(run_id), "ended_ms": now_ms},
+            {"$set": {"expires_at": self._coll.gc_date(expires, now_ms)}},
+        )
         return _run(doc)
 
     def query(
@@ -179,8 +180,9 @@ class MongoRunStore:
         query: dict[str, Any] = {"gsi1pk": run_index_pk(self._ns, status.value)}
         if sk:
             query["gsi1sk"] = sk
-        with translate_errors("run query"):
-            docs = list(self._c.find(query).sort("gsi1sk", pymongo.ASCENDING).limit(page_size + 1))
+        docs = self._coll.find(
+            "run query", query, sort=("gsi1sk", pymongo.ASCENDING), limit=page_size + 1
+        )
         more = len(docs) > page_size
         docs = docs[:page_size]
         runs = [_run(d) for d in docs if is_live(d, now_ms) and d.get("status") == status.value]

@@ -34,7 +34,7 @@ from ...semaphore import (
     SemaphoreState,
     plan_acquire,
 )
-from ._collection import COUNT_WINDOW_MS, MongoCollection, translate_errors
+from ._collection import COUNT_WINDOW_MS, MongoCollection
 
 __all__ = ["MongoSemaphoreStore"]
 
@@ -54,7 +54,6 @@ class MongoSemaphoreStore:
 
     def __init__(self, coll: MongoCollection, namespace: str, *, fence_grace_s: int = 3600) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
         self._grace_ms = fence_grace_s * 1000
 
@@ -66,8 +65,7 @@ class MongoSemaphoreStore:
 
     def read(self, name: str, now_ms: int) -> SemaphoreState:
         """One ``find_one``."""
-        with translate_errors("semaphore read"):
-            return _state(self._c.find_one(self._filter(name)))
+        return _state(self._coll.call("semaphore read", "find_one", self._filter(name)))
 
     def try_acquire(
         self,
@@ -100,8 +98,7 @@ class MongoSemaphoreStore:
                 "expires_at": self._gc(now_ms),
             }
             try:
-                with translate_errors("semaphore acquire"):
-                    self._c.insert_one(doc)
+                self._coll.call("semaphore acquire", "insert_one", doc)
             except DuplicateKeyError:
                 return self._refused(name, token, now_ms)
             return AcquireAttempt(permit, _state(doc))
@@ -117,8 +114,13 @@ class MongoSemaphoreStore:
         drop = (*plan.drop_expired, *plan.drop_released)  # released is final: no condition
         if drop:
             update["$unset"] = {f"slots.{dropped}": "" for dropped in drop}
-        with translate_errors("semaphore acquire"):
-            after = self._c.find_one_and_update(query, update, return_document=ReturnDocument.AFTER)
+        after = self._coll.call(
+            "semaphore acquire",
+            "find_one_and_update",
+            query,
+            update,
+            return_document=ReturnDocument.AFTER,
+        )
         if after is None:
             return self._refused(name, token, now_ms)
         return AcquireAttempt(permit, _state(after))
@@ -142,29 +144,31 @@ class MongoSemaphoreStore:
     def extend(self, name: str, token: str, fence: int, ttl_ms: int, now_ms: int) -> int | None:
         """One ``update_one`` (sent again after a lost answer, it applies the same)."""
         expires = now_ms + ttl_ms
-        with translate_errors("semaphore extend"):
-            result = self._c.update_one(
-                self._own_slot(name, token, fence, now_ms),
-                {"$set": {f"slots.{token}.e": expires, "expires_at": self._gc(now_ms)}},
-            )
+        result = self._coll.call(
+            "semaphore extend",
+            "update_one",
+            self._own_slot(name, token, fence, now_ms),
+            {"$set": {f"slots.{token}.e": expires, "expires_at": self._gc(now_ms)}},
+        )
         return expires if result.matched_count == 1 else None
 
     def release(self, name: str, token: str, fence: int, now_ms: int) -> bool:
         """One ``update_one``, plus one read when it is refused (was it this permit's own
         release, applied, its answer lost?)."""
-        with translate_errors("semaphore release"):
-            result = self._c.update_one(
-                self._own_slot(name, token, fence, now_ms),
-                {
-                    "$set": {
-                        f"slots.{token}.e": now_ms,
-                        f"slots.{token}.r": True,
-                        "expires_at": self._gc(now_ms),
-                    },
-                    # the owner goes (a released slot is kept small), the fence stays
-                    "$unset": {f"slots.{token}.o": ""},
+        result = self._coll.call(
+            "semaphore release",
+            "update_one",
+            self._own_slot(name, token, fence, now_ms),
+            {
+                "$set": {
+                    f"slots.{token}.e": now_ms,
+                    f"slots.{token}.r": True,
+                    "expires_at": self._gc(now_ms),
                 },
-            )
+                # the owner goes (a released slot is kept small), the fence stays
+                "$unset": {f"slots.{token}.o": ""},
+            },
+        )
         if result.matched_count == 1:
             return True
         slot = self.read(name, now_ms).slot(token)

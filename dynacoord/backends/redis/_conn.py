@@ -1,5 +1,6 @@
-"""Helpers shared by the Redis stores: the key names, the connection wrapper and the one error
-translation point.
+"""The door of the Redis stores, :class:`RedisConn`: the only holder of the client, whose
+:meth:`RedisConn.send` is the one request path (the request, metrics, error translation); and
+what the stores share: the key names and pieces of Lua.
 
 Key layout (docs/redis.md has the full table). Names come from :mod:`dynacoord.keys` (DESIGN.md
 section 2) wrapped in a Redis Cluster **hash tag** ``{...}``: Redis hashes only the text between
@@ -40,14 +41,14 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..._writers import DEFAULT_WINDOW_MS, PRUNE_AT, Slot, lease, release
 from ...errors import BackendError
 from ...keys import Kind, validate_namespace
-from ...metrics import Metrics
+from ...metrics import Metrics, measure_request
 
 __all__ = [
     "LUA_LIVE",
@@ -67,7 +68,6 @@ __all__ = [
     "shard_tag",
     "shard_tokens_key",
     "tokens_key",
-    "translate_errors",
 ]
 
 logger = logging.getLogger("dynacoord.backends.redis")
@@ -243,33 +243,85 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
-@contextmanager
-def translate_errors(what: str) -> Iterator[None]:
-    """Turn redis-py errors into :class:`BackendError` (chained) in one place."""
-    import redis
+def _translated(exc: Exception, what: str) -> BackendError:
+    return BackendError(f"Redis {type(exc).__name__} during {what}: {exc}", code=type(exc).__name__)
 
-    try:
-        yield
-    except redis.RedisError as exc:
-        raise BackendError(
-            f"Redis {type(exc).__name__} during {what}: {exc}", code=type(exc).__name__
-        ) from exc
+
+#: Operation names reported by metrics that are not the method's name in capitals
+_OPERATIONS = {"delete": "DEL"}
 
 
 class RedisConn:
-    """The client all Redis stores share, with the scripts they registered."""
+    """The door of every Redis store: the only holder of the client (and of the scripts it
+    registered). Stores send each request through one of its methods, never the client:
+
+    * :meth:`call`: one command (``HMGET``, ``HGETALL``, ``DEL``...);
+    * :meth:`run`: one Lua script (``EVALSHA``, falling back to ``EVAL`` once per server);
+    * :meth:`pipeline`: commands queued on one pipeline (``MULTI``/``EXEC`` when
+      ``transaction``), one round trip;
+    * :meth:`run_each`: one script per shard, one pipeline (per node on a cluster).
+
+    Each goes through :meth:`send`, the one request path (error translation, metrics).
+    """
 
     def __init__(
         self, client: Any, *, gc_grace_ms: int = 60_000, metrics: Metrics | None = None
     ) -> None:
         self.client = client
-        if metrics is not None and metrics.enabled:
-            from ._metrics import TimedRedis  # times every request (dynacoord.metrics)
-
-            self.client = TimedRedis(client, metrics)
+        # None: nothing is measured, the request path adds no clock read
+        self._metrics = metrics if metrics is not None and metrics.enabled else None
         self.gc_grace_ms = gc_grace_ms
         self.cluster = is_cluster(client)
         self._scripts: dict[str, Any] = {}
+        import redis
+
+        self._error: type[Exception] = redis.RedisError
+
+    def send(
+        self, what: str, operation: str, request: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """The request path of the Redis backend: every request of every store, in this order.
+
+        1. The request: ``request(*args, **kwargs)``, one round trip. Retries are redis-py's
+           own (the client's ``Retry``, if it was built with one); dynacoord adds none, so a
+           write whose response was lost may run twice: every script recognises its own
+           applied write (``req`` tokens, counting slots: see the module docstring).
+        2. Metrics, when the backend has a listener: ``StoreRequestLatency`` with dimensions
+           ``Backend=redis`` and ``Operation`` (``HMGET``, ``EVALSHA``, ``PIPELINE``...), and
+           ``StoreRequestErrors`` for a request that raised.
+        3. Errors: a ``redis.RedisError`` becomes :class:`~dynacoord.errors.BackendError`
+           naming ``what`` (the store call: ``"lock acquire"``), the cause chained.
+        """
+        try:
+            metrics = self._metrics
+            if metrics is None:
+                return request(*args, **kwargs)
+            dimensions = {"Backend": "redis", "Operation": operation}
+            start = time.perf_counter()
+            try:
+                result = request(*args, **kwargs)
+            except Exception:
+                measure_request(metrics, dimensions, start, failed=True)
+                raise
+            measure_request(metrics, dimensions, start)
+            return result
+        except self._error as exc:
+            raise _translated(exc, what) from exc
+
+    def call(self, what: str, command: str, /, *args: Any, **kwargs: Any) -> Any:
+        """One command: ``client.<command>(*args, **kwargs)`` through :meth:`send`."""
+        operation = _OPERATIONS.get(command) or command.upper()
+        return self.send(what, operation, getattr(self.client, command), *args, **kwargs)
+
+    def pipeline(
+        self, what: str, commands: Sequence[tuple[Any, ...]], *, transaction: bool
+    ) -> list[Any]:
+        """``(command, *args)`` tuples queued on one pipeline, sent in one round trip
+        (``MULTI``/``EXEC``: atomic, when ``transaction``); the replies in order."""
+        pipe = self.client.pipeline(transaction=transaction)
+        for command, *args in commands:
+            getattr(pipe, command)(*args)
+        return list(self.send(what, "PIPELINE", pipe.execute))
 
     def script(self, source: str) -> Any:
         """A registered Lua script (EVALSHA, falling back to EVAL once per server)."""
@@ -283,8 +335,9 @@ class RedisConn:
         """Run a Lua script: one round trip, atomic on the server. A counting script's slot
         (a :class:`CountingArg` among ``args``) is given back when the call returns."""
         try:
-            with translate_errors(what):
-                return self.script(source)(keys=keys, args=[_arg(a) for a in args])
+            return self.send(
+                what, "EVALSHA", self.script(source), keys=keys, args=[_arg(a) for a in args]
+            )
         finally:
             for arg in args:
                 if type(arg) is CountingArg:
@@ -299,18 +352,19 @@ class RedisConn:
         cluster pipeline, so on a cluster the calls are grouped by the node that serves their
         slot and each group is one pipeline on that node's own connection; a call the node
         answers with a redirection (MOVED/ASK while slots move) or a node that fails is sent
-        again through the cluster client, which follows the redirection.
+        again through the cluster client, which follows the redirection. Either way it is one
+        request for :meth:`send` (``PIPELINE``).
         """
         if not calls:
             return []
         script = self.script(source)
-        with translate_errors(what):
-            if not self.cluster:
-                pipe = self.client.pipeline(transaction=False)
-                for keys, args in calls:
-                    script(keys=keys, args=[_arg(a) for a in args], client=pipe)
-                return list(pipe.execute())
-            return self._run_each_on_nodes(script, calls)
+        if not self.cluster:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                script(keys=keys, args=[_arg(a) for a in args], client=pipe)
+            return list(self.send(what, "PIPELINE", pipe.execute))
+        replies: list[Any] = self.send(what, "PIPELINE", self._run_each_on_nodes, script, calls)
+        return replies
 
     def _run_each_on_nodes(
         self, script: Any, calls: Sequence[tuple[list[str], list[Any]]]

@@ -50,7 +50,6 @@ from ._conn import (
     pairs,
     request_token,
     tokens_key,
-    translate_errors,
 )
 
 __all__ = ["RedisBreakerStore"]
@@ -287,8 +286,7 @@ class RedisBreakerStore:
 
     def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
         # reads here are always consistent: ``consistent`` changes nothing
-        with translate_errors("breaker get"):
-            raw = self._conn.client.hgetall(item_key(breaker_key(self._ns, name).pk))
+        raw = self._conn.call("breaker get", "hgetall", item_key(breaker_key(self._ns, name).pk))
         return BreakerRecord.from_item(hash_fields(raw))
 
     def record_failure(self, name: str, now_ms: int) -> BreakerRecord | None:

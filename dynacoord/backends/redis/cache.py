@@ -37,12 +37,13 @@ from ._conn import (
     item_key,
     request_token,
     shard_tokens_key,
-    translate_errors,
 )
 
 __all__ = ["RedisCacheStore"]
 
 _PAGE = 1000
+#: the fields an entry is read from
+_READ = ["n", "v", "expires_at_ms"]
 
 # Every script below calls live(KEYS[1], ARGV[1]): ARGV[1] is now.
 
@@ -203,28 +204,26 @@ class RedisCacheStore:
 
     def get(self, key: str, now_ms: int, *, consistent: bool = True) -> CacheEntry | None:
         # reads here are always consistent: ``consistent`` changes nothing
-        with translate_errors("cache get"):
-            n, v, expires = self._conn.client.hmget(self._item(key), ["n", "v", "expires_at_ms"])
+        n, v, expires = self._conn.call("cache get", "hmget", self._item(key), _READ)
         return self._entry(n, v, expires, now_ms)
 
-    def _queue_set(
-        self, pipe: Any, key: str, encoded: str, expires_at_ms: int | None, now: int
-    ) -> None:
+    def _set_commands(
+        self, key: str, encoded: str, expires_at_ms: int | None, now: int
+    ) -> list[tuple[Any, ...]]:
         item, index, _ = self._names(key)
         field, value = _field(encoded)
-        pipe.delete(item)
-        pipe.hset(item, field, value)
+        commands: list[tuple[Any, ...]] = [("delete", item), ("hset", item, field, value)]
         if expires_at_ms is not None:
-            pipe.hset(item, "expires_at_ms", str(expires_at_ms))
-            pipe.pexpire(item, self._conn.gc_ms(expires_at_ms, now))
-        pipe.zadd(index, {key: 0})
+            commands.append(("hset", item, "expires_at_ms", str(expires_at_ms)))
+            commands.append(("pexpire", item, self._conn.gc_ms(expires_at_ms, now)))
+        commands.append(("zadd", index, {key: 0}))
+        return commands
 
     def set(self, key: str, encoded: str, expires_at_ms: int | None) -> None:
         now = now_ms(self._clock)
-        with translate_errors("cache set"):
-            pipe = self._conn.client.pipeline(transaction=True)  # MULTI/EXEC: one atomic write
-            self._queue_set(pipe, key, encoded, expires_at_ms, now)
-            pipe.execute()
+        commands = self._set_commands(key, encoded, expires_at_ms, now)
+        # MULTI/EXEC: one atomic write
+        self._conn.pipeline("cache set", commands, transaction=True)
 
     def add(self, key: str, encoded: str, expires_at_ms: int | None, now_ms: int) -> bool:
         field, value = _field(encoded)
@@ -327,11 +326,9 @@ class RedisCacheStore:
     def get_batch(
         self, keys: list[str], now_ms: int, *, consistent: bool = True
     ) -> tuple[dict[str, CacheEntry], list[str]]:
-        with translate_errors("cache get_many"):
-            pipe = self._conn.client.pipeline(transaction=False)  # one round trip
-            for key in keys:
-                pipe.hmget(self._item(key), ["n", "v", "expires_at_ms"])
-            replies = pipe.execute()
+        replies = self._conn.pipeline(
+            "cache get_many", [("hmget", self._item(key), _READ) for key in keys], transaction=False
+        )
         found: dict[str, CacheEntry] = {}
         for key, (n, v, expires) in zip(keys, replies, strict=True):
             entry = self._entry(n, v, expires, now_ms)
@@ -343,27 +340,20 @@ class RedisCacheStore:
         self, entries: list[tuple[str, str, int | None]]
     ) -> list[tuple[str, str, int | None]]:
         now = now_ms(self._clock)
-        with translate_errors("cache set_many"):
-            for group in self._by_shard([key for key, _, _ in entries]):
-                pipe = self._conn.client.pipeline(transaction=True)
-                for i in group:
-                    key, encoded, expires = entries[i]
-                    self._queue_set(pipe, key, encoded, expires, now)
-                pipe.execute()
+        for group in self._by_shard([key for key, _, _ in entries]):
+            commands = [c for i in group for c in self._set_commands(*entries[i], now)]
+            self._conn.pipeline("cache set_many", commands, transaction=True)
         return []
 
     def delete_batch(self, keys: list[str]) -> list[str]:
         if not keys:
             return []
-        with translate_errors("cache delete_many"):
-            for group in self._by_shard(keys):
-                names = [self._names(keys[i]) for i in group]
-                pipe = self._conn.client.pipeline(transaction=True)
-                pipe.delete(*[n.item for n in names])
-                by_index: dict[str, list[str]] = {}
-                for i, n in zip(group, names, strict=True):
-                    by_index.setdefault(n.zset, []).append(keys[i])
-                for index, members in by_index.items():
-                    pipe.zrem(index, *members)
-                pipe.execute()
+        for group in self._by_shard(keys):
+            names = [self._names(keys[i]) for i in group]
+            by_index: dict[str, list[str]] = {}
+            for i, n in zip(group, names, strict=True):
+                by_index.setdefault(n.zset, []).append(keys[i])
+            commands: list[tuple[Any, ...]] = [("delete", *[n.item for n in names])]
+            commands += [("zrem", index, *members) for index, members in by_index.items()]
+            self._conn.pipeline("cache delete_many", commands, transaction=True)
         return []

@@ -17,7 +17,7 @@ from typing import Any
 
 from ...checkpoints import DELETE_BATCH, CheckpointPage, StoredCheckpoint
 from ...keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._conn import RedisConn, as_int, as_str, index_key, item_key, request_token, translate_errors
+from ._conn import RedisConn, as_int, as_str, index_key, item_key, request_token
 
 __all__ = ["RedisCheckpointStore"]
 
@@ -107,16 +107,25 @@ class RedisCheckpointStore:
         return as_int(ok) == 1
 
     def highest_sequence(self, task_id: str) -> int | None:
-        with translate_errors("checkpoint highest_sequence"):
-            top = self._conn.client.zrevrangebylex(self._index(task_id), "+", "-", start=0, num=1)
+        top = self._conn.call(
+            "checkpoint highest_sequence",
+            "zrevrangebylex",
+            self._index(task_id),
+            "+",
+            "-",
+            start=0,
+            num=1,
+        )
         return parse_sk_sequence(as_str(top[0]) or "") if top else None
 
     def get(self, task_id: str, sequence: int) -> StoredCheckpoint | None:
         k = checkpoint_key(self._ns, task_id, sequence)
-        with translate_errors("checkpoint get"):
-            created, expires, data, progress = self._conn.client.hmget(
-                item_key(k.pk, k.sk), ["created_ms", "expires_at_ms", "data", "progress"]
-            )
+        created, expires, data, progress = self._conn.call(
+            "checkpoint get",
+            "hmget",
+            item_key(k.pk, k.sk),
+            ["created_ms", "expires_at_ms", "data", "progress"],
+        )
         if created is None:
             return None
         return self._stored(task_id, k.sk, data, progress, created, expires)
@@ -168,9 +177,9 @@ class RedisCheckpointStore:
             raise ValueError(f"at most {DELETE_BATCH} deletes per batch, got {len(sequences)}")
         sks = [checkpoint_key(self._ns, task_id, seq).sk for seq in sequences]
         pk = checkpoint_prefix(self._ns, task_id)
-        with translate_errors("checkpoint delete_batch"):
-            pipe = self._conn.client.pipeline(transaction=True)
-            pipe.delete(*[item_key(pk, sk) for sk in sks])
-            pipe.zrem(self._index(task_id), *sks)
-            pipe.execute()
+        self._conn.pipeline(
+            "checkpoint delete_batch",
+            [("delete", *[item_key(pk, sk) for sk in sks]), ("zrem", self._index(task_id), *sks)],
+            transaction=True,
+        )
         return []

@@ -31,7 +31,6 @@ from ._conn import (
     pairs,
     request_token,
     tokens_key,
-    translate_errors,
 )
 
 __all__ = ["RedisCounterStore"]
@@ -222,8 +221,7 @@ class RedisCounterStore:
         return self._outcome(reply, now_ms).ok
 
     def get(self, key: str, now_ms: int) -> CounterItem | None:
-        with translate_errors("counter get"):
-            raw = self._conn.client.hgetall(self._key(key))
+        raw = self._conn.call("counter get", "hgetall", self._key(key))
         return _read(hash_fields(raw), now_ms)
 
     def delete(self, key: str, now_ms: int) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord
 from ...keys import idempotency_key
-from ._conn import RedisConn, as_int, as_str, item_key, request_token, translate_errors
+from ._conn import RedisConn, as_int, as_str, item_key, request_token
 
 __all__ = ["RedisIdempotencyStore"]
 
@@ -114,10 +114,8 @@ class RedisIdempotencyStore:
         return as_int(ok) == 1
 
     def get(self, key: str) -> IdempotencyRecord | None:
-        with translate_errors("idempotency get"):
-            values = self._conn.client.hmget(self._key(key), _FIELDS)
+        values = self._conn.call("idempotency get", "hmget", self._key(key), _FIELDS)
         return _record(key, list(values))
 
     def delete(self, key: str) -> bool:
-        with translate_errors("idempotency delete"):
-            return bool(self._conn.client.delete(self._key(key)))
+        return bool(self._conn.call("idempotency delete", "delete", self._key(key)))

@@ -67,7 +67,6 @@ from ._conn import (
     item_key,
     pairs,
     shard_tag,
-    translate_errors,
 )
 
 __all__ = ["RedisOutboxStore"]
@@ -121,6 +120,7 @@ class _OutcomeEntry(TypedDict):
     gsk: NotRequired[str]  # pending or failed: the new index entry
     error: NotRequired[str]  # failed: always; pending: only when there is one
     counted: NotRequired[bool]  # pending: the attempt counts (false = given back unhandled)
+    uncounted: NotRequired[str]  # pending: earlier claims' attempts given back too (a re-claim's)
 
 
 class _ExtendEntry(TypedDict):
@@ -333,6 +333,9 @@ for _, o in ipairs(spec) do
       move_at(key, 'pending', o.gsk)
       redis.call('HSET', key, 'due_ms', o.due, 'updated_ms', ARGV[1], 'finished_by', token)
       if o.error ~= nil then redis.call('HSET', key, 'last_error', o.error) end
+      if o.uncounted ~= nil then
+        redis.call('HINCRBY', key, 'attempts', -tonumber(o.uncounted))
+      end
       if not o.counted then
         redis.call('HINCRBY', key, 'attempts', -1)
       elseif gate and next_of(gate) == seq then
@@ -516,8 +519,7 @@ class RedisOutboxStore:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, event_id: str, now_ms: int) -> EventRecord | None:
-        with translate_errors("outbox get"):
-            raw = self._conn.client.hgetall(self._item(event_id))
+        raw = self._conn.call("outbox get", "hgetall", self._item(event_id))
         return EventRecord.from_item(hash_fields(raw), now_ms)
 
     def _range(self, due_before_ms: int | None, cursor: Any) -> tuple[str, str]:
@@ -556,8 +558,8 @@ class RedisOutboxStore:
         self, status: EventStatus, shard: int, *, due_before_ms: int | None, cursor: Any = None
     ) -> tuple[int, Any]:
         low, high = self._range(due_before_ms, cursor)
-        with translate_errors("outbox count"):
-            count = self._conn.client.zlexcount(f"{self._prefix}{status.value}#0", low, high)
+        index = f"{self._prefix}{status.value}#0"
+        count = self._conn.call("outbox count", "zlexcount", index, low, high)
         return int(count), None
 
     # -- claim and state changes -------------------------------------------------------------------
@@ -644,6 +646,7 @@ class RedisOutboxStore:
                 due_ms=outcomes[i].due_ms,
                 error=outcomes[i].error,
                 count_attempt=outcomes[i].count_attempt,
+                uncounted=outcomes[i].uncounted,
             )
             for i in order
         ]
@@ -670,6 +673,7 @@ class RedisOutboxStore:
         due_ms: int = 0,
         error: str | None = None,
         count_attempt: bool = True,
+        uncounted: int = 0,
     ) -> _OutcomeEntry:
         """One outcome of the finish script."""
         entry: _OutcomeEntry = {"key": number, "kind": kind, "token": token}
@@ -682,6 +686,8 @@ class RedisOutboxStore:
             entry["due"] = str(due_ms)
             entry["gsk"] = outbox_index_sk(due_ms, event_id)
             entry["counted"] = count_attempt
+            if uncounted:
+                entry["uncounted"] = str(uncounted)
             if error:
                 entry["error"] = error
         else:

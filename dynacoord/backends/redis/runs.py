@@ -37,7 +37,6 @@ from ._conn import (
     pairs,
     request_token,
     shard_tag,
-    translate_errors,
 )
 
 __all__ = ["RedisRunStore"]
@@ -174,8 +173,7 @@ class RedisRunStore:
         return _run({k: str(v) for k, v in fields.items()})
 
     def get(self, run_id: str, now_ms: int) -> Run | None:
-        with translate_errors("run get"):
-            raw = self._conn.client.hgetall(self._key(run_id))
+        raw = self._conn.call("run get", "hgetall", self._key(run_id))
         fields = hash_fields(raw)
         return _run(fields) if is_live(fields, now_ms) else None
 

@@ -27,7 +27,6 @@ from ._conn import (
     hash_fields,
     item_key,
     pairs,
-    translate_errors,
 )
 
 __all__ = ["RedisSemaphoreStore"]
@@ -154,8 +153,7 @@ class RedisSemaphoreStore:
 
     def read(self, name: str, now_ms: int) -> SemaphoreState:
         """One HGETALL."""
-        with translate_errors("semaphore read"):
-            raw: Any = self._conn.client.hgetall(self._key(name))
+        raw: Any = self._conn.call("semaphore read", "hgetall", self._key(name))
         return _state(hash_fields(raw))
 
     def try_acquire(
