@@ -169,12 +169,6 @@ class MongoCollection:
         # None: nothing is measured, the request path adds no clock read
         self._metrics = metrics if metrics is not None and metrics.enabled else None
         self.gc_grace_ms = gc_grace_ms
-
-    def gc_date(
-        self, expires_at_ms: int, now_ms: int, grace_ms: int | None = None
-    ) -> datetime.datetime:
-        """The ``expires_at`` date for the TTL monitor: remaining lifetime plus grace, real time."""
-        grace = self.gc_grace_ms if grace_ms is None else grace_ms
         from pymongo.errors import DuplicateKeyError, PyMongoError
 
         self._error: type[Exception] = PyMongoError
@@ -251,6 +245,12 @@ class MongoCollection:
         if limit:
             cursor = cursor.limit(limit)
         return list(cursor)
+
+    def gc_date(
+        self, expires_at_ms: int, now_ms: int, grace_ms: int | None = None
+    ) -> datetime.datetime:
+        """The ``expires_at`` date for the TTL monitor: remaining lifetime plus grace, real time."""
+        grace = self.gc_grace_ms if grace_ms is None else grace_ms
         at_ms = int(time.time() * 1000) + max(0, expires_at_ms - now_ms) + grace
         return datetime.datetime.fromtimestamp(at_ms / 1000, tz=datetime.timezone.utc)
 
