@@ -22,15 +22,14 @@ import datetime
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..._writers import DEFAULT_WINDOW_MS, PRUNE_AT, Slot, lease, release, token_ms
 from ...errors import BackendError, TableNotReadyError
 from ...metrics import Metrics, measure_request
 
-__all__ = ["MongoCollection", "literal", "live_filter", "translate_errors"]
+__all__ = ["MongoCollection", "literal", "live_filter"]
 
 logger = logging.getLogger("dynacoord.backends.mongo")
 
@@ -43,21 +42,6 @@ def live_filter(now_ms: int) -> dict[str, Any]:
 def literal(value: Any) -> dict[str, Any]:
     """A constant in an aggregation expression (never interpreted as ``$field``)."""
     return {"$literal": value}
-
-
-@contextmanager
-def translate_errors(what: str) -> Iterator[None]:
-    """Turn pymongo errors into dynacoord errors (chained), as :meth:`MongoCollection.send`
-    does (stores send through the door instead)."""
-    from pymongo import errors
-
-    try:
-        yield
-    except errors.PyMongoError as exc:
-        error = _translated(exc, what)
-        if error is None:
-            raise
-        raise error from exc
 
 
 def _translated(exc: Exception, what: str) -> Exception | None:
@@ -100,14 +84,20 @@ COUNT_WINDOW_MS = DEFAULT_WINDOW_MS
 class CountingToken:
     """The slot and token of one counting write: the slot is leased from this process's pool
     when the token is made; :meth:`release` gives it back once the write (pymongo's retry
-    included) has returned."""
+    included) has returned. ``held`` is a slot's name and token that a write holds across its
+    sends (the breaker's window writes): then no slot is leased here, and :meth:`release` gives
+    nothing back (the holder does)."""
 
     __slots__ = ("_slot", "field", "token", "writer")
 
-    def __init__(self, now_ms: int) -> None:
-        slot, self.token = lease(now_ms, COUNT_WINDOW_MS)
-        self._slot: Slot | None = slot
-        self.writer = slot.name
+    def __init__(self, now_ms: int, *, held: tuple[str, int] | None = None) -> None:
+        self._slot: Slot | None = None
+        if held is None:
+            slot, self.token = lease(now_ms, COUNT_WINDOW_MS)
+            self._slot = slot
+            self.writer = slot.name
+        else:
+            self.writer, self.token = held
         self.field = "w." + self.writer
 
     def release(self) -> None:
@@ -245,6 +235,20 @@ class MongoCollection:
         if limit:
             cursor = cursor.limit(limit)
         return list(cursor)
+
+    @property
+    def name(self) -> str | None:
+        """The collection's name (None for a stand-in without one)."""
+        name = getattr(self.collection, "name", None)
+        return name if isinstance(name, str) else None
+
+    def other(self, collection: Any) -> MongoCollection:
+        """The door of another collection: a name in this collection's database, or a
+        collection object (the application's own documents that ``lease.fenced_update``
+        writes), with this one's request path and metrics."""
+        if isinstance(collection, str):
+            collection = self.collection.database[collection]
+        return MongoCollection(collection, gc_grace_ms=self.gc_grace_ms, metrics=self._metrics)
 
     def gc_date(
         self, expires_at_ms: int, now_ms: int, grace_ms: int | None = None

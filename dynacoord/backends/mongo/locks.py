@@ -26,7 +26,7 @@ from pymongo.errors import DuplicateKeyError
 from ...errors import FenceRejectedError, InvalidValueError
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
-from ._collection import MongoCollection, literal, request_token, translate_errors
+from ._collection import MongoCollection, literal, request_token
 
 __all__ = ["MongoLockStore"]
 
@@ -36,7 +36,6 @@ _ACQUIRE_ATTEMPTS = 4
 class MongoLockStore:
     def __init__(self, coll: MongoCollection, namespace: str, *, fence_grace_s: int = 3600) -> None:
         self._coll = coll
-        self._c = coll.collection
         self._ns = namespace
         self._grace_ms = fence_grace_s * 1000
 
@@ -65,16 +64,19 @@ class MongoLockStore:
         query = {**self._filter(key), "expires_at_ms": {"$lte": now_ms}}
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
-                with translate_errors("lock acquire"):
-                    doc = self._c.find_one_and_update(
-                        query, update, upsert=True, return_document=ReturnDocument.AFTER
-                    )
+                doc = self._coll.call(
+                    "lock acquire",
+                    "find_one_and_update",
+                    query,
+                    update,
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
                 return AcquireResult(LockInfo(key, owner, int(doc["fence"]), expires))
             except DuplicateKeyError:
                 # Held (or created by a racer a moment ago): report the holder, unless it turns
                 # out to be free by now, in which case the attempt is repeated.
-                with translate_errors("lock get"):
-                    current = self._c.find_one(self._filter(key))
+                current = self._coll.call("lock get", "find_one", self._filter(key))
                 holder = self._info(key, current, now_ms)
                 if holder is not None:
                     return AcquireResult(None, holder)
@@ -84,16 +86,17 @@ class MongoLockStore:
         self, key: str, owner: str, fence: int, now_ms: int, update: dict[str, Any], what: str
     ) -> bool:
         """One update, made only while ``owner`` holds the unexpired lock with ``fence``."""
-        with translate_errors(what):
-            result = self._c.update_one(
-                {
-                    **self._filter(key),
-                    "owner": owner,
-                    "fence": fence,
-                    "expires_at_ms": {"$gt": now_ms},
-                },
-                update,
-            )
+        result = self._coll.call(
+            what,
+            "update_one",
+            {
+                **self._filter(key),
+                "owner": owner,
+                "fence": fence,
+                "expires_at_ms": {"$gt": now_ms},
+            },
+            update,
+        )
         return bool(result.matched_count == 1)
 
     def extend(self, key: str, owner: str, fence: int, ttl_ms: int, now_ms: int) -> LockInfo | None:
@@ -124,8 +127,7 @@ class MongoLockStore:
         if self._if_held(key, owner, fence, now_ms, update, "lock release"):
             return True
         # refused: by this very release, applied, its answer lost (pymongo re-sent it)?
-        with translate_errors("lock release"):
-            doc = self._c.find_one(self._filter(key), {"released_by": 1})
+        doc = self._coll.call("lock release", "find_one", self._filter(key), {"released_by": 1})
         return doc is not None and doc.get("released_by") == token
 
     def force_release(self, key: str, now_ms: int) -> bool:
@@ -146,25 +148,25 @@ class MongoLockStore:
             # $project, not the $unset stage: the same in MongoDB, and mongomock only knows it
             {"$project": {"owner": 0}},
         ]
-        with translate_errors("lock force_release"):
-            old = self._c.find_one_and_update(
-                {**self._filter(key), "released_by": {"$ne": token}},
-                update,
-                return_document=ReturnDocument.BEFORE,
+        old = self._coll.call(
+            "lock force_release",
+            "find_one_and_update",
+            {**self._filter(key), "released_by": {"$ne": token}},
+            update,
+            return_document=ReturnDocument.BEFORE,
+        )
+        if old is None:  # absent, or this very call applied and its answer was lost
+            done = self._coll.call("lock force_release", "find_one", self._filter(key))
+            return (
+                done is not None
+                and done.get("released_by") == token
+                and done.get("released_owner") is not None
+                and done.get("released_until", 0) > now_ms
             )
-            if old is None:  # absent, or this very call applied and its answer was lost
-                done = self._c.find_one(self._filter(key))
-                return (
-                    done is not None
-                    and done.get("released_by") == token
-                    and done.get("released_owner") is not None
-                    and done.get("released_until", 0) > now_ms
-                )
         return self._info(key, old, now_ms) is not None
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
-        with translate_errors("lock get"):
-            doc = self._c.find_one(self._filter(key))
+        doc = self._coll.call("lock get", "find_one", self._filter(key))
         return self._info(key, doc, now_ms)
 
     def fenced_update(
@@ -189,11 +191,9 @@ class MongoLockStore:
         from ...fencing import FenceCondition, check_values
 
         if table is None:
-            coll = self._c
-        elif isinstance(table, str) and table:
-            coll = self._c.database[table]
-        elif hasattr(table, "update_one"):
-            coll = table
+            coll = self._coll
+        elif (isinstance(table, str) and table) or hasattr(table, "update_one"):
+            coll = self._coll.other(table)
         else:
             raise InvalidValueError(
                 f"table must be a collection name, a collection or None, got {table!r}"
@@ -202,14 +202,12 @@ class MongoLockStore:
         query = condition.mongo_filter(key)
         fields = check_values(values, attr, key)
         update = {"$set": {**fields, **condition.mongo_set()}}
-        name = getattr(coll, "name", table)
+        name = table if coll.name is None else coll.name
         try:
-            with translate_errors("fenced update"):
-                coll.update_one(query, update, upsert=True)
+            coll.call("fenced update", "update_one", query, update, upsert=True)
             return
         except DuplicateKeyError as refused:
-            with translate_errors("fenced update"):
-                doc = coll.find_one(dict(key), {attr: 1})
+            doc = coll.call("fenced update", "find_one", dict(key), {attr: 1})
             stored = None if doc is None else doc.get(attr)
             raise FenceRejectedError(
                 f"write of {dict(key)!r} in collection {name!r} with fence {fence} (lock "

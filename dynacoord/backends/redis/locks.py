@@ -21,7 +21,7 @@ from typing import Any
 from ...errors import FenceRejectedError, InvalidValueError
 from ...keys import lock_key
 from ...locks import AcquireResult, LockInfo
-from ._conn import RedisConn, as_int, as_str, item_key, request_token, translate_errors
+from ._conn import RedisConn, as_int, as_str, item_key, request_token
 
 __all__ = ["RedisLockStore"]
 
@@ -157,10 +157,9 @@ class RedisLockStore:
         return as_int(ok) == 1
 
     def get(self, key: str, now_ms: int) -> LockInfo | None:
-        with translate_errors("lock get"):
-            owner, fence, expires = self._conn.client.hmget(
-                self._key(key), ["owner", "fence", "expires_at_ms"]
-            )
+        owner, fence, expires = self._conn.call(
+            "lock get", "hmget", self._key(key), ["owner", "fence", "expires_at_ms"]
+        )
         if owner is None or as_int(expires) <= now_ms:
             return None
         return LockInfo(key, as_str(owner) or "", as_int(fence), as_int(expires))
