@@ -442,14 +442,17 @@ class Leader:
     # -- stepping down ----------------------------------------------------------------------
 
     def step_down(self) -> bool:
-        """Stop leading now and free the seat (``on_lost`` is not called: you asked for it).
+        """Stop leading now and free the seat (``on_lost`` is not called for a term led until
+        now: you asked for it; it is for a term whose deadline had passed).
 
         ``is_leader`` is False from the start of the call. The release is conditioned on this
         candidate's owner and term, so an old leader's step-down never frees a newer leader's
-        item. True when it freed a term this candidate held in the store; False when it was not
-        leading or the term had been lost. A release that raised is sent again (recognised if it
+        item. True when it freed an item of this candidate's (the term it led, or one that ended
+        here while the store still held it); False when there was none (not leading, or the term
+        had been taken or had expired). A release that raised is sent again (recognised if it
         had applied) by the next ``step_down`` or ``campaign``.
         """
+        self._end_if_due()  # a term past its deadline was lost, not given up: on_lost runs
         with self._cond:
             term = self._current
             if term is not None:
@@ -458,8 +461,7 @@ class Leader:
             self._metrics.count("LeaderSteppedDown")
             self._age(term)
             logger.info("leader %r: %r steps down (term %d)", self.name, self.owner, term.fence)
-        freed = self._release_ended()
-        return term is not None and term.fence in freed
+        return bool(self._release_ended())
 
     def _release_ended(self) -> set[int]:
         """Release every ended term's item still to release; the fences the store freed."""

@@ -206,6 +206,45 @@ def _until(condition: Any, what: str) -> None:
         time.sleep(0.005)
 
 
+class SlowStore:
+    """The leader's lock store, with each request taking ``seconds`` of the manual clock
+    between its sending (the caller read its clocks) and its applying."""
+
+    def __init__(self, store: Any, clock: ManualClock, seconds: float) -> None:
+        self._store = store
+        self._clock = clock
+        self.seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            self._clock.advance(self.seconds)
+            return attr(*args, **kwargs)
+
+        return slow
+
+
+def test_a_slow_request_counts_from_before_it_was_sent(make_backend):
+    """The lease began when the request left, not when its answer came: a request that took
+    1.5 s leaves 1.5 s less of the term (else the leader would lead past the store's lease)."""
+    clock = ManualClock()
+    _, a, b = _pair(make_backend, clock, ttl=6, margin=1)
+    a._store = SlowStore(a._store, clock, 1.5)
+    sent = clock.monotonic()
+    assert a.campaign(timeout=0, heartbeat=False)
+    assert a.deadline == pytest.approx(sent + 5)
+    sent = clock.monotonic()
+    assert a.renew() is True
+    assert a.deadline == pytest.approx(sent + 5)
+    clock.advance(5 - 1.5 - 0.001)
+    assert a.is_leader
+    clock.advance(0.001)
+    assert not a.is_leader
+    clock.advance(1)  # the margin: the lease as the store granted it is over
+    assert b.campaign(timeout=0, heartbeat=False)
+
+
 def test_the_background_renewal_keeps_the_term_past_its_ttl(make_backend):
     clock = ManualClock()
     _, a, _ = _pair(make_backend, clock, ttl=6, margin=1)  # renewal every 2 s, deadline 5 s
