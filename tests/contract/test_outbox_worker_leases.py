@@ -209,3 +209,46 @@ def test_an_events_whole_life_is_at_most_5_write_units_and_a_share_of_the_batch_
     assert row["extensions"]["table_wcu"] == 0
     # + the namespace's shard record, written once by the first publish: 1/25
     assert row["wcu_per_event"] <= 5 + 2 / 25
+
+
+def test_an_expired_lease_of_the_default_store_is_recovered_by_this_shape(table):
+    """A namespace moving to this shape: an event the default store claimed (its lease in the
+    index) whose worker died is found and taken over by a worker-lease store."""
+    outbox, clock, ids = _setup(table, events=1)
+    base = outbox._store
+    now = int(clock.time() * 1000)
+    seen = [r for shard in range(base.shards) for r in _page(base, shard, now)]
+    assert len(base.claim_many(seen, [new_event_id()], now + LEASE_MS, now)) == 1
+    store = _store(outbox)
+    assert _expired(store, clock) == []
+    clock.advance(LEASE_MS / 1000)
+    now = int(clock.time() * 1000)
+    (found,) = [
+        r
+        for shard in range(store.shards)
+        for r in store.query_page(EventStatus.IN_FLIGHT, shard, due_before_ms=now, limit=25)[0]
+    ]
+    assert found.id == ids[0]
+    got = store.claim(found, claim_token(found), now + LEASE_MS, now)
+    assert got is not None and got.attempts == 2
+    outbox._store = store
+    assert outbox.stats().in_flight == 1
+
+
+def test_an_event_held_through_a_worker_item_is_never_claimed_on_its_own_due_time(table):
+    """An in-flight event read without its worker item (a stale index entry, another reader's
+    record): its own due time is its claim's, not its lease's, so its claim is refused while
+    the item that holds it is renewed."""
+    outbox, clock, ids = _setup(table, events=1)
+    holder = _store(outbox)
+    held = _claim_all(holder, outbox, clock)
+    clock.advance(LEASE_MS / 1000)
+    now = int(clock.time() * 1000)
+    assert holder.extend_many(held, now + LEASE_MS, now) == [True]
+    clock.advance(1)
+    now = int(clock.time() * 1000)
+    stale = outbox._store.get(ids[0], now)  # the default reader: the claim's due time
+    assert stale.status is EventStatus.IN_FLIGHT and stale.due_at_ms <= now
+    other = _store(outbox)
+    assert other.claim(stale, claim_token(stale), now + LEASE_MS, now) is None
+    assert outbox.get(ids[0]).lease_token == held[0].lease_token

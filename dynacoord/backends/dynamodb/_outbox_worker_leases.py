@@ -79,6 +79,8 @@ class _WorkerClaims(OutboxRequests):
     (``REMOVE gsi1pk, gsi1sk``) and naming the claiming worker's generation (``held_by``)."""
 
     gen = ""
+    #: ids of in-flight events read through a fenced worker item (their claim needs no more)
+    fenced: set[str]
 
     def claim(
         self, seen: EventRecord, token: str, lease_until_ms: int, now_ms: int
@@ -95,7 +97,24 @@ class _WorkerClaims(OutboxRequests):
         }
         vals.update(values(gen=self.gen))
         op["ExpressionAttributeValues"] = vals
+        if seen.status is EventStatus.IN_FLIGHT and seen.event.id not in self.fenced:
+            # an expired lease read from the index: a claim of the default store, whose lease
+            # is the event's own; never one of a worker item (those carry held_by until their
+            # outcome), whose event's due time is not its lease
+            op["ConditionExpression"] += " AND attribute_not_exists(held_by)"
         return op
+
+    def outcome(self, outcome: Outcome, now_ms: int, retention_ms: int | None) -> dict[str, Any]:
+        """The default store's outcome, which also lets the event's worker go (``held_by``)."""
+        ((action, op),) = super().outcome(outcome, now_ms, retention_ms).items()
+        if action == "Update":
+            update = op["UpdateExpression"]
+            op = {
+                **op,
+                "UpdateExpression": update
+                + (", held_by" if " REMOVE " in update else " REMOVE held_by"),
+            }
+        return {action: op}
 
 
 @dataclasses.dataclass(slots=True)
@@ -115,6 +134,7 @@ class WorkerLeaseOutboxStore(DynamoDBOutboxStore):
     def __init__(self, table: DynamoTable, namespace: str, *, shards: int = 1) -> None:
         super().__init__(table, namespace, shards=shards)
         self._requests = self._claims = _WorkerClaims(table.name, self._items)
+        self._claims.fenced = set()
         self._new_gen()
         #: expired worker items read by recovery: event id -> the item as read
         self._recovering: dict[str, _Seen] = {}
@@ -225,7 +245,11 @@ class WorkerLeaseOutboxStore(DynamoDBOutboxStore):
         that worker renewed since (the event is still its)."""
         item = self._recovering.get(seen.id)
         if item is None:
-            return False  # not read by recovery: not known to be expired
+            # read from the index: an expired lease of the default store's claim (a namespace
+            # moving to this shape), claimed on its own lease (see _WorkerClaims.claim)
+            self._claims.fenced.discard(seen.id)
+            return True
+        self._claims.fenced.add(seen.id)
         if item.gen in self._dead or item.fenced:
             return True
         try:
@@ -430,21 +454,31 @@ class WorkerLeaseOutboxStore(DynamoDBOutboxStore):
             return super().query_page(
                 status, shard, due_before_ms=due_before_ms, limit=limit, cursor=cursor
             )
+        # the default store's claims (a namespace moving to this shape) are in the index
+        indexed, next_cursor = super().query_page(
+            status, shard, due_before_ms=due_before_ms, limit=limit, cursor=cursor
+        )
+        for record in indexed:
+            self._recovering.pop(record.id, None)
         if shard != 0 or cursor is not None:
-            return [], None
+            return indexed, next_cursor
         items = self._expired(due_before_ms)
         held = self._held(items)
         for record, item in held:
             self._recovering[record.id] = item
         if due_before_ms is not None and limit > 1:  # a worker's scan, not stats()
             self._sweep(items, held, due_before_ms)
-        return [record for record, _ in held[:limit]], None
+        records = sorted([r for r, _ in held] + indexed, key=lambda r: r.due_at_ms)
+        return records[:limit], next_cursor
 
     def count_page(
         self, status: EventStatus, shard: int, *, due_before_ms: int | None, cursor: Any = None
     ) -> tuple[int, Any]:
         if status is not EventStatus.IN_FLIGHT:
             return super().count_page(status, shard, due_before_ms=due_before_ms, cursor=cursor)
+        indexed, next_cursor = super().count_page(
+            status, shard, due_before_ms=due_before_ms, cursor=cursor
+        )
         if shard != 0 or cursor is not None:
-            return 0, None
-        return len(self._held(self._expired(due_before_ms))), None
+            return indexed, next_cursor
+        return indexed + len(self._held(self._expired(due_before_ms))), next_cursor
