@@ -468,13 +468,15 @@ class _Process:
         saved = self._writers._pool[0]
         self._writers._pool[0] = self.pool
         state = self._state
-        if state is not None:
+        # versions before the counting slots' memory moved to the slot pool kept it here
+        remembers = state is not None and hasattr(state, "stale_slots")
+        if remembers:
             saved_memory, state.stale_slots = state.stale_slots, self._memory
         try:
             yield
         finally:
             self._writers._pool[0] = saved
-            if state is not None:
+            if remembers:
                 state.stale_slots = saved_memory
 
 

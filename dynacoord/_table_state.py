@@ -38,26 +38,24 @@ class TableState:
       the monotonic clock (None: not asked yet); a "no" is asked again later.
     * ``join_gens``: partition key -> (generation, expected, expires_at_ms) of the joins seen,
       so an arrival reads its join's generation once per process.
-    * ``stale_slots``: partition key -> the counting slots a write saw stale on that item, for
-      the next counting write to it to drop.
+
+    (The counting slots a process's writes saw are kept with its slot pool,
+    :mod:`dynacoord._writers`, not here: a forked child makes its pool afresh.)
     """
 
-    __slots__ = ("check_lock", "join_gens", "partiql", "stale_slots", "verified")
+    __slots__ = ("check_lock", "join_gens", "partiql", "verified")
 
     def __init__(self) -> None:
         self.check_lock = threading.Lock()
         self.verified: set[TableLayout] = set()
         self.partiql: tuple[bool, float] | None = None
         self.join_gens: dict[str, tuple[str, int, int | None]] = {}
-        #: partition key -> (slot name, the token it held when seen stale)
-        self.stale_slots: dict[str, tuple[tuple[str, str], ...]] = {}
 
     def forget(self) -> None:
         """Forget everything: the table as a fresh process finds it (the test hook)."""
         self.verified = set()
         self.partiql = None
         self.join_gens = {}
-        self.stale_slots = {}
 
 
 _states: weakref.WeakKeyDictionary[Any, dict[str, TableState]] = weakref.WeakKeyDictionary()

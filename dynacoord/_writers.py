@@ -28,9 +28,9 @@ TOKEN_SCALE``, or the slot's last token plus one if that is larger (so a slot's 
 increase: its next call never carries the token of its last). ``window_ms`` is the longest time
 the client library may still re-send a request after the call started: read from the client's
 own configuration (DynamoDB: timeouts x attempts + the retry mode's backoff ceiling, see
-``backends/dynamodb/_table.py``), never a constant a default setting can exceed. A slot whose
-token's time has passed belongs to no call that may still retry, so a store may drop it: stores
-drop such stale slots once an item holds more than :data:`PRUNE_AT` of them (DynamoDB: also
+``backends/dynamodb/_retry_window.py``), never a constant a default setting can exceed. A slot
+whose token's time has passed belongs to no call that may still retry, so a store may drop it:
+stores drop such stale slots once an item holds more than :data:`PRUNE_AT` of them (DynamoDB: also
 when dropping them takes the item below a KB it bills, by a write conditional on each slot
 being gone or still holding the token seen, so a slot leased again in between is kept and two
 writers dropping the same slots do not refuse each other; Redis and MongoDB: inside the same

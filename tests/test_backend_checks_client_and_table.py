@@ -125,7 +125,7 @@ def test_the_check_is_one_describe_table_per_client_and_table_at_first_use(
     calls.remove("DescribeTimeToLive")
     assert calls == ["DescribeTable", "PutItem", "PutItem", "PutItem"]
     # after the check, requests go straight to DynamoTable.call: no per-request cost
-    assert "call" not in vars(backend.table)
+    assert backend.table.guards == ()
 
 
 def test_a_table_created_or_verified_by_provision_with_that_client_is_not_described_again(

@@ -14,9 +14,8 @@ condition closes, with the dropping done by *another process* than the one whose
 
 Without the condition X drops W's slot and W's retry counts a second time.
 
-Each process here is its own slot pool and its own memory of the slots its writes saw (what a
-process keeps in ``dynacoord._writers``; earlier versions kept it in the table session's
-``state.stale_slots``, swapped in as well), swapped in around its calls.
+Each process here is its own slot pool, which holds its memory of the slots its writes saw
+(``dynacoord._writers``), swapped in around its calls.
 """
 
 from __future__ import annotations
@@ -29,26 +28,23 @@ import pytest
 
 from dynacoord import ManualClock, _writers
 from dynacoord._writers import PRUNE_AT
-from dynacoord.backends.dynamodb import _table
+from dynacoord.backends.dynamodb._retry_window import client_window_ms
 
 
 class _Process:
-    """What one process keeps for counting writes: its slot pool and the stale slots seen."""
+    """What one process keeps for counting writes: its slot pool (with the slots seen)."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self) -> None:
         self.pool = _writers._Pool()
-        self.stale: dict[str, tuple[tuple[str, str], ...]] = {}
-        self._state = table.state  # the table session's memory, shared by the process
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        state = self._state
-        saved = _writers._pool[0], state.stale_slots
-        _writers._pool[0], state.stale_slots = self.pool, self.stale
+        saved = _writers._pool[0]
+        _writers._pool[0] = self.pool
         try:
             yield
         finally:
-            _writers._pool[0], state.stale_slots = saved
+            _writers._pool[0] = saved
 
 
 def _slots(backend: Any, key: str) -> dict[str, str]:
@@ -66,14 +62,14 @@ def test_a_retry_counts_once_when_another_process_dropped_the_stale_slots(lossy:
     backend = lossy.backend(clock=clock)
     counters = backend.counters
     pk = f"COUNTER#{backend.namespace}#k"
-    w, x = _Process(backend.table), _Process(backend.table)
+    w, x = _Process(), _Process()
     with w.running():
         counters.increment("k")
     [w_slot] = _slots(backend, "k")
     for _ in range(PRUNE_AT):  # more slots than PRUNE_AT: stale ones are worth dropping
-        with _Process(backend.table).running():
+        with _Process().running():
             counters.increment("k")
-    clock.advance(_table.client_window_ms(backend.client) / 1000 + 1)  # all of them stale
+    clock.advance(client_window_ms(backend.client) / 1000 + 1)  # all of them stale
     with x.running():
         counters.increment("k")  # X sees the stale slots, W's among them
     assert w_slot in {name for name, _, _ in x.pool.seen[pk]}

@@ -15,7 +15,7 @@ from bench._units import item_size
 from dynacoord import ManualClock, _writers
 from dynacoord._writers import PRUNE_AT, TOKEN_SCALE
 from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.backends.dynamodb._table import CountingToken, slot_token, slot_value
+from dynacoord.backends.dynamodb._counting import CountingToken, slot_token, slot_value
 from dynacoord.testing import unique_name
 from tests.slot_pools import Process
 

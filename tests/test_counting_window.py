@@ -15,7 +15,7 @@ import pytest
 from botocore.config import Config
 
 from dynacoord import _writers
-from dynacoord.backends.dynamodb._table import client_window_ms, retry_window_ms
+from dynacoord.backends.dynamodb._retry_window import client_window_ms, retry_window_ms
 
 # -- the window, from the client's configuration ----------------------------------------------
 

@@ -147,12 +147,12 @@ def _transaction(backend: DynamoDBBackend) -> None:
 
 def test_a_normal_table_is_not_gated(fresh: Any) -> None:
     """No replica: one DescribeTable before the first write, and no gate on the table after it
-    (its ``call`` is DynamoTable.call itself, at no cost)."""
+    (its request path has no guard left: no cost per request)."""
     backend, sent, _ = fresh(None)
     backend.locks.acquire("job", ttl=10)
     backend.counters.increment("hits")
     assert sent.names.count("DescribeTable") == 1
-    assert "call" not in backend.table.__dict__
+    assert backend.table.guards == ()
 
 
 def test_a_table_whose_only_replica_is_its_own_region_is_not_global() -> None:
@@ -238,7 +238,7 @@ def test_single_region_lets_every_exclusive_write_through(
     EXCLUSIVE[write](backend)
     assert sent.writes
     assert stored(dynamodb_local, table, namespace)
-    assert "call" not in backend.table.__dict__  # no gate left: a normal table's cost
+    assert backend.table.guards == ()  # no gate left: a normal table's cost
 
 
 def test_the_promise_is_read_from_the_environment(

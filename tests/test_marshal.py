@@ -14,7 +14,7 @@ from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynacoord.backends.dynamodb._table import marshal, to_av, unmarshal, values
+from dynacoord.backends.dynamodb._marshal import marshal, to_av, unmarshal, values
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()

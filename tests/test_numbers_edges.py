@@ -107,7 +107,7 @@ def env(local: tuple[Any, str, Sent, str]) -> tuple[DynamoDBBackend, Any, Sent, 
 def _get(client: Any, table: str, pk: str) -> dict[str, Any] | None:
     # dynacoord's own unmarshal: boto3's TypeDeserializer raises decimal.Rounded on numbers that
     # DynamoDB returns with more than 38 digits written out (1E+40 comes back as 41 digits).
-    from dynacoord.backends.dynamodb._table import unmarshal
+    from dynacoord.backends.dynamodb._marshal import unmarshal
 
     item = client.get_item(TableName=table, Key={"pk": {"S": pk}}, ConsistentRead=True).get("Item")
     return None if item is None else unmarshal(item)

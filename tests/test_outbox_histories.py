@@ -16,7 +16,8 @@ from botocore.awsrequest import AWSResponse
 
 from dynacoord import DynamoDBBackend, Event, ManualClock, codec
 from dynacoord.backends.dynamodb import _batch, _partiql
-from dynacoord.backends.dynamodb._table import DynamoTable, unmarshal
+from dynacoord.backends.dynamodb._marshal import unmarshal
+from dynacoord.backends.dynamodb._table import DynamoTable
 from dynacoord.errors import BackendError, ValueTooLargeError
 from dynacoord.outbox import DELIVERY_ROOM, EventStatus
 from dynacoord.testing import DynamoDBLocal, unique_name

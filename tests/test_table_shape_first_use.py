@@ -232,7 +232,7 @@ def test_a_first_read_on_a_right_table_sends_nothing_before_it(moto_client: Any)
     assert [c for c in calls if c.startswith("Describe")] == ["DescribeTable", "DescribeTimeToLive"]
     calls.remove("DescribeTimeToLive")  # on a thread of its own, after the first write
     assert calls == ["GetItem", "GetItem", "DescribeTable", "PutItem", "PutItem"]
-    assert "call" not in vars(backend.table)
+    assert backend.table.guards == ()
 
 
 def test_the_ttl_check_is_not_on_the_first_writes_path(

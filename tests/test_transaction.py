@@ -321,7 +321,7 @@ def test_a_marshalled_items_bound_is_never_below_its_size(values):
 def test_a_new_events_item_holds_exactly_the_shared_pending_fields(moto_table, ordered):
     """The DynamoDB store builds a new event's attribute values directly (once per published
     event): they must be the fields every backend shares (pending_fields), keys aside."""
-    from dynacoord.backends.dynamodb._table import unmarshal
+    from dynacoord.backends.dynamodb._marshal import unmarshal
     from dynacoord.outbox import pending_fields
 
     client, table = moto_table

@@ -108,15 +108,15 @@ class DynamoDBBackend(Backend):
                 f"layout must be a dynacoord.TableLayout, got {type(layout).__name__}"
             )
         self.client = client
-        _say_when_credentials_are_missing(client)
         self.table_name = table_name
         self.shards = shards
         self.lock_fence_grace = lock_fence_grace
         self.layout = layout
         #: "refuse", or "single-region": every writer of dynacoord's items runs in one Region
         self.global_table_writes = check_global_table_writes(global_table_writes)
-        #: the table session every store sends through: first-use check, layout translation,
-        #: error translation, metrics
+        #: the table session every store sends through: first-use check, a global table's
+        #: gate, layout translation, the request, error translation (missing credentials
+        #: included), metrics (its ``call``)
         self.table = VerifiedTable(
             client,
             table_name,
@@ -274,39 +274,6 @@ class DynamoDBBackend(Backend):
     if TYPE_CHECKING:
         from .counters import DynamoDBCounterStore
         from .runs import DynamoDBRunStore
-
-
-def _say_when_credentials_are_missing(client: Any) -> None:
-    """Make a request of a client without credentials fail with a :class:`CredentialsError`
-    that says what to configure (botocore's own is a bare ``Unable to locate credentials``).
-    botocore resolves a client's credentials when the client is made, so the check before each
-    signature costs one attribute read; registered once per client."""
-    events = getattr(getattr(client, "meta", None), "events", None)
-    if events is not None:
-        events.register(
-            "before-sign.dynamodb", _check_credentials, unique_id="dynacoord-credentials"
-        )
-
-
-def _check_credentials(request_signer: Any = None, signature_version: Any = None, **_: Any) -> None:
-    from botocore import UNSIGNED
-    from botocore.exceptions import NoCredentialsError
-
-    from ...errors import CredentialsError
-
-    if signature_version is UNSIGNED or request_signer is None:
-        return
-    # botocore keeps the resolved credentials here; an attribute it renamed skips the check
-    if getattr(request_signer, "_credentials", True) is not None:
-        return
-    region = getattr(request_signer, "region_name", None)
-    raise CredentialsError(
-        f"no AWS credentials for the DynamoDB client (region {region}): configure them "
-        "(AWS_PROFILE, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an instance, container "
-        "or Lambda role; DynamoDB Local takes any pair, e.g. dynacoord.testing.DUMMY_CREDENTIALS) "
-        "or pass a client that has them; nothing was sent",
-        region=region,
-    ) from NoCredentialsError()
 
 
 def _client_from_env(session: Any) -> Any:

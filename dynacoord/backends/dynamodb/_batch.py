@@ -26,7 +26,8 @@ from ...errors import BackendError, DynacoordError, TransactionCancelledError, V
 from ...outbox import EventRecord
 from . import _partiql
 from ._limits import MAX_STATEMENTS, MAX_TRANSACTION_ITEMS
-from ._table import ConditionFailedError, DynamoTable, unmarshal
+from ._marshal import unmarshal
+from ._table import ConditionFailedError, DynamoTable
 
 __all__ = ["Answers", "BatchWriter", "Entry", "chunks", "tied"]
 

@@ -22,8 +22,9 @@ was not applied, so sending it again is safe. MRSC tables have no TTL: expired i
 swept (reads treat them as absent all the same), and the TTL check says so instead of advising
 to turn TTL on.
 
-On a table with no replica in another Region nothing is kept per request: the gate is not
-installed and the table's ``call`` is :meth:`DynamoTable.call` itself.
+The gate is a guard of the session's request path (:class:`Gate`, in
+:attr:`DynamoTable.guards`, the first stage of :meth:`DynamoTable.call`). On a table with no
+replica in another Region nothing is kept per request: there is no gate.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from typing import Any
 from ..._compat import Record
 from ...errors import GlobalTableError
 from ...keys import Kind
-from ._table import DynamoTable
+from ._table import DynamoTable, Send
 
 __all__ = [
+    "Gate",
     "GlobalTable",
+    "gate_for",
     "global_table_of",
-    "install_gate",
     "ttl_problem_of",
     "what_works",
 ]
@@ -128,27 +130,44 @@ def _region_names(entries: Any) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if isinstance(n, str) and n))
 
 
-def install_gate(table: DynamoTable, client: Any, writes: str, found: GlobalTable) -> None:
-    """Put the gate on ``table`` (an instance ``call``) if ``found`` needs one: an eventually
-    consistent global table unless ``writes`` (``_replication.GlobalTableWrites``, checked when
-    the backend was made) is ``"single-region"``, a strongly consistent one always (for its
-    transactions)."""
+class Gate:
+    """The guard a global table puts on its session's request path (:attr:`DynamoTable.guards`,
+    after the first-use check): a write the table could not keep is refused before it is sent
+    (:class:`~dynacoord.errors.GlobalTableError`); every other request goes on. It stays for the
+    session's life: the table's replication does not change under a running process."""
+
+    __slots__ = ("_client", "_found", "_refused", "_table_name")
+
+    def __init__(
+        self,
+        table_name: str,
+        client: Any,
+        found: GlobalTable,
+        refused: Callable[[str, Mapping[str, Any]], bool],
+    ) -> None:
+        self._table_name = table_name
+        self._client = client
+        self._found = found
+        self._refused = refused
+
+    def __call__(self, operation: str, kwargs: dict[str, Any], send: Send) -> dict[str, Any]:
+        if self._refused(operation, kwargs):
+            raise _refusal(self._table_name, self._client, self._found, operation, kwargs)
+        return send(operation, kwargs)
+
+
+def gate_for(table: DynamoTable, client: Any, writes: str, found: GlobalTable) -> Gate | None:
+    """The gate ``found`` needs, if any: an eventually consistent global table's unless
+    ``writes`` (``_replication.GlobalTableWrites``, checked when the backend was made) is
+    ``"single-region"``, a strongly consistent one's always (for its transactions)."""
     refused: Callable[[str, Mapping[str, Any]], bool]
     if found.strong:
         refused = _transaction
     elif writes == "single-region":
-        return
+        return None
     else:
         refused = _depends_on_state
-    send = DynamoTable.call.__get__(table)
-
-    def call(operation: str, **kwargs: Any) -> dict[str, Any]:
-        if refused(operation, kwargs):
-            raise _refusal(table.name, client, found, operation, kwargs)
-        response: dict[str, Any] = send(operation, **kwargs)
-        return response
-
-    table.__dict__["call"] = call
+    return Gate(table.name, client, found, refused)
 
 
 def _transaction(operation: str, kwargs: Mapping[str, Any]) -> bool:

@@ -21,7 +21,7 @@ from ...keys import (
 from ...outbox import Event, EventRecord, EventStatus, order_key
 from ...outbox.event import DELIVERY_ROOM, _new_event, _status, check_event_size, new_record
 from ._limits import CHAR_BYTES_BOUND, NUMBER_BYTES_BOUND
-from ._table import marshal, unmarshal
+from ._marshal import marshal, unmarshal
 
 __all__ = ["EVENT_SK", "OutboxItems", "event_record"]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from ...outbox import EventRecord, EventStatus, Outcome
 from ...outbox._gates import gate_move
+from ._marshal import values
 from ._outbox_items import OutboxItems
-from ._table import values
 
 __all__ = ["HOLDS_LEASE", "NAMES", "OutboxRequests", "still_as_seen"]
 

@@ -18,16 +18,16 @@ from ...errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._global_tables import GlobalTable
-    from ._table import DynamoTable
+    from ._table import DynamoTable, Guard
 
 __all__ = [
     "GLOBAL_TABLE_WRITES",
     "GlobalTableWrites",
     "check_global_table_writes",
-    "guard_writes",
     "is_global",
     "remember",
     "ttl_problem_on",
+    "write_gate",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _findings(client: Any) -> dict[str, GlobalTable | None]:
 
 def remember(client: Any, table_name: str, table: Mapping[str, Any]) -> GlobalTable | None:
     """Keep what the DescribeTable answer ``table`` shows of replication, for every backend
-    of this client and table (:func:`guard_writes` reads it)."""
+    of this client and table (:func:`write_gate` reads it)."""
     found = None
     if table.get("Replicas") or table.get("GlobalTableWitnesses"):
         from ._global_tables import global_table_of
@@ -95,15 +95,16 @@ def is_global(client: Any, table_name: str) -> bool:
     return recorded(client, table_name) is not None
 
 
-def guard_writes(table: DynamoTable, client: Any, writes: GlobalTableWrites) -> None:
-    """Put the gate on ``table`` if what its check found needs one
-    (:func:`._global_tables.install_gate`); nothing on a table in one Region."""
+def write_gate(table: DynamoTable, client: Any, writes: GlobalTableWrites) -> Guard | None:
+    """The gate ``table``'s request path needs for what its check found
+    (:class:`._global_tables.Gate`), or None (a table in one Region, or one the gate would let
+    every write through)."""
     found = recorded(client, table.name)
     if found is None:
-        return
-    from ._global_tables import install_gate
+        return None
+    from ._global_tables import gate_for
 
-    install_gate(table, client, writes, found)
+    return gate_for(table, client, writes, found)
 
 
 def ttl_problem_on(client: Any, table_name: str, problem: str) -> str:

@@ -50,9 +50,9 @@ short script or CLI command still logs its warning.
 The same DescribeTable shows whether the table is a DynamoDB global table; what that lets its
 writes promise, and the gate that refuses the others, is :mod:`._global_tables`.
 
-After the check passed the gate costs nothing: :class:`VerifiedTable` puts its checking ``call``
-on the instance, and removes it once the table passed, so later requests find
-:meth:`DynamoTable.call` itself (no extra frame, no flag to test).
+The check is the first guard of the session's request path (:class:`FirstUseCheck`, in
+:attr:`DynamoTable.guards`); once the table passed it removes itself, so later requests pass no
+guard at all on a table in one Region (one empty tuple tested per request).
 """
 
 from __future__ import annotations
@@ -68,11 +68,12 @@ from ..._table_schema import DEFAULT_LAYOUT, TableLayout, schema_problems, ttl_p
 from ..._table_state import mark_verified, table_state
 from ...errors import BackendError, ConfigurationError
 from ...metrics import Metrics
-from ._replication import GlobalTableWrites, guard_writes, remember, ttl_problem_on
-from ._table import DynamoTable
+from ._replication import GlobalTableWrites, remember, ttl_problem_on, write_gate
+from ._table import DynamoTable, Send
 
 __all__ = [
     "TTL_CHECK_DELAY_S",
+    "FirstUseCheck",
     "TableConfigurationError",
     "VerifiedTable",
     "Verify",
@@ -346,11 +347,58 @@ def _shape_refusal(exc: BaseException) -> bool:
     return response.get("Error", {}).get("Code") in _SHAPE_CODES
 
 
+class FirstUseCheck:
+    """The first guard of a session's request path (:attr:`DynamoTable.guards`): a read is sent
+    as it is, and checks the table (:func:`check_table`) only when DynamoDB refused it for the
+    table's shape; a write waits for the check first. Once the table passed, the guard takes
+    itself out of the session's guards and puts a global table's gate in its place, if the
+    check found one (``_replication.write_gate``)."""
+
+    __slots__ = ("_table", "_writes")
+
+    def __init__(self, table: VerifiedTable, global_table_writes: GlobalTableWrites) -> None:
+        self._table = table
+        self._writes: GlobalTableWrites = global_table_writes
+
+    def __call__(self, operation: str, kwargs: dict[str, Any], send: Send) -> dict[str, Any]:
+        table = self._table
+        if operation in _READS:
+            try:
+                return send(operation, kwargs)
+            except Exception as exc:
+                if not _shape_refusal(exc):
+                    raise
+                if self.check():  # a wrong table: TableConfigurationError, naming the fix
+                    start_ttl_check(table.client, table.name, table.layout)
+                raise  # a right one: the refusal was the request's own
+        checked = self.check()
+        try:
+            return table.call(operation, **kwargs)  # through the guards now in place (a gate)
+        finally:
+            # The TTL is read once the write is done, so it does not compete with it (for the
+            # connection, the server and the interpreter).
+            if checked:
+                start_ttl_check(table.client, table.name, table.layout)
+
+    def check(self) -> bool:
+        """Check the table unless it passed before; whether it was described now. Once it
+        passed, this guard is out of the session's guards (and a gate in, if it needs one)."""
+        table = self._table
+        # Threads making their first writes at once (concurrent invocations) wait for one
+        # check instead of each sending its own DescribeTable.
+        with table.state.check_lock:  # an early check in flight is waited for
+            checked = check_table(table.client, table.name, table.layout, ttl=False)
+            gate = write_gate(table, table.client, self._writes)
+            # This check is the only guard until the table passed (a gate comes from what it
+            # found). One assignment: a request on another thread finds the check or the gate.
+            table.guards = () if gate is None else (gate,)
+        return checked
+
+
 class VerifiedTable(DynamoTable):
-    """The table session of a backend: a :class:`DynamoTable` (layout translation, error
-    translation, metrics) that runs :func:`check_table` first, before its first write, and
-    after a read DynamoDB refused for the table's shape (the check's lock and its finding are
-    the session's shared state: one check per client and table)."""
+    """The table session of a backend: a :class:`DynamoTable` whose request path starts with
+    :class:`FirstUseCheck` (the check's lock and its finding are the session's shared state: one
+    check per client and table), and, on a global table, the gate it finds."""
 
     def __init__(
         self,
@@ -363,19 +411,19 @@ class VerifiedTable(DynamoTable):
         global_table_writes: GlobalTableWrites = "refuse",
     ) -> None:
         super().__init__(client, table_name, metrics=metrics, layout=layout)
-        self._global_table_writes: GlobalTableWrites = global_table_writes
         #: set once the early check is over (at once when there is none)
         self.early_check_done = threading.Event()
         if verify and layout not in self.state.verified:
-            # An instance attribute shadows DynamoTable.call until the check passed.
-            self.__dict__["call"] = self._first_call
+            self.guards = (FirstUseCheck(self, global_table_writes),)
             if sends_early(verify):
                 threading.Thread(
                     target=self._check_early, name=f"dynacoord-check-{table_name}", daemon=True
                 ).start()
                 return
         elif verify:
-            guard_writes(self, self.client, global_table_writes)
+            gate = write_gate(self, self.client, global_table_writes)
+            if gate is not None:
+                self.guards = (gate,)
         self.early_check_done.set()
 
     def _check_early(self) -> None:
@@ -392,32 +440,3 @@ class VerifiedTable(DynamoTable):
             self.early_check_done.set()
         if described:
             _ttl_check(self.client, self.name, self.layout).run()
-
-    def _first_call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        if operation in _READS:
-            try:
-                return DynamoTable.call(self, operation, **kwargs)
-            except Exception as exc:
-                if not _shape_refusal(exc):
-                    raise
-                if self._check():  # a wrong table: TableConfigurationError, naming the fix
-                    start_ttl_check(self.client, self.name, self.layout)
-                raise  # a right one: the refusal was the request's own
-        checked = self._check()
-        try:
-            return self.call(operation, **kwargs)  # through a global table's gate, if it has one
-        finally:
-            # The TTL is read once the write is done, so it does not compete with it (for the
-            # connection, the server and the interpreter).
-            if checked:
-                start_ttl_check(self.client, self.name, self.layout)
-
-    def _check(self) -> bool:
-        """Check the table unless it passed before; whether it was described now."""
-        # Threads making their first writes at once (concurrent invocations) wait for one
-        # check instead of each sending its own DescribeTable.
-        with self.state.check_lock:  # an early check in flight is waited for
-            checked = check_table(self.client, self.name, self.layout, ttl=False)
-        self.__dict__.pop("call", None)
-        guard_writes(self, self.client, self._global_table_writes)
-        return checked

@@ -35,20 +35,15 @@ from ...breaker import (
     window_from_fields,
 )
 from ...keys import BREAKER_SK, breaker_pk
-from ._table import (
-    REQUEST_TOKEN,
+from ._counting import (
     SLOT_PREFIX,
-    ConditionFailedError,
     CountingToken,
-    DynamoTable,
     after_counting_write,
     before_counting_write,
     counting_update,
-    request_token,
-    unmarshal,
-    values,
-    written_by,
 )
+from ._marshal import unmarshal, values
+from ._table import REQUEST_TOKEN, ConditionFailedError, DynamoTable, request_token, written_by
 
 __all__ = ["DynamoDBBreakerStore"]
 

@@ -37,19 +37,10 @@ from ...keys import (
     cache_sort_key,
     shard_of,
 )
+from ._counting import CountingToken, counting_update
 from ._limits import MAX_BATCH_GET_KEYS, MAX_BATCH_WRITES
-from ._table import (
-    LIVE,
-    ConditionFailedError,
-    CountingToken,
-    DynamoTable,
-    counting_update,
-    exact_sum,
-    marshal,
-    sum_limit,
-    unmarshal,
-    values,
-)
+from ._marshal import exact_sum, marshal, sum_limit, unmarshal, values
+from ._table import LIVE, ConditionFailedError, DynamoTable
 
 __all__ = ["DynamoDBCacheStore"]
 

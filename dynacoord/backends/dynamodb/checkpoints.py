@@ -21,7 +21,8 @@ from ...checkpoints import (
     live_checkpoint,
 )
 from ...keys import checkpoint_key, checkpoint_prefix, parse_sk_sequence
-from ._table import DynamoTable, marshal, primary, to_av, unmarshal, unmarshal_only
+from ._marshal import marshal, primary, to_av, unmarshal, unmarshal_only
+from ._table import DynamoTable
 
 #: what StoredCheckpoint.from_item reads (pk, ttl and the request token are left as they are)
 _CHECKPOINT_ATTRIBUTES = ("sk", "data", "progress", "created_ms", "expires_at_ms")

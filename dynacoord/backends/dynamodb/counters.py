@@ -59,20 +59,10 @@ from ...counters import (
 )
 from ...errors import BackendError
 from ...keys import COUNTER_SK, counter_pk
+from ._counting import CountingToken, counting_update
 from ._limits import MAX_BATCH_WRITES
-from ._table import (
-    FREE,
-    LIVE,
-    REQUEST_TOKEN,
-    ConditionFailedError,
-    CountingToken,
-    DynamoTable,
-    counting_update,
-    exact_sum,
-    marshal,
-    sum_limit,
-    unmarshal,
-)
+from ._marshal import exact_sum, marshal, sum_limit, unmarshal
+from ._table import FREE, LIVE, REQUEST_TOKEN, ConditionFailedError, DynamoTable
 
 __all__ = ["DynamoDBCounterStore"]
 

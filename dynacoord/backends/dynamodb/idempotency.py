@@ -15,7 +15,8 @@ from typing import Any
 
 from ...idempotency import Claim, ClaimResult, IdempotencyRecord, IdempotencyStatus, _status
 from ...keys import IDEMPOTENCY_SK, idempotency_pk
-from ._table import ConditionFailedError, DynamoTable, request_token, to_av, unmarshal, values
+from ._marshal import to_av, unmarshal, values
+from ._table import ConditionFailedError, DynamoTable, request_token
 
 __all__ = ["DynamoDBIdempotencyStore"]
 

@@ -19,7 +19,8 @@ from typing import Any
 from ...errors import FenceRejectedError, InvalidValueError
 from ...keys import LOCK_SK, lock_pk
 from ...locks import AcquireResult, LockInfo
-from ._table import FREE, ConditionFailedError, DynamoTable, request_token, unmarshal, values
+from ._marshal import unmarshal, values
+from ._table import FREE, ConditionFailedError, DynamoTable, request_token
 
 __all__ = ["DynamoDBLockStore"]
 

@@ -56,10 +56,11 @@ from ._limits import (
     MAX_TRANSACTION_ITEMS,
     check_transaction_items,
 )
+from ._marshal import marshal, unmarshal, values
 from ._outbox_items import OutboxItems, event_record
 from ._outbox_relay import StreamRelayStore
 from ._outbox_requests import NAMES, OutboxRequests, still_as_seen
-from ._table import FREE, ConditionFailedError, DynamoTable, marshal, unmarshal, values
+from ._table import FREE, ConditionFailedError, DynamoTable
 
 __all__ = ["DynamoDBOutboxStore"]
 

@@ -32,15 +32,8 @@ from ...runs import (
     _status,
     write_refused,
 )
-from ._table import (
-    REQUEST_TOKEN,
-    ConditionFailedError,
-    DynamoTable,
-    request_token,
-    unmarshal,
-    unmarshal_only,
-    written_by,
-)
+from ._marshal import unmarshal, unmarshal_only
+from ._table import REQUEST_TOKEN, ConditionFailedError, DynamoTable, request_token, written_by
 
 __all__ = ["DynamoDBRunStore"]
 

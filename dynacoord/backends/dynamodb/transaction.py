@@ -82,7 +82,7 @@ def _check_str(value: Any, name: str) -> str:
 
 
 def _serialize(value: Any, where: str) -> dict[str, Any]:
-    from ._table import to_av
+    from ._marshal import to_av
 
     value = checked_numbers(value, where)
     try:
@@ -536,7 +536,7 @@ class Transaction:
         return error
 
     def _explain(self, cancelled: TransactionCancelledError) -> TransactionCancelledError:
-        from ._table import unmarshal
+        from ._marshal import unmarshal
 
         reasons: list[dict[str, Any]] = []
         failures: list[str] = []

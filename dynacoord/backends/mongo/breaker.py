@@ -64,11 +64,7 @@ _CLOSED, _OPEN, _HALF = State.CLOSED.value, State.OPEN.value, State.HALF_OPEN.va
 def _held_token(write: WindowWrite, now_ms: int) -> CountingToken:
     """A counting token carrying the slot and token ``write`` holds across its sends (no slot of
     its own: :meth:`CountingToken.release` gives nothing back, the breaker does)."""
-    token = CountingToken.__new__(CountingToken)
-    token._slot = None
-    token.writer, token.token = write.take(now_ms, COUNT_WINDOW_MS)
-    token.field = "w." + token.writer
-    return token
+    return CountingToken(now_ms, held=write.take(now_ms, COUNT_WINDOW_MS))
 
 
 def _stamped(
