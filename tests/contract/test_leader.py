@@ -147,6 +147,23 @@ def test_takeover_after_the_leaders_lease_ends(make_backend):
     b.step_down()
 
 
+def test_a_candidate_whose_term_ran_out_is_elected_with_a_new_term(make_backend):
+    """Its deadline passed (no renewal) while the store still holds its item for the margin: a
+    new campaign frees that item and wins a new, larger term, never the ended one again."""
+    clock = ManualClock()
+    lost = Calls()
+    _, a, _ = _pair(make_backend, clock, ttl=5, margin=1, on_lost=lost)
+    assert a.campaign(timeout=0, heartbeat=False)
+    old = a.term
+    clock.advance(4.5)
+    assert not a.is_leader
+    assert a.leader() is not None  # the store's lease runs for the margin yet
+    assert a.campaign(timeout=0, heartbeat=False)
+    assert a.term is not None and old is not None and a.term > old
+    assert lost.event.wait(PATIENCE) and lost.terms == [old]
+    assert a.step_down() is True
+
+
 def test_a_waiting_candidate_leads_within_the_ttl_plus_its_backoff(make_backend):
     """The leader dies (nothing renews its term): a blocked campaign leads once the lease ends,
     at most one backoff later, and reads (not writes) while it waits."""
