@@ -23,13 +23,24 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TypeVar
 
-    from typing_extensions import ParamSpec
+    from typing_extensions import ParamSpec, Unpack
 
-    from .breaker import BreakerOptions, BreakerStore, CircuitBreaker, TransitionCallback
+    from .breaker import (
+        BreakerOptions,
+        BreakerOptionValues,
+        BreakerStore,
+        CircuitBreaker,
+        TransitionCallback,
+    )
     from .cache import Cache, CacheStore
     from .checkpoints import Checkpoints, CheckpointStore
     from .counters import Counters, CounterStore
-    from .idempotency import Idempotency, IdempotencyOptions, IdempotencyStore
+    from .idempotency import (
+        Idempotency,
+        IdempotencyOptions,
+        IdempotencyOptionValues,
+        IdempotencyStore,
+    )
     from .leader import Leader
     from .locks import Locks, LockStore
     from .outbox import Outbox, OutboxStore
@@ -230,7 +241,7 @@ class Backend(abc.ABC):
         options: BreakerOptions | None = None,
         *,
         on_transition: TransitionCallback | None = None,
-        **option_values: Any,
+        **option_values: Unpack[BreakerOptionValues],
     ) -> CircuitBreaker:
         """A circuit breaker named ``name`` whose state every process shares (see breaker.py):
         it trips after ``failure_threshold`` consecutive failures (default 5), or on the
@@ -284,7 +295,7 @@ class Backend(abc.ABC):
         options: IdempotencyOptions | None = None,
         *,
         key: str | Callable[..., Any],
-        **option_values: Any,
+        **option_values: Unpack[IdempotencyOptionValues],
     ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         """Decorator: run a function or Lambda handler once per ``key``, with ``options`` (an
         :class:`~dynacoord.IdempotencyOptions`) and ``option_values`` by name. The same as

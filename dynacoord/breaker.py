@@ -74,7 +74,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
+
+from typing_extensions import Unpack
 
 from . import keys
 from ._breaker_window import (
@@ -357,7 +359,9 @@ class BreakerOptions:
         object.__setattr__(self, "state_cache", float(state_cache))
 
     @classmethod
-    def of(cls, base: BreakerOptions | None = None, /, **values: Any) -> BreakerOptions:
+    def of(
+        cls, base: BreakerOptions | None = None, /, **values: Unpack[BreakerOptionValues]
+    ) -> BreakerOptions:
         """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
         refused with the list of known ones."""
         return options_with(cls, base, values, what="breaker")
@@ -377,6 +381,20 @@ class BreakerOptions:
 
 #: every breaker option's name, in declaration order
 OPTION_NAMES = option_names(BreakerOptions)
+
+
+class BreakerOptionValues(TypedDict, total=False):
+    """:class:`BreakerOptions` by name, for the keyword shorthand
+    (``backend.breaker(name, failure_threshold=3)``); mypy checks each name and type."""
+
+    failure_threshold: int | None
+    reset_timeout: float
+    success_threshold: int
+    half_open_max_calls: int
+    ignore: type[BaseException] | tuple[type[BaseException], ...]
+    consistent_reads: bool
+    state_cache: float
+    policy: FailureRate | None
 
 
 class _Ticket(Record):
@@ -432,7 +450,7 @@ class CircuitBreaker:
         clock: Clock | None = None,
         namespace: str = "default",
         metrics: MetricsScope | None = None,
-        **option_values: Any,
+        **option_values: Unpack[BreakerOptionValues],
     ) -> None:
         keys.breaker_key(namespace, name)  # empty, not a str, or too long: InvalidKeyError now
         options = BreakerOptions.of(options, **option_values)

@@ -37,9 +37,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
-from typing_extensions import ParamSpec
+from typing_extensions import ParamSpec, Unpack
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
@@ -323,7 +323,9 @@ class IdempotencyOptions:
             )
 
     @classmethod
-    def of(cls, base: IdempotencyOptions | None = None, /, **values: Any) -> IdempotencyOptions:
+    def of(
+        cls, base: IdempotencyOptions | None = None, /, **values: Unpack[IdempotencyOptionValues]
+    ) -> IdempotencyOptions:
         """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
         refused with the list of known ones."""
         hint = (
@@ -346,6 +348,22 @@ class IdempotencyOptions:
 
 #: every option's name, in declaration order
 OPTION_NAMES = option_names(IdempotencyOptions)
+
+
+class IdempotencyOptionValues(TypedDict, total=False):
+    """:class:`IdempotencyOptions` by name, for the keyword shorthand
+    (``@backend.idempotent(key="id", ttl=60)``); mypy checks each name and type."""
+
+    ttl: float
+    in_progress_ttl: float | None
+    payload: str | Callable[..., Any] | None
+    wait: bool
+    wait_timeout: float
+    raise_on_no_key: bool
+    output_type: Any
+    use_local_cache: bool
+    local_cache_max_items: int
+    response_hook: Callable[[Any, IdempotencyRecord], Any] | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -553,7 +571,7 @@ class Idempotency:
         options: IdempotencyOptions | None = None,
         *,
         key: str | Callable[..., Any],
-        **option_values: Any,
+        **option_values: Unpack[IdempotencyOptionValues],
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Make a function (or a Lambda handler ``(event, context)``) run once per key.
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
+
+from typing_extensions import Unpack
 
 from .._validate import (
     check_bool,
@@ -88,7 +90,9 @@ class WorkerOptions:
         non_negative_seconds(self.leave_new_for, "leave_new_for")
 
     @classmethod
-    def of(cls, base: WorkerOptions | None = None, /, **values: Any) -> WorkerOptions:
+    def of(
+        cls, base: WorkerOptions | None = None, /, **values: Unpack[WorkerOptionValues]
+    ) -> WorkerOptions:
         """``base`` (or the defaults) with ``values`` in place of its own; an unknown name is
         refused with the list of known ones."""
         return options_with(cls, base, values, what="worker")
@@ -108,6 +112,25 @@ class WorkerOptions:
 
 #: every option's name, in declaration order
 OPTION_NAMES = option_names(WorkerOptions)
+
+
+class WorkerOptionValues(TypedDict, total=False):
+    """:class:`WorkerOptions` by name, for the keyword shorthand
+    (``outbox.worker(handlers, batch_size=10)``); mypy checks each name and type."""
+
+    batch_size: int
+    lease: float
+    max_attempts: int
+    backoff: float
+    max_backoff: float
+    poll_interval: float
+    on_missing_handler: MissingHandlerPolicy
+    retention: float | None
+    heartbeat: bool
+    batch_claim: bool
+    leave_new_for: float
+
+
 #: the options the bundled stack's functions take (``OutboxOptions`` / ``DYNACOORD_OUTBOX_OPTIONS``)
 STACK_OPTIONS = tuple(f.name for f in dataclasses.fields(WorkerOptions) if f.metadata.get("stack"))
 
@@ -140,3 +163,12 @@ def stack_options(values: Mapping[str, Any]) -> dict[str, Any]:
         )
     WorkerOptions(**values)
     return dict(values)
+
+
+class WorkerKeywords(WorkerOptionValues, total=False):
+    """What :meth:`Outbox.worker <dynacoord.outbox.Outbox.worker>` takes by name, for the
+    handlers that make their worker with it (``stream_handler``, ``sweep_handler``)."""
+
+    options: WorkerOptions | None
+    name: str | None
+    hooks: DeliveryHooks | None

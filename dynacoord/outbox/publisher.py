@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from typing_extensions import Unpack
 
 from .. import keys, tracing
 from .._clock import Clock, SystemClock, now_ms
@@ -16,6 +19,7 @@ from .._validate import (
     check_utf8,
 )
 from ..errors import (
+    ConfigurationError,
     DuplicateEventError,
     InvalidValueError,
     TransactionTooLargeError,
@@ -23,7 +27,7 @@ from ..errors import (
 )
 from ..metrics import NO_SCOPE, MetricsScope
 from .event import Event, EventRecord, EventStatus, new_event_id
-from .options import DeliveryHooks, WorkerOptions
+from .options import DeliveryHooks, WorkerKeywords, WorkerOptions, WorkerOptionValues
 from .store import OutboxStats, OutboxStore, RetryReport, TransactionEntries
 from .worker import Handler, OutboxWorker, WorkerGroup
 
@@ -245,22 +249,25 @@ class Outbox:
         options: WorkerOptions | None = None,
         *,
         name: str | None = None,
+        hooks: DeliveryHooks | None = None,
         on_delivered: Callable[[Event], Any] | None = None,
         on_error: Callable[[Event, Exception], Any] | None = None,
         on_failed: Callable[[Event], Any] | None = None,
-        **option_values: Any,
+        **option_values: Unpack[WorkerOptionValues],
     ) -> OutboxWorker:
         """A worker that delivers due events to ``handlers`` (see :class:`OutboxWorker`).
 
         Its options are ``options`` (a :class:`WorkerOptions`) with ``option_values`` in place
         of its own, by name (``batch_size=10, lease=60``: each name of :class:`WorkerOptions`);
-        an unknown name is refused. The hooks are called with the event after its outcome."""
+        an unknown name is refused. ``hooks`` (a :class:`DeliveryHooks`) are called with the
+        event after its outcome; the ``on_delivered`` / ``on_error`` / ``on_failed`` keywords
+        are its deprecated spelling (a ``DeprecationWarning``; refused beside ``hooks``)."""
         return OutboxWorker(
             self._store,
             handlers,
             clock=self.clock,
             options=WorkerOptions.of(options, **option_values),
-            hooks=DeliveryHooks(on_delivered, on_error, on_failed),
+            hooks=_hooks(hooks, on_delivered, on_error, on_failed),
             name=name,
             metrics=self._metrics,
             group=self._workers,
@@ -272,7 +279,7 @@ class Outbox:
         *,
         claim: bool = False,
         clock_skew: float = 2.0,
-        **worker_options: Any,
+        **worker_options: Unpack[WorkerKeywords],
     ) -> StreamHandler:
         """A Lambda handler for the table's DynamoDB stream that delivers each new event of this
         namespace as it is published and returns ``{"batchItemFailures": [...]}`` listing only
@@ -304,7 +311,7 @@ class Outbox:
         runs: Any = None,
         stalled_after: float = 300.0,
         on_stalled: Callable[[Any], Any] | None = None,
-        **worker_options: Any,
+        **worker_options: Unpack[WorkerKeywords],
     ) -> SweepHandler:
         """A Lambda handler for a schedule: polling passes for due retries, expired leases and
         events the stream relay missed, then (with ``runs=backend.runs`` and ``on_stalled``)
@@ -517,3 +524,33 @@ class Outbox:
             oldest_due_age=None if due_age is None else due_age / 1000,
             expired_lease_age=None if lease_age is None else lease_age / 1000,
         )
+
+
+def _hooks(
+    hooks: DeliveryHooks | None,
+    on_delivered: Callable[[Event], Any] | None,
+    on_error: Callable[[Event, Exception], Any] | None,
+    on_failed: Callable[[Event], Any] | None,
+) -> DeliveryHooks:
+    """``hooks``, or the deprecated per-hook keywords made into one (warned: one way to say it)."""
+    given = [
+        name
+        for name, hook in (
+            ("on_delivered", on_delivered),
+            ("on_error", on_error),
+            ("on_failed", on_failed),
+        )
+        if hook is not None
+    ]
+    if not given:
+        return hooks if hooks is not None else DeliveryHooks()
+    if hooks is not None:
+        raise ConfigurationError(
+            f"give the hooks as hooks=DeliveryHooks(...) only, not {given[0]}= beside it"
+        )
+    warnings.warn(
+        f"worker({given[0]}=...) is deprecated: pass hooks=DeliveryHooks({given[0]}=...)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return DeliveryHooks(on_delivered, on_error, on_failed)
