@@ -40,7 +40,8 @@ How each backend loses a response:
   command, discards it, disconnects and raises ``redis.exceptions.ConnectionError``; the client
   is built with ``Retry(NoBackoff(), 3)`` so redis-py re-sends the command. Names are Redis
   command names (``EVALSHA``, ``SET``, ``INCR``; a MULTI/EXEC pipeline is ``EXEC``, its reply is
-  the one lost). Read-only and connection-management commands are never lost.
+  the one lost); ``Lossy.script(source)`` names the calls of one Lua script only
+  (``EVALSHA:<sha1>``), for a test that must lose a script's answer and not another's. Read-only and connection-management commands are never lost.
 * ``mongo`` (mongomock, serialized per call like the contract fixtures): a collection proxy
   applies the write, then applies the *same call* again and returns the second call's result
   (or raises its error, e.g. ``DuplicateKeyError`` for a re-sent insert): what a retried write
@@ -77,6 +78,7 @@ Rules shared by all three:
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -183,17 +185,25 @@ class _Faults:
         self._retrying.fingerprint = None
         return previous is not None and previous == fingerprint
 
-    def _first(self, operation: str) -> int | None:
+    def _first(self, operation: str, detail: str | None = None) -> int | None:
+        """The first armed slot for ``operation``: armed for any write, for the operation, or for
+        the operation with this ``detail`` (``"EVALSHA:<sha>"``: one Lua script's calls)."""
+        qualified = None if detail is None else f"{operation}:{detail}"
         return next(
-            (i for i, (slot, _, _) in enumerate(self._slots) if slot in (None, operation)), None
+            (
+                i
+                for i, (slot, _, _) in enumerate(self._slots)
+                if slot in (None, operation) or (qualified is not None and slot == qualified)
+            ),
+            None,
         )
 
-    def wants(self, operation: str) -> str | None:
+    def wants(self, operation: str, detail: str | None = None) -> str | None:
         """The kind of fault a (successful) write of ``operation`` is to suffer (None: none):
         consumes the first armed slot that matches, and runs the slot's ``then`` (the write is
         applied, its retry or the caller's error not there yet)."""
         with self._lock:
-            index = self._first(operation)
+            index = self._first(operation, detail)
             if index is None:
                 return None
             _, then, kind = self._slots.pop(index)
@@ -201,11 +211,11 @@ class _Faults:
             then()
         return kind
 
-    def unsent(self, operation: str) -> bool:
+    def unsent(self, operation: str, detail: str | None = None) -> bool:
         """Whether the next write of ``operation`` is to raise before it is sent (consumes the
         slot and runs its ``then``)."""
         with self._lock:
-            index = self._first(operation)
+            index = self._first(operation, detail)
             if index is None or self._slots[index][2] != UNSENT:
                 return False
             then = self._slots.pop(index)[1]
@@ -213,9 +223,9 @@ class _Faults:
             then()
         return True
 
-    def armed_for(self, operation: str) -> bool:
+    def armed_for(self, operation: str, detail: str | None = None) -> bool:
         with self._lock:
-            return self._first(operation) is not None
+            return self._first(operation, detail) is not None
 
     def record(self, operation: str, lost: bool, fingerprint: Any = None) -> None:
         with self._lock:
@@ -276,6 +286,13 @@ class Lossy:
         :meth:`lose_next`) or without being sent (``applied=False``). ``then`` runs after the
         write applied (or would have been sent) and before the caller sees the error."""
         self._faults.arm(count, operation, then, RAISED if applied else UNSENT)
+
+    @staticmethod
+    def script(source: str) -> str:
+        """The ``operation`` of one Redis Lua script's calls (``"EVALSHA:<its sha1>"``): a fault
+        armed with it is taken by that script only, not by another script of the same call
+        (the worker's poll is a script too)."""
+        return "EVALSHA:" + hashlib.sha1(source.encode("utf-8")).hexdigest()
 
     @property
     def lost(self) -> int:
@@ -376,10 +393,11 @@ def _dynamodb_lossy_client(dynamodb_local: DynamoDBLocal, faults: _Faults) -> An
 # -- Redis ----------------------------------------------------------------------------------------
 
 
-def _command_names(packed: Any) -> list[str]:
-    """The command names (first argument, upper case) of a packed RESP request."""
+def _command_names(packed: Any) -> list[tuple[str, str | None]]:
+    """The command names (first argument, upper case) of a packed RESP request, each with its
+    script's sha1 for ``EVALSHA`` (else None)."""
     data = b"".join(bytes(chunk) for chunk in ([packed] if isinstance(packed, bytes) else packed))
-    names: list[str] = []
+    names: list[tuple[str, str | None]] = []
     pos = 0
     while pos < len(data):
         if data[pos : pos + 1] != b"*":
@@ -390,8 +408,11 @@ def _command_names(packed: Any) -> list[str]:
         for i in range(count):
             end = data.index(b"\r\n", pos)
             size = int(data[pos + 1 : end])
+            text = data[end + 2 : end + 2 + size].decode("utf-8", "replace")
             if i == 0:
-                names.append(data[end + 2 : end + 2 + size].decode("utf-8", "replace").upper())
+                names.append((text.upper(), None))
+            elif i == 1 and names[-1][0] == "EVALSHA":
+                names[-1] = ("EVALSHA", text.lower())
             pos = end + 2 + size + 2
     return names
 
@@ -414,37 +435,37 @@ def _redis_connection_class(faults: _Faults) -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._expect: deque[tuple[str, bool, bytes]] = deque()
+            self._expect: deque[tuple[str, bool, bytes, str | None]] = deque()
 
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             fingerprint = b"".join(
                 bytes(c) for c in ([command] if isinstance(command, bytes) else command)
             )
             names = _command_names(command)
-            expect: list[tuple[str, bool, bytes]] = []
+            expect: list[tuple[str, bool, bytes, str | None]] = []
             in_multi = False
             multi_writes = False
-            for name in names:
+            for name, sha in names:
                 if name == "MULTI":
                     in_multi, multi_writes = True, False
-                    expect.append((name, False, fingerprint))
+                    expect.append((name, False, fingerprint, None))
                 elif name == "EXEC" and in_multi:
                     in_multi = False
-                    expect.append((name, multi_writes, fingerprint))
+                    expect.append((name, multi_writes, fingerprint, None))
                 elif in_multi:  # the reply is QUEUED: nothing applied yet
                     multi_writes = multi_writes or name not in REDIS_NOT_WRITES
-                    expect.append((name, False, fingerprint))
+                    expect.append((name, False, fingerprint, sha))
                 else:
-                    expect.append((name, name not in REDIS_NOT_WRITES, fingerprint))
-            writes = [name for name, write, _ in expect if write]
+                    expect.append((name, name not in REDIS_NOT_WRITES, fingerprint, sha))
+            writes = [(name, sha) for name, write, _, sha in expect if write]
             if writes and getattr(failing, "fingerprint", None) is not None:
                 if failing.fingerprint == fingerprint and failing.left > 0:
                     failing.left -= 1  # the client's retry of a call that is to raise
                     self.disconnect()
                     raise redis.exceptions.ConnectionError("injected: connection refused")
                 failing.fingerprint = None
-            for name in writes:
-                if faults.unsent(name):
+            for name, sha in writes:
+                if faults.unsent(name, sha):
                     faults.record_raised(name, False)
                     self.disconnect()
                     fail(fingerprint, False, name)
@@ -455,10 +476,10 @@ def _redis_connection_class(faults: _Faults) -> type:
         def read_response(self, *args: Any, **kwargs: Any) -> Any:
             if not self._expect:
                 return super().read_response(*args, **kwargs)
-            name, write, fingerprint = self._expect.popleft()
+            name, write, fingerprint, sha = self._expect.popleft()
             if not write:
                 return super().read_response(*args, **kwargs)
-            if faults.is_retry((name, fingerprint)) or not faults.armed_for(name):
+            if faults.is_retry((name, fingerprint)) or not faults.armed_for(name, sha):
                 faults.record(name, False)
                 return super().read_response(*args, **kwargs)
             try:
@@ -466,7 +487,7 @@ def _redis_connection_class(faults: _Faults) -> type:
             except ResponseError:
                 faults.record(name, False)  # refused: not applied, the fault stays armed
                 raise
-            kind = faults.wants(name)
+            kind = faults.wants(name, sha)
             if kind is None:
                 faults.record(name, False)
                 return reply
