@@ -32,6 +32,7 @@ __all__ = [
     "LeaseKeeper",
     "claim_token",
     "counted_attempts",
+    "first_to_run",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,8 @@ def error_text(exc: BaseException) -> str:
 
 #: Lease tokens are random hex digits (:func:`~.event.new_event_id`) with, on some claims, a first
 #: character that says what the claim was (it costs no byte, and stores compare tokens whole):
-#: ``SURE_MARK``: a claim of one event whose handler runs at once (a claim that ends without an
-#: outcome ended in that event's own handler); ``RECLAIM_MARK``: as sure, and the stored attempts
+#: ``SURE_MARK``: a claim of an event whose handler runs at once (a claim of one event, or of the
+#: first of a batch to run: a claim that ends without an outcome ended in that event's own handler); ``RECLAIM_MARK``: as sure, and the stored attempts
 #: hold one claim that does not count (see :func:`counted_attempts`). Other tokens (a batch's
 #: claims, the stream relay's) are not sure: their event may have waited behind a batchmate.
 SURE_MARK = "s"
@@ -85,9 +86,12 @@ def counted_attempts(record: EventRecord) -> int:
     the event that killed the process. So an expired lease is re-claimed *alone*, and run at
     once, and when the claim that held it was not sure (a batch's) the re-claim does not count
     that claim's attempt (its own counts instead): a poison event's batchmates are not charged,
-    and a poison event, re-claimed alone, is charged one attempt per death in its own handler
-    (one death more than ``max_attempts`` at most). A re-claim's outcome gives the uncounted
-    attempt back to the store."""
+    and a poison event, re-claimed alone, is charged one attempt per death in its own handler.
+    The first event of a batch to run is claimed sure (:func:`first_to_run`), so a poison event
+    that ran first is charged its first death too and fails after exactly ``max_attempts``
+    starts; one that ran after a batchmate may start once more (nothing in the store tells
+    which of a dead batch's events was running without a write per handler start). A re-claim's
+    outcome gives the uncounted attempt back to the store."""
     token = record.lease_token
     if token is not None and token.startswith(RECLAIM_MARK) and record.attempts > 1:
         return record.attempts - 1
@@ -370,7 +374,7 @@ class ClaimedBatch:
 
     def __init__(self, delivery: Delivery, claimed: Sequence[EventRecord]) -> None:
         self.delivery = delivery
-        self.records = in_group_order(list(claimed))
+        self.records = sure_first(in_group_order(list(claimed)))
         self.handled = 0
         self._outcomes: list[Outcome] = []
         self._settled: set[str] = set()  # events with an outcome (stored or not), or skipped
@@ -493,6 +497,26 @@ class ClaimedBatch:
                 self._held_back[head_group] = now_ms(self.delivery.clock)
         self._failed_unstored.clear()
         self._flush_by = now_ms(self.delivery.clock) + self.delivery.lease_ms // 3
+
+
+def first_to_run(candidates: Sequence[EventRecord]) -> EventRecord | None:
+    """The event of ``candidates`` whose handler a batch claiming them all runs first (None if
+    there are none): it is claimed sure (:func:`claim_token`), so that a death before its outcome
+    counts as a death in its own handler. A poison event first in its batch is then charged each
+    death, and fails after ``max_attempts`` of them, not one more."""
+    ordered = in_group_order(list(candidates))
+    return ordered[0] if ordered else None
+
+
+def sure_first(records: list[EventRecord]) -> list[EventRecord]:
+    """``records`` (in group order) with the one claimed sure first: whatever the order the claim
+    answered in, a sure claim's handler is the batch's first to start, as its token says. It was
+    the first of its group among the candidates (:func:`first_to_run`), so its group keeps its
+    order."""
+    for index, record in enumerate(records):
+        if index and (record.lease_token or "").startswith(SURE_MARK):
+            return [record, *records[:index], *records[index + 1 :]]
+    return records
 
 
 def in_group_order(records: list[EventRecord]) -> list[EventRecord]:

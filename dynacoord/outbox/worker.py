@@ -15,7 +15,7 @@ from typing import Any
 
 from .._clock import Clock, now_ms
 from ..metrics import NO_SCOPE, MetricsScope
-from .delivery import MAX_ERROR_BYTES, ClaimedBatch, Delivery, Handler, claim_token
+from .delivery import MAX_ERROR_BYTES, ClaimedBatch, Delivery, Handler, claim_token, first_to_run
 from .event import EventRecord, EventStatus, new_event_id
 from .options import DEFAULT_RETENTION_SECONDS, DeliveryHooks, MissingHandlerPolicy, WorkerOptions
 from .store import OutboxStore
@@ -432,9 +432,11 @@ class OutboxWorker:
     def _claim_batch(self, candidates: list[EventRecord]) -> list[EventRecord]:
         if self.stopping:
             return []
-        # A lease token: the same random 128-bit form as an event id; a claim of one event is
-        # sure (its handler runs at once, see delivery.claim_token).
-        tokens = [claim_token()] if len(candidates) == 1 else [new_event_id() for _ in candidates]
+        # A lease token: the same random 128-bit form as an event id; the claim of the event that
+        # runs first is sure (its handler runs at once, see delivery.claim_token): a poison event
+        # first in its batch is charged its first death too. The others may wait behind it.
+        first = first_to_run(candidates)
+        tokens = [claim_token() if c is first else new_event_id() for c in candidates]
         now = now_ms(self.clock)
         return self._store.claim_many(candidates, tokens, now + self.lease_ms, now)
 
