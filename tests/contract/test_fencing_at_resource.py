@@ -28,6 +28,14 @@ from dynacoord.errors import InvalidValueError
 
 DYNAMODB_KINDS = ("moto", "dynamodb")
 
+#: the transaction tests: DynamoDB's kinds (with a table layout on moto), not parametrized over
+#: backends that have no transaction only to be skipped there
+transactions = pytest.mark.parametrize(
+    "make_backend", ["moto", "dynamodb", "moto_layout"], indirect=True
+)
+#: checks of input, one backend of each kind
+one_of_each = pytest.mark.parametrize("make_backend", ["moto", "redis", "mongo"], indirect=True)
+
 
 def _kind(make_backend: Any) -> str:
     kind: str = make_backend.kind
@@ -135,6 +143,7 @@ def test_a_later_lease_overwrites_and_an_earlier_one_never_does(make_backend: An
     assert _fence(stored["fence"]) == second.fence
 
 
+@one_of_each
 def test_fenced_update_refuses_bad_input_before_writing(make_backend: Any) -> None:
     backend = make_backend()
     item = Resource(backend, _kind(make_backend))
@@ -151,11 +160,6 @@ def test_fenced_update_refuses_bad_input_before_writing(make_backend: Any) -> No
 
 
 # -- lease.guard(tx): DynamoDB transactions ---------------------------------------------------------
-
-
-def _dynamodb_only(make_backend: Any) -> None:
-    if _kind(make_backend) != "dynamodb":
-        pytest.skip("multi-item transactions: DynamoDB only")
 
 
 def _app_table(backend: Any) -> str:
@@ -178,8 +182,8 @@ def _get(backend: Any, table: str, key: str) -> dict[str, Any] | None:
     return raw or None
 
 
+@transactions
 def test_a_guarded_transaction_commits_while_the_lease_holds(make_backend: Any) -> None:
-    _dynamodb_only(make_backend)
     backend = make_backend()
     other = _app_table(backend)
     item = Resource(backend, "dynamodb")
@@ -203,8 +207,8 @@ def test_a_guarded_transaction_commits_while_the_lease_holds(make_backend: Any) 
     assert lease.is_held(), "a guard checks the lock item, it does not write it"
 
 
+@transactions
 def test_a_guarded_transaction_of_a_holder_taken_over_writes_nothing(make_backend: Any) -> None:
-    _dynamodb_only(make_backend)
     clock = ManualClock()
     a_side = make_backend(clock=clock)
     b_side = make_backend(clock=clock, namespace=a_side.namespace)
@@ -228,10 +232,10 @@ def test_a_guarded_transaction_of_a_holder_taken_over_writes_nothing(make_backen
     assert _get(a_side, other, "1") is None, "nothing of the transaction was written"
 
 
+@transactions
 def test_a_guard_refuses_a_lease_expired_by_the_clock_or_released_elsewhere(
     make_backend: Any,
 ) -> None:
-    _dynamodb_only(make_backend)
     clock = ManualClock()
     backend = make_backend(clock=clock)
     other = _app_table(backend)
@@ -254,8 +258,8 @@ def test_a_guard_refuses_a_lease_expired_by_the_clock_or_released_elsewhere(
     assert _get(backend, other, "1") is None
 
 
+@transactions
 def test_a_guard_of_a_lease_known_lost_raises_at_once(make_backend: Any) -> None:
-    _dynamodb_only(make_backend)
     backend = make_backend()
     lease = backend.locks.acquire("order", ttl=10)
     assert lease is not None
@@ -266,6 +270,7 @@ def test_a_guard_of_a_lease_known_lost_raises_at_once(make_backend: Any) -> None
     assert not tx.committed
 
 
+@one_of_each
 def test_guard_is_refused_clearly_where_there_is_no_transaction(make_backend: Any) -> None:
     backend = make_backend()
     lease = backend.locks.acquire("order", ttl=10)
