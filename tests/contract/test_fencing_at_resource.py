@@ -60,7 +60,7 @@ class Resource:
 
     def read(self) -> dict[str, Any] | None:
         if self.kind == "dynamodb":
-            from dynacoord.backends.dynamodb._table import marshal, unmarshal
+            from dynacoord.backends.dynamodb._marshal import marshal, unmarshal
 
             table = self.backend.table
             raw = table.client.get_item(
