@@ -482,3 +482,33 @@ def test_a_guarded_transaction_applied_then_raised_and_lost_and_re_sent(lossy: A
     assert stored is not None and stored["status"] == "shipped"
     write("shipped")
     assert lease.is_held()
+
+
+# -- cost ----------------------------------------------------------------------------------------
+
+
+def test_a_fenced_write_is_one_request_and_a_guard_one_more_transaction_item(moto_table):
+    # docs/locks.md: fenced_update sends one UpdateItem; guard sends nothing itself and adds one
+    # ConditionCheck to the transaction's single TransactWriteItems.
+    from dynacoord.backends.dynamodb import DynamoDBBackend
+
+    client, table = moto_table
+    backend = DynamoDBBackend(client, table_name=table, namespace="cost")
+    lease = backend.locks.acquire("order", ttl=10)
+    assert lease is not None
+    sent: list[tuple[str, int]] = []
+
+    def watch(model: Any, params: dict[str, Any], **_: Any) -> None:
+        sent.append((model.name, len(params.get("TransactItems", ()))))
+
+    # the request's own parameters (before-call sees the serialized body)
+    client.meta.events.register("before-parameter-build.dynamodb.*", watch)
+    item = Resource(backend, "dynamodb")
+    lease.fenced_update(item.key, {"status": "paid"})
+    assert sent == [("UpdateItem", 0)]
+    sent.clear()
+    with backend.transaction() as tx:
+        tx.put(table, {"pk": "APP#cost#x", "sk": "X"})
+        lease.guard(tx)
+        assert sent == [], "guard() sends nothing"
+    assert sent == [("TransactWriteItems", 2)]
