@@ -42,7 +42,8 @@ How each backend loses a response:
   command names (``EVALSHA``, ``SET``, ``INCR``; a MULTI/EXEC pipeline is ``EXEC``, its reply is
   the one lost); ``Lossy.script(source)`` names the calls of one Lua script only
   (``EVALSHA:<sha1>``), for a test that must lose a script's answer and not another's. Read-only and connection-management commands are never lost.
-* ``mongo`` (mongomock, serialized per call like the contract fixtures): a collection proxy
+* ``mongo`` (mongomock, serialized per call like the contract fixtures; ``mongodb``: a real
+  server at ``MONGODB_URI``, through the same proxy): a collection proxy
   applies the write, then applies the *same call* again and returns the second call's result
   (or raises its error, e.g. ``DuplicateKeyError`` for a re-sent insert): what a retried write
   without server-side deduplication does. Names are collection method names (``insert_one``,
@@ -79,6 +80,7 @@ Rules shared by all three:
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -92,6 +94,7 @@ from dynacoord.testing import DynamoDBLocal, unique_name
 
 __all__ = [
     "DYNAMODB_WRITES",
+    "LOSSY_KINDS",
     "MONGO_WRITES",
     "REDIS_NOT_WRITES",
     "REDIS_RETRIES",
@@ -596,11 +599,23 @@ class LossyDatabase:
 # -- the fixture ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["dynamodb", "redis", "redis_cluster", "mongo"])
+#: the lossy fixture's parameters: ``mongodb`` (a real server) only when ``MONGODB_URI`` is set
+LOSSY_KINDS = [
+    "dynamodb",
+    "redis",
+    "redis_cluster",
+    "mongo",
+    *(["mongodb"] if os.environ.get("MONGODB_URI") else []),
+]
+
+
+@pytest.fixture(params=LOSSY_KINDS)
 def lossy(request: pytest.FixtureRequest) -> Iterator[Lossy]:
     """A :class:`Lossy` of one backend kind (parametrized over dynamodb, redis, redis_cluster,
-    mongo; ``redis_cluster`` is the 3-primary cluster of tests/redis_cluster_fixtures.py and its
-    ``kind`` is ``"redis"``: the same command names)."""
+    mongo, and mongodb when ``MONGODB_URI`` is set; ``redis_cluster`` is the 3-primary cluster of
+    tests/redis_cluster_fixtures.py and its ``kind`` is ``"redis"``: the same command names;
+    ``mongodb`` is the real server's database (tests/backends_fixtures.py ``mongodb_database``)
+    behind the same :class:`LossyDatabase` as mongomock's, and its ``kind`` is ``"mongo"``)."""
     kind: str = request.param
     faults = _Faults()
     if kind == "dynamodb":
@@ -638,14 +653,18 @@ def lossy(request: pytest.FixtureRequest) -> Iterator[Lossy]:
 
         yield Lossy("redis", faults, make_cluster)
         cluster_client.close()
-    elif kind == "mongo":
+    elif kind in ("mongo", "mongodb"):
         from dynacoord.backends.mongo import MongoBackend
 
-        database = LossyDatabase(request.getfixturevalue("mongo_database"), faults)
+        # The same wrapper on mongomock and on a real pymongo database: it wraps the collection
+        # objects the backend asks for, and a pymongo Collection's write methods are called and
+        # answered as mongomock's are (the same names, arguments and errors).
+        source = "mongo_database" if kind == "mongo" else "mongodb_database"
+        database = LossyDatabase(request.getfixturevalue(source), faults)
 
         def make_mongo(**kwargs: Any) -> Backend:
             return MongoBackend(database, **kwargs)
 
-        yield Lossy(kind, faults, make_mongo)
+        yield Lossy("mongo", faults, make_mongo)
     else:  # pragma: no cover
         raise AssertionError(kind)

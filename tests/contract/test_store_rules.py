@@ -50,10 +50,10 @@ class Rule:
 
 
 _CLAIMS = "test_outbox_claim_rules.py::"
-#: where the lossy fixture (tests/lossy.py) cannot lose an answer
+#: where the lossy fixture (tests/lossy.py) cannot lose an answer (it has a real MongoDB kind,
+#: ``mongodb``, when ``MONGODB_URI`` is set)
 _LOSSY_NOT_ON = {
     "moto": "the lossy client loses answers on the wire; DynamoDB is DDB Local here",
-    "mongodb": "the lossy fixture has no real MongoDB server kind (mongomock only)",
 }
 
 RULES: dict[str, Rule] = {
