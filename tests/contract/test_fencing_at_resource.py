@@ -512,3 +512,47 @@ def test_a_fenced_write_is_one_request_and_a_guard_one_more_transaction_item(mot
         lease.guard(tx)
         assert sent == [], "guard() sends nothing"
     assert sent == [("TransactWriteItems", 2)]
+
+
+# -- the pieces themselves (no store) ------------------------------------------------------------
+
+
+def test_fence_condition_merges_into_a_request_and_refuses_what_would_clash() -> None:
+    from dynacoord import fence_condition
+
+    fc = fence_condition(7, "version")
+    request = fc.update_item(
+        TableName="orders",
+        Key={"id": {"S": "1"}},
+        UpdateExpression="REMOVE note set #s = :s ADD n :one",
+        ConditionExpression="attribute_exists(id)",
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":s": {"S": "paid"}, ":one": {"N": "1"}},
+    )
+    assert request["UpdateExpression"] == (
+        "REMOVE note set #dcfence = :dcfence, #s = :s ADD n :one"
+    )
+    assert request["ConditionExpression"] == (
+        "(attribute_exists(id)) AND (attribute_not_exists(#dcfence) OR #dcfence <= :dcfence)"
+    )
+    assert request["ExpressionAttributeNames"] == {"#s": "status", "#dcfence": "version"}
+    assert request["ExpressionAttributeValues"][":dcfence"] == {"N": "7"}
+    # no SET clause: one is added; a #settings placeholder is not the keyword
+    assert fc.update_item(UpdateExpression="REMOVE #settings")["UpdateExpression"] == (
+        "SET #dcfence = :dcfence REMOVE #settings"
+    )
+    assert fc.update_args()["update_expression"] == "SET #dcfence = :dcfence"
+    assert fc.put_item(Item={"id": {"S": "1"}})["Item"]["version"] == {"N": "7"}
+    assert fc.mongo_filter({"_id": 1}) == {
+        "_id": 1,
+        "$or": [{"version": {"$exists": False}}, {"version": {"$lte": 7}}],
+    }
+    with pytest.raises(InvalidValueError):
+        fc.update_item(ExpressionAttributeNames={"#dcfence": "x"})
+    with pytest.raises(InvalidValueError):
+        fc.put_item(Item={"id": {"S": "1"}, "version": {"N": "9"}})
+    with pytest.raises(InvalidValueError):
+        fc.mongo_filter({"$or": []})
+    for bad in (-1, 1.5, "7", True):
+        with pytest.raises(InvalidValueError):
+            fence_condition(bad)
