@@ -556,3 +556,37 @@ def test_fence_condition_merges_into_a_request_and_refuses_what_would_clash() ->
     for bad in (-1, 1.5, "7", True):
         with pytest.raises(InvalidValueError):
             fence_condition(bad)
+
+
+def test_kleppmanns_history_through_a_table_layout_on_dynamodb_local(
+    dynamodb_layout_backend_factory: Any,
+) -> None:
+    # DynamoDB's own expression checks on the guard translated into the layout's names (moto
+    # with a layout runs the other tests; the contract conftest keeps DynamoDB Local with a
+    # layout to a few modules).
+    clock = ManualClock()
+    a_side = dynamodb_layout_backend_factory(clock=clock)
+    b_side = dynamodb_layout_backend_factory(clock=clock, namespace=a_side.namespace)
+    item = Resource(a_side, "dynamodb")
+    a = a_side.locks.acquire("order", ttl=1)
+    assert a is not None
+    with a_side.transaction() as tx:
+        tx.update(
+            a_side.table_name,
+            item.key,
+            **a.fence_condition().update_args("SET n = :n", values={":n": 1}),
+        )
+        a.guard(tx)
+    clock.advance(2)
+    b = b_side.locks.acquire("order", ttl=10)
+    assert b is not None
+    b.fenced_update(item.key, {"n": 2})
+    with pytest.raises(LockLostError) as lost:
+        with a_side.transaction() as tx:
+            tx.update(a_side.table_name, item.key, "SET n = :n", values={":n": 3})
+            a.guard(tx)
+    assert lost.value.holder == b.owner and lost.value.stored_fence == b.fence
+    with pytest.raises(FenceRejectedError):
+        a.fenced_update(item.key, {"n": 3})
+    stored = item.read()
+    assert stored is not None and stored["n"] == 2 and stored["fence"] == b.fence
