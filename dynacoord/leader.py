@@ -120,9 +120,11 @@ class Leader:
     sleeping past the leader's expiry it saw; it writes only when the read shows the seat free.
     """
 
-    #: first retry delay and cap of a campaign's exponential backoff (seconds)
+    #: first retry delay and cap of a campaign's exponential backoff (seconds). A waiting
+    #: candidate reads about once per ``backoff_max / 2`` (full jitter); it wakes at the
+    #: leader's expiry whatever the backoff, so the cap only bounds how late it sees a step-down
     backoff_initial = 0.05
-    backoff_max = 1.0
+    backoff_max = 2.0
 
     def __init__(
         self,
