@@ -450,9 +450,8 @@ def test_a_fenced_write_applied_then_raised_is_maybe_applied_and_its_retry_is_fe
     assert _fence(stored["fence"]) == taken[0].fence
 
 
+@pytest.mark.parametrize("lossy", ["dynamodb"], indirect=True)  # transactions: DynamoDB's
 def test_a_guarded_transaction_applied_then_raised_and_lost_and_re_sent(lossy: Any) -> None:
-    if lossy.kind != "dynamodb":
-        pytest.skip("multi-item transactions: DynamoDB only")
     backend = lossy.backend()
     item = Resource(backend, "dynamodb")
     lease = backend.locks.acquire("order", ttl=10)
