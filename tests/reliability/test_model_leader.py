@@ -43,7 +43,7 @@ from dynacoord._clock import now_ms
 from dynacoord.errors import BackendError
 from dynacoord.leader import leader_key
 from dynacoord.testing import unique_name
-from tests.reliability.conftest import run_model
+from tests.reliability.conftest import STRESS_SCALE, run_model
 
 NAME = "lead"
 KEY = leader_key(NAME)
@@ -358,3 +358,11 @@ def test_leader_model(lossy: Any) -> None:
     every term ends once (led, stepped down, or on_lost from the watchdog), under kills, freezes,
     late renewals, skewed clocks and lost answers of every kind."""
     run_model(make_machine(lossy), lossy)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("lossy", LOSSY_KINDS, indirect=True)
+def test_stress_leader_model(lossy: Any) -> None:
+    """``make stress``: the same machine with five times the examples and twice the steps."""
+    run_model(make_machine(lossy), lossy, scale=STRESS_SCALE)
