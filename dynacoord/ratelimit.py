@@ -77,6 +77,9 @@ MICROS = 1_000_000
 #: what a waiting acquire sleeps past the wait it was told (seconds): a clock read a microsecond
 #: early would otherwise cost one more refused try
 _WAKE_MARGIN = 0.001
+#: a waiter refused again and again adds a random part to its wait that doubles from one
+#: emission interval up to this many: waiters refused together then wake apart
+_MAX_SPREAD = 16
 #: write attempts of one call: a wrong guess of the case costs one more, a guess made wrong by
 #: a racing write one more again; each answer shows the stored ``tat``, so this always decides
 _MAX_SENDS = 3
@@ -301,11 +304,16 @@ class RateLimiter:
         n = self._check_n(n)
         wait = None if timeout is None else non_negative_seconds(timeout, "timeout")
         deadline = None if wait is None else self.clock.monotonic() + wait
+        spread = 0.0
         while True:
             decision = self.try_acquire(n)
             if decision.admitted:
                 return decision
-            pause = decision.retry_after + _WAKE_MARGIN
+            # The first wait is the one told; refused again, another waiter took the call
+            # first: waiters told the same wait would all wake at once and all but one be
+            # refused, so each adds a random part that doubles with its refusals.
+            pause = decision.retry_after + _WAKE_MARGIN + random.uniform(0, spread)
+            spread = min(max(2 * spread, self.interval), _MAX_SPREAD * self.interval)
             if deadline is not None and self.clock.monotonic() + decision.retry_after > deadline:
                 raise RateLimitedError(
                     f"rate limiter {self.name!r}: {n} call(s) not admitted within the timeout "

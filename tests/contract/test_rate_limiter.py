@@ -124,6 +124,38 @@ def test_acquire_sleeps_the_stated_wait_then_is_admitted(make_backend):
     assert len(slept) == 1 and slept[0] == pytest.approx(2.0, abs=0.01)  # no poll in between
 
 
+def test_a_waiter_refused_again_spreads_its_next_wake(make_backend):
+    clock = ManualClock()
+    backend = make_backend(clock=clock)
+    waiter = backend.rate_limiter("herd", rate=1, per=1, burst=1)
+    other = backend.rate_limiter("herd", rate=1, per=1, burst=1)
+    assert other.try_acquire()
+    told: list[float] = []
+    slept: list[float] = []
+    real_sleep, real_try = clock.sleep, waiter.try_acquire
+
+    def telling(n: int = 1):
+        decision = real_try(n)
+        told.append(decision.retry_after)
+        return decision
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        real_sleep(seconds)
+        if len(slept) < 4:
+            assert other.try_acquire()  # another waiter takes the call first
+
+    waiter.try_acquire = telling  # type: ignore[method-assign]
+    clock.sleep = sleep  # type: ignore[method-assign]
+    assert waiter.acquire(timeout=60)
+    assert len(slept) == 4
+    extra = [s - t for s, t in zip(slept, told, strict=False)]
+    assert extra[0] == pytest.approx(0.001, abs=1e-4)  # the first wait is the one told
+    for k, part in enumerate(extra[1:], start=1):  # then a random part up to 1, 2, 4 intervals
+        assert 0 <= part - 0.001 <= 2 ** (k - 1) * waiter.interval + 1e-6
+    assert max(extra[1:]) > 0.002  # waiters told one wait do not all wake together
+
+
 def test_acquire_past_its_timeout_raises_at_once(make_backend):
     clock = ManualClock()
     limiter = make_backend(clock=clock).rate_limiter("late", rate=1, per=10, burst=1)
