@@ -277,6 +277,7 @@ class GatedStore:
                 self._actor.machine.ever_failed.add(outcome.record.id)
             if ok:
                 self._actor.machine.lease_ended(outcome.record.id, outcome.token)
+                self._actor.machine.outcome_not_applied.discard(outcome.record.id)
 
 
 class Actor:
@@ -453,6 +454,10 @@ def make_machine(
             self.actors: list[Actor] = []
             self.spawned = 0
             self.started: set[str] = set()  # events whose handler started since their last retry
+            #: events whose last successful delivery's outcome write was never applied (it
+            #: raised unsent): one more run of its handler is at-least-once, not a violation
+            #: (the relay model's RAISED_OUTCOME_UNSENT; nothing else adds to it)
+            self.outcome_not_applied: set[str] = set()
             # The exact oracle's reference of what the store holds, from the writes the model saw
             # apply (claims, renewals, outcomes): event id -> (lease token, lease end, holder).
             self.leases: dict[str, tuple[str, int, str]] = {}
@@ -587,8 +592,12 @@ def make_machine(
                         f"{self.history[event.id]}; workers: {self.actors}"
                     )
             inside.add(actor.name)
-            if self.delivered.get(event.id) and not self.taken_over_since(
-                event.id, self.delivered_claims.get(event.id, 0)
+            rerun = event.id in self.outcome_not_applied
+            self.outcome_not_applied.discard(event.id)  # one re-run per outcome not applied
+            if (
+                self.delivered.get(event.id)
+                and not rerun
+                and not self.taken_over_since(event.id, self.delivered_claims.get(event.id, 0))
             ):
                 self.violations.append(
                     f"{event.id} handled again by {actor.name} after a successful delivery, "

@@ -89,10 +89,11 @@ RELAY_SLOW_OUTCOME_REPLAY = switch("RELAY_SLOW_OUTCOME_REPLAY", True)
 #: without a claim and under one, its own claim
 RAISED_WRITES = switch("RAISED_WRITES", True)
 #: the same for the relay's outcome writes raised UNSENT: the record is reported, Lambda hands
-#: it again and the relay runs the handler a second time inside its own lease, the documented
-#: trade of delivery without a claim (docs/guarantees.md, "Writes applied and then raised"),
-#: which this oracle counts as a violation
-RAISED_OUTCOME_UNSENT = switch("RAISED_OUTCOME_UNSENT", False)
+#: it again and the relay runs the handler a second time (inside its own lease, or a sweeper
+#: after it): at-least-once, the documented trade (docs/outbox.md, "An outcome that never
+#: reached the store"). The exact oracle allows one re-run per delivery whose outcome write was
+#: not applied, and no other (an outcome applied then raised is recognised: no re-run)
+RAISED_OUTCOME_UNSENT = switch("RAISED_OUTCOME_UNSENT", True)
 #: the relay's writes the generator makes raise, and how (applied, unsent)
 RAISED_KINDS: tuple[tuple[str, bool], ...] = (
     ("claim_many", True),
@@ -185,12 +186,28 @@ class RaisingStore:
                 return attr(*args, **kwargs)
             if not applied:
                 self._actor.machine.log_write(name, f"{name} raised unsent")
+                self._outcomes_not_applied(name, args)
                 raise InjectedWriteError(f"injected: {name} not sent")
             answer = attr(*args, **kwargs)
             self._actor.machine.log_write(name, f"{name} applied ({answer!r:.120}), then raised")
             raise InjectedWriteError(f"injected: {name} applied, its answer lost")
 
         return call
+
+    def _outcomes_not_applied(self, name: str, args: tuple[Any, ...]) -> None:
+        """An outcome write raised unsent: the deliveries it was to store may run again (the
+        store still shows their events undelivered; the exact oracle allows one re-run each)."""
+        if name == "settle_unclaimed":
+            outcomes = [outcome for _, outcome in args[0]]
+        elif name == "finish_many":
+            outcomes = list(args[0])
+        else:
+            return
+        machine = self._actor.machine
+        for outcome in outcomes:
+            if outcome.kind == "completed" and outcome.error is None:
+                machine.outcome_not_applied.add(outcome.record.id)
+                machine.log(outcome.record.id, f"its delivery's outcome ({name}) not applied")
 
 
 class RelayStore(GatedStore):
