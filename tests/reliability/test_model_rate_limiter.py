@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dynacoord import ManualClock
 from dynacoord.errors import BackendError
 from dynacoord.testing import unique_name
-from tests.reliability.conftest import run_model
+from tests.reliability.conftest import DELIVERY_STRESS_SCALE, run_model
 
 RATE, BURST = 4, 3
 NAME = "rate"
@@ -204,3 +204,11 @@ def test_rate_limiter_model(lossy: Any) -> None:
     and no interval admits more than rate x (elapsed + clock spread) + burst, under skewed
     clocks, kills and lost answers of every kind."""
     run_model(make_machine(lossy), lossy)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("lossy", LOSSY_KINDS, indirect=True)
+def test_stress_rate_limiter_model(lossy: Any) -> None:
+    """``make stress``: the same model with 20 times the examples and twice the steps."""
+    run_model(make_machine(lossy), lossy, scale=DELIVERY_STRESS_SCALE)
