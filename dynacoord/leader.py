@@ -178,6 +178,9 @@ class Leader:
         self._ended: dict[int, str] = {}
         # renewals one at a time: two in flight could apply out of order and shorten the lease
         self._renew_lock = threading.Lock()
+        # campaigns one at a time: two threads' attempts would both win the one term (the
+        # second adopting the first's item as its own) and run it twice
+        self._campaign_lock = threading.Lock()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -225,10 +228,18 @@ class Leader:
         """
         wait = None if timeout is None else non_negative_seconds(timeout, "timeout")
         check_bool(heartbeat, "heartbeat")
+        start = self.clock.monotonic()
+        if not self._campaign_lock.acquire(timeout=-1 if wait is None else wait):
+            return self.is_leader  # another thread of this candidate campaigned all along
+        try:
+            return self._campaign(start, wait, heartbeat)
+        finally:
+            self._campaign_lock.release()
+
+    def _campaign(self, start: float, wait: float | None, heartbeat: bool) -> bool:
         self._end_if_due()
         if self.is_leader:
             return True
-        start = self.clock.monotonic()
         until = None if wait is None else start + wait
         delay = self.backoff_initial
         holder: LockInfo | None = None  # the other leader at the last look; None: try to write

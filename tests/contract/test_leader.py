@@ -351,6 +351,51 @@ def test_on_lost_fires_on_the_real_clock_while_a_dynamodb_request_hangs(moto_tab
     a.step_down()
 
 
+class MeetingStore:
+    """The leader's lock store, whose acquires wait (up to a second) for a second acquire to
+    be in flight at the same time: two campaigns of one object, interleaved at the store."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._meet = threading.Barrier(2, timeout=1)
+        self.together = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def try_acquire(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._meet.wait()
+            self.together += 1
+        except threading.BrokenBarrierError:
+            pass  # alone: the other campaign was not let in
+        return self._store.try_acquire(*args, **kwargs)
+
+
+def test_two_threads_campaigning_with_one_candidate_win_one_term_once(make_backend):
+    clock = ManualClock()
+    elected = Calls()
+    lost = Calls()
+    backend = make_backend(clock=clock)
+    a = backend.leader("svc", ttl=5, margin=1, owner="a", on_elected=elected, on_lost=lost)
+    store = a._store = MeetingStore(a._store)
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(a.campaign(heartbeat=False)))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PATIENCE)
+    assert results == [True, True] and store.together == 0
+    assert elected.terms == [a.term]
+    clock.advance(4)
+    assert lost.event.wait(PATIENCE)
+    time.sleep(0.05)  # a second watchdog would report the same term again by now
+    assert lost.terms == [a.term]
+
+
 def test_a_campaign_whose_acquire_raised_is_recognised(lossy):
     """An acquire that applied and raised: the next campaign finds its own item and leads with
     that term (one item, not a second term)."""
