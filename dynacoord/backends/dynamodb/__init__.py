@@ -290,7 +290,12 @@ def _client_from_env(session: Any) -> Any:
             f"DYNACOORD_ENDPOINT_URL {endpoint!r} has no scheme: set it to http://{endpoint} "
             f"(DynamoDB Local) or https://{endpoint}; nothing was sent"
         )
-    config = Config(retries={"max_attempts": 8, "mode": "adaptive"})
+    # 9 adaptive attempts ride out throttling; short timeouts (a DynamoDB request answers in
+    # milliseconds) keep the client's retry window, for which counting writes keep a slot per
+    # writer on the item, at 223 s instead of botocore's 60 s + 60 s per attempt (1,240 s)
+    config = Config(
+        connect_timeout=2, read_timeout=5, retries={"max_attempts": 8, "mode": "adaptive"}
+    )
     factory = session.client if session is not None else boto3.client
     try:
         return factory("dynamodb", endpoint_url=endpoint, config=config)
