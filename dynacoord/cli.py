@@ -33,6 +33,9 @@ COMMAND_MODULES = (
     "outbox",
     "counters",
     "runs",
+    "semaphore",
+    "ratelimit",
+    "leader",
     "local",
 )
 

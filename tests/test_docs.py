@@ -225,6 +225,20 @@ def _started_run(env: Env) -> None:
     env.backend().runs.start("order-1042", context={"step": 1})
 
 
+def _held_permits(env: Env) -> None:
+    """Two permits of semaphore ``exports`` (limit 3) held by ``alice`` and ``bob``."""
+    pool = env.backend().semaphore("exports", limit=3, ttl=600)
+    pool.acquire(blocking=False, owner="alice")
+    pool.acquire(blocking=False, owner="bob")
+
+
+def _admitted_calls(env: Env) -> None:
+    """Three calls admitted by rate limiter ``partner-api`` (100 a minute, 10 at once)."""
+    api = env.backend().rate_limiter("partner-api", rate=100, per=60, burst=10)
+    for _ in range(3):
+        api.try_acquire()
+
+
 def _published_event(env: Env) -> None:
     """A pending event ``order-placed-o-1`` of type ``order.placed``."""
     from dynacoord import Event
@@ -243,6 +257,8 @@ PREAMBLES: dict[str, Callable[[Env], None]] = {
     "saved_checkpoints": _saved_checkpoints,
     "started_run": _started_run,
     "published_event": _published_event,
+    "held_permits": _held_permits,
+    "admitted_calls": _admitted_calls,
 }
 
 
