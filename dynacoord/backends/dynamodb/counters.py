@@ -583,14 +583,17 @@ class DynamoDBCounterStore:
         old = count - 1  # the usual case: this arrival's own member is the only one not carried
         before_complete = True
         for _ in range(_JOIN_ROUNDS + count):
-            names = {"#n": "n", "#c": slot, "#gen": "gen"}
+            names = {"#n": "n", "#c": slot, "#gen": "gen", "#kind": "kind"}
             values: dict[str, Any] = {
+                ":join": {"S": JOIN},
                 ":gen": {"S": gen},
                 ":count": {"N": str(count)},
                 ":d": {"N": str(count - old)},
                 ":now": {"N": str(now_ms)},
             }
-            condition = f"#gen = :gen AND {LIVE} AND "
+            # The kind too: a counter restarted over an expired join keeps its gen attribute,
+            # and a process may still know that join as live (its expiry was shortened).
+            condition = f"#kind = :join AND #gen = :gen AND {LIVE} AND "
             if old == 0:
                 condition += "attribute_not_exists(#c)"
             else:
@@ -619,7 +622,12 @@ class DynamoDBCounterStore:
             except ConditionFailedError as failed:
                 raw = failed.raw
                 current = _read(raw, now_ms)
-                if raw is None or current is None or raw.get("gen") != {"S": gen}:
+                if (
+                    raw is None
+                    or current is None
+                    or current.kind != JOIN
+                    or raw.get("gen") != {"S": gen}
+                ):
                     # absent, expired or started again: the next round joins what is there,
                     # known from this refusal when it is a live join (no stale read again)
                     pk = counter_pk(self._ns, key)
