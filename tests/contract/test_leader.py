@@ -260,6 +260,7 @@ def test_a_slow_request_counts_from_before_it_was_sent(make_backend):
     assert not a.is_leader
     clock.advance(1)  # the margin: the lease as the store granted it is over
     assert b.campaign(timeout=0, heartbeat=False)
+    assert b.step_down() is True  # (and its watchdog stops looking at the clock)
 
 
 def test_the_background_renewal_keeps_the_term_past_its_ttl(make_backend):
