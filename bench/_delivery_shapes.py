@@ -61,16 +61,17 @@ def life_cost(
     batch: int,
     handler_s: float,
     lease_s: float = 6.0,
-    batches: int = 2,
+    batches: int | None = None,
 ) -> dict[str, Any]:
     """Per event: publish, delivery (claims, outcomes, polls) and extensions, table and index
-    WCU and RCU apart, and $ per million events; ``batches`` batches of ``batch`` events."""
+    WCU and RCU apart, and $ per million events; ``batches`` batches of ``batch`` events (by
+    default at least 2 and 50 events: the namespace's shard record, written once, is then 1/50)."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     clock = ManualClock()
     namespace = unique_name("life")
     backend = DynamoDBBackend(client, table_name=table, namespace=namespace, clock=clock)
-    n = batch * batches
+    n = batch * (batches or max(2, -(-50 // batch)))
     meter = UnitMeter(client, peek, table)
     try:
         outbox = backend.outbox
@@ -113,7 +114,7 @@ def life_cost(
         keeper = _DrivenKeeper(worker.delivery, lease_s / 3)
         worker.delivery.keeper = keeper
         start = meter.usage()
-        for _ in range(4 * batches + 4):
+        for _ in range(4 * n + 4):
             if len(delivered) >= n:
                 break
             worker.run_once()

@@ -692,6 +692,7 @@ def run(env: BenchEnv) -> dict[str, Any]:
         "powertools": _powertools_row(env),
         **run_writers(env),
         "churning_fleet": run_churn(env),
+        "delivery_lease_shapes": run_lease_shapes(env),
     }
 
 
@@ -990,3 +991,35 @@ def run_churn(env: BenchEnv) -> dict[str, Any]:
         "one_shot": [_one_shot_row(env, 1200, 10.0), _one_shot_row(env, 1200, 2.0)],
         "transactions": [_transaction_row(env, threads, 400) for threads in (1, 8)],
     }
+
+
+# -- delivery's lease shapes (issue 50): one lease per event held, or one per worker ---------------
+
+
+def run_lease_shapes(env: BenchEnv) -> dict[str, Any]:
+    """An event's whole life (publish, claim, outcome, polls, lease extensions) per event, by
+    AWS's rules, with the default store (each event holds its lease in the index) beside the
+    prototype ``WorkerLeaseOutboxStore`` (one lease item per worker), batches of 1, 10 and 25,
+    handlers of 1 s and 5 s on a 6 s lease (bench/_delivery_shapes.py: one worker on a
+    ManualClock, its lease keeper beaten every lease / 3)."""
+    from ._delivery_shapes import SHAPES, life_cost
+
+    tiny = env.scale.name == "tiny"
+    client = env.new_client(counted=False)
+    peek = env.new_client(counted=False)
+    rows = []
+    for shape in SHAPES:
+        for batch in (5,) if tiny else (1, 10, 25):
+            for handler_s in (1.0,) if tiny else (1.0, 5.0):
+                rows.append(
+                    life_cost(
+                        client,
+                        peek,
+                        env.table,
+                        shape=shape,
+                        batch=batch,
+                        handler_s=handler_s,
+                        batches=2 if tiny else None,  # tiny: a few events (numbers mean nothing)
+                    )
+                )
+    return {"lease_s": 6.0, "rows": rows}
