@@ -42,7 +42,7 @@ def worker_leases(make: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # The random model takes minutes (moto 3 examples, DynamoDB Local 10, as the default store's):
-# `make stress` runs it, with the scale it gives; `make test` runs the replays on moto.
+# `make stress` runs it; `make test` runs the two takeover replays on moto.
 
 
 @pytest.mark.stress
@@ -66,7 +66,19 @@ REPLAYS = [
 ]
 
 
-@pytest.mark.parametrize("replay", REPLAYS, ids=lambda r: r.__name__)
+#: the two that take a dead worker's events over run in ``make test`` (~6 s on moto)
+TAKEOVERS = [replay_dead_worker_with_head_and_follower, replay_poison_batch]
+
+
+@pytest.mark.parametrize("replay", TAKEOVERS, ids=lambda r: r.__name__)
+def test_worker_lease_takeover_replays_moto(moto_factory: Callable[..., Any], replay: Any) -> None:
+    replay(worker_leases(moto_factory), None, "moto")
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize(
+    "replay", [r for r in REPLAYS if r not in TAKEOVERS], ids=lambda r: r.__name__
+)
 def test_worker_lease_replays_moto(moto_factory: Callable[..., Any], replay: Any) -> None:
     replay(worker_leases(moto_factory), None, "moto")
 
