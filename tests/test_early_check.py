@@ -78,7 +78,8 @@ def test_the_first_write_waits_for_a_check_in_flight(client: Any) -> None:
     )
     backend = DynamoDBBackend(client, table_name="inflight", verify="early")
     assert sent.wait(10)
-    writer = threading.Thread(target=lambda: backend.cache().set("k", 1))
+    cache = backend.cache()  # made here: its modules' first import is not the writer's to wait
+    writer = threading.Thread(target=lambda: cache.set("k", 1))
     writer.start()
     time.sleep(0.2)
     assert order == ["DescribeTable sent"]  # the write waits for the check's answer
