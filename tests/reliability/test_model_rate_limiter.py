@@ -50,9 +50,12 @@ MICROS = 1_000_000
 
 
 def _raised_types() -> tuple[type[BaseException], ...]:
-    from botocore.exceptions import EndpointConnectionError
+    # botocore's connection errors: EndpointConnectionError (the fault injected as raised), and a
+    # lost answer's ReadTimeoutError raised instead of retried once the client's retry quota
+    # ran out (standard mode: a long run of lost answers on one client), applied all the same
+    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
-    return (EndpointConnectionError, BackendError)
+    return (EndpointConnectionError, ReadTimeoutError, BackendError)
 
 
 def make_machine(lossy: Any) -> type[RuleBasedStateMachine]:
