@@ -29,6 +29,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
     from . import (
+        admission,
         coldstart,
         contention,
         costs,
@@ -52,6 +53,7 @@ def _section_runners() -> dict[str, Callable[[BenchEnv], dict[str, Any]]]:
         "metrics": metrics.run,
         "writecost": writecost.run,
         "costs": costs.run,
+        "admission": admission.run,
     }
 
 
@@ -66,6 +68,7 @@ SECTIONS = (
     "metrics",
     "writecost",
     "costs",
+    "admission",
 )
 
 

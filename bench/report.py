@@ -20,6 +20,7 @@ SECTION_TITLES = {
     "metrics": "8. What metrics cost",
     "writecost": "9. What a write costs at a sustained rate (WCU/RCU by AWS's rules)",
     "costs": "10. What each operation costs on DynamoDB, and the ceiling of one key",
+    "admission": "11. Admission and leadership beside the peers (requests and units per call)",
 }
 
 
@@ -1218,6 +1219,41 @@ def _costs(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _admission(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "Per call, one writer, small items: dynacoord on DynamoDB Local, write and read units "
+        "counted by AWS's rules (`bench/_units.py`); the peers by the same meter where installed "
+        "(Redis peers in round trips to one redis-server, where units do not apply), and the "
+        "rows marked *stated* from the peer's documented design (not run here). Unit counts do "
+        "not depend on the scale.",
+        "",
+    ]
+    rows = []
+    for r in s["rows"] + s.get("peers", []) + s.get("stated", []):
+        apis = r.get("apis")
+        requests = _fmt(r["requests"])
+        if isinstance(apis, dict) and apis and "Redis round trips" not in apis:
+            requests += " (" + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(apis.items())) + ")"
+        rows.append(
+            [
+                r["primitive"],
+                r["operation"],
+                r["by"],
+                requests,
+                _fmt(r.get("wcu")),
+                _fmt(r.get("rcu")),
+                _fmt(r.get("refusals")),
+                r.get("note") or "",
+            ]
+        )
+    lines += _table(
+        ["primitive", "operation", "by", "requests", "WCU", "RCU", "refused", "note"], rows
+    )
+    if s.get("errors"):
+        lines += ["", "Not measured: " + "; ".join(f"`{e}`" for e in s["errors"])]
+    return lines
+
+
 RENDERERS = {
     "requests": _requests,
     "overhead": _overhead,
@@ -1229,6 +1265,7 @@ RENDERERS = {
     "metrics": _metrics,
     "writecost": _writecost,
     "costs": _costs,
+    "admission": _admission,
 }
 
 
