@@ -108,9 +108,10 @@ def test_never_more_than_rate_x_elapsed_plus_burst_for_many_threads(make_backend
     assert sum(admitted) == rate  # a second later: exactly what the rate gave back
 
 
-def test_acquire_sleeps_the_stated_wait_then_is_admitted(make_backend):
+def test_acquire_sleeps_the_stated_wait_or_gives_up_at_once(make_backend):
     clock = ManualClock()
-    limiter = make_backend(clock=clock).rate_limiter("wait", rate=1, per=2, burst=1)
+    backend = make_backend(clock=clock)
+    limiter = backend.rate_limiter("wait", rate=1, per=2, burst=1)
     assert limiter.acquire().admitted
     slept: list[float] = []
     real_sleep = clock.sleep
@@ -122,6 +123,15 @@ def test_acquire_sleeps_the_stated_wait_then_is_admitted(make_backend):
     clock.sleep = sleep  # type: ignore[method-assign]
     assert limiter.acquire(timeout=5).admitted
     assert len(slept) == 1 and slept[0] == pytest.approx(2.0, abs=0.01)  # no poll in between
+    # a wait that would end past the timeout: RateLimitedError at once, no sleep for nothing
+    late = backend.rate_limiter("late", rate=1, per=10, burst=1)
+    late.acquire()
+    started = clock.monotonic()
+    with pytest.raises(RateLimitedError) as limited:
+        late.acquire(timeout=3)
+    assert limited.value.name == "late"
+    assert limited.value.retry_after == pytest.approx(10.0, abs=1e-5)
+    assert clock.monotonic() == started and len(slept) == 1
 
 
 def test_a_waiter_refused_again_spreads_its_next_wake(make_backend):
@@ -154,18 +164,6 @@ def test_a_waiter_refused_again_spreads_its_next_wake(make_backend):
     for k, part in enumerate(extra[1:], start=1):  # then a random part up to 1, 2, 4 intervals
         assert 0 <= part - 0.001 <= 2 ** (k - 1) * waiter.interval + 1e-6
     assert max(extra[1:]) > 0.002  # waiters told one wait do not all wake together
-
-
-def test_acquire_past_its_timeout_raises_at_once(make_backend):
-    clock = ManualClock()
-    limiter = make_backend(clock=clock).rate_limiter("late", rate=1, per=10, burst=1)
-    limiter.acquire()
-    started = clock.monotonic()
-    with pytest.raises(RateLimitedError) as limited:
-        limiter.acquire(timeout=3)
-    assert limited.value.name == "late"
-    assert limited.value.retry_after == pytest.approx(10.0, abs=1e-5)
-    assert clock.monotonic() == started  # did not sleep a wait that could not end in time
 
 
 def test_shards_share_the_rate_and_the_burst(make_backend):
@@ -283,15 +281,12 @@ BAD_CALLS = [
 ]
 
 
-def test_bad_settings_are_refused(make_backend):
+def test_bad_settings_and_calls_raise_and_write_nothing(make_backend):
     backend = make_backend()
     for kwargs, error in BAD_SETTINGS:
         with pytest.raises(error):
             backend.rate_limiter(**kwargs)
-
-
-def test_bad_calls_raise_and_write_nothing(make_backend):
-    limiter = make_backend().rate_limiter("bad", rate=1, per=1, burst=3)
+    limiter = backend.rate_limiter("bad", rate=1, per=1, burst=3)
     for call, error in BAD_CALLS:
         with pytest.raises(error):
             call(limiter)
