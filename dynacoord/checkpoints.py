@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
-from ._items import optional_int, optional_str, unfrozen_twin
+from ._items import optional_int, optional_str
 from ._validate import check_bool, check_int, ttl_to_ms
 from .errors import (
     CheckpointExistsError,
@@ -272,10 +272,6 @@ def _check_progress(progress: Any) -> float | None:
     return value
 
 
-_new_object = object.__new__
-_CheckpointSlots = unfrozen_twin(Checkpoint)
-
-
 def _checkpoint(
     task_id: str,
     sequence: int,
@@ -284,20 +280,17 @@ def _checkpoint(
     created_ms: int,
     expires_ms: int | None,
 ) -> Checkpoint:
-    """The Checkpoint of these stored fields: a save makes one, a listing one per checkpoint.
-    Built in its unfrozen twin (:func:`~dynacoord._items.unfrozen_twin`): sets every field."""
+    """The Checkpoint of these stored fields: a save makes one, a listing one per checkpoint."""
     if data_text is None:  # pragma: no cover - keys-only reads never reach here
         raise DynacoordError("checkpoint was read without its data")
-    checkpoint: Any = _new_object(_CheckpointSlots)
-    checkpoint.task_id = task_id
-    checkpoint.sequence = sequence
-    checkpoint.data = codec.decode(data_text)
-    checkpoint.progress = progress
-    checkpoint.created_at = created_ms / 1000
-    checkpoint.expires_at = None if expires_ms is None else expires_ms / 1000
-    checkpoint.__class__ = Checkpoint
-    made: Checkpoint = checkpoint
-    return made
+    return Checkpoint(
+        task_id,
+        sequence,
+        codec.decode(data_text),
+        progress,
+        created_ms / 1000,
+        None if expires_ms is None else expires_ms / 1000,
+    )
 
 
 def live_checkpoint(task_id: str, fields: CheckpointFields, now_ms: int) -> Checkpoint | None:

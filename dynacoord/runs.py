@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
 from ._compat import StrEnum
-from ._items import is_live, member_reader, optional_int, optional_str, unfrozen_twin
+from ._items import is_live, member_reader, optional_int, optional_str
 from ._validate import (
     check_int,
     check_iterable,
@@ -124,9 +124,7 @@ class Run:
         """
         get = item.get
         result = get("result")
-        # positional, in field order (runs are read by the page); a subclass is made as it asks
-        make = _new_run if cls is Run else cls
-        return make(
+        return cls(
             str(item["run_id"]),
             _status(item["status"]),
             {str(name): codec.decode(str(text)) for name, text in context.items()}
@@ -142,10 +140,6 @@ class Run:
         )
 
 
-_new_object = object.__new__
-_RunSlots = unfrozen_twin(Run)
-
-
 def _new_run(
     run_id: str,
     status: RunStatus,
@@ -158,22 +152,19 @@ def _new_run(
     expires_at_ms: int | None,
     reconciles: int,
 ) -> Run:
-    """``Run(...)`` of every field, in a fifth of the time (the stores make one per run listed,
-    read or written): built in its unfrozen twin (:func:`~dynacoord._items.unfrozen_twin`)."""
-    run: Any = _new_object(_RunSlots)
-    run.run_id = run_id
-    run.status = status
-    run.context = context
-    run.created_at_ms = created_at_ms
-    run.updated_at_ms = updated_at_ms
-    run.result = result
-    run.error = error
-    run.ended_at_ms = ended_at_ms
-    run.expires_at_ms = expires_at_ms
-    run.reconciles = reconciles
-    run.__class__ = Run
-    made: Run = run
-    return made
+    """``Run(...)`` of every field, given by position (the DynamoDB store's readers call it)."""
+    return Run(
+        run_id,
+        status,
+        context,
+        created_at_ms,
+        updated_at_ms,
+        result,
+        error,
+        ended_at_ms,
+        expires_at_ms,
+        reconciles,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,14 +290,11 @@ def _check_context(context: Any, what: str) -> CheckedFields:
     checked.texts = texts = {}
     if context is None:
         return checked
-    if type(context) is not dict and not isinstance(context, Mapping):
+    if not isinstance(context, Mapping):
         raise TypeError(f"{what} must be a mapping of field names to values")
     for name, value in context.items():
         text = codec.encode(value)  # refuses unsupported values before anything is written
-        if type(name) is not str or not (
-            0 < len(name) <= MAX_CONTEXT_FIELD_BYTES and name.isascii()
-        ):
-            _check_field(name)  # a short ASCII name needs no more checks
+        _check_field(name)
         checked[name] = value
         texts[name] = text
     return checked
@@ -398,9 +386,7 @@ class Runs:
 
     def list(self, status: RunStatus | str, *, limit: int | None = None) -> Iterator[Run]:
         """Runs in ``status``, least recently updated first (paginated index Query)."""
-        # a str is looked up by value (an enum call costs more than the rest of the setup)
-        member = _status(status) if type(status) is str else RunStatus(status)
-        return self._iterate(member, None, limit)
+        return self._iterate(RunStatus(status), None, limit)
 
     def stalled(self, older_than: float, *, limit: int | None = None) -> Iterator[Run]:
         """Running runs with no update for ``older_than`` seconds, oldest first.
@@ -414,8 +400,7 @@ class Runs:
     def _iterate(
         self, status: RunStatus, before_ms: int | None, limit: int | None
     ) -> Iterator[Run]:
-        # a plain positive int inline: check_int (a keyword call) only for what it may refuse
-        if limit is not None and (type(limit) is not int or limit < 1):
+        if limit is not None:
             check_int(limit, "limit", minimum=1)
 
         def generate() -> Iterator[Run]:
