@@ -60,8 +60,10 @@ def test_show_agrees_with_the_limiter(cli: Any) -> None:
 def test_a_sharded_limiter_is_shown_per_shard(cli: Any) -> None:
     backend, run = cli
     wide = backend().rate_limiter("ingest", rate=2, per=3600, burst=4, shards=2)
-    for _ in range(3):
-        assert wide.try_acquire()
+    # each call goes to a shard picked at random (2 at once each): 3 calls admit 3, or 2 and a
+    # refusal when all three picked one shard
+    admitted = sum(bool(wide.try_acquire()) for _ in range(3))
+    assert admitted in (2, 3)
     code, out, err = run("ratelimit", "show", "ingest")
     assert code == 1 and "no rate limiter 'ingest'" in err and "--shards K" in err
 
@@ -73,7 +75,8 @@ def test_a_sharded_limiter_is_shown_per_shard(cli: Any) -> None:
     shown = json.loads(out)
     assert [s["shard"] for s in shown["per_shard"]] == [0, 1]
     assert sum(s["available"] for s in shown["per_shard"]) == shown["available"]
-    assert shown["available"] == wide.available() == 1
+    assert shown["available"] == wide.available() == 4 - admitted
+    assert sorted(s["available"] for s in shown["per_shard"]) in ([0, 1], [0, 2])
 
 
 def test_a_missing_limiter_and_bad_input(cli: Any) -> None:
