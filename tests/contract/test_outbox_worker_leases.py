@@ -18,7 +18,11 @@ import pytest
 from bench._units import UnitMeter
 from dynacoord import ManualClock
 from dynacoord.backends.dynamodb import DynamoDBBackend
-from dynacoord.backends.dynamodb._outbox_worker_leases import WorkerLeaseOutboxStore
+from dynacoord.backends.dynamodb._outbox_worker_leases import (
+    DEAD_ITEM_GRACE_MS,
+    WorkerLeaseOutboxStore,
+)
+from dynacoord.backends.dynamodb.outbox import DynamoDBOutboxStore
 from dynacoord.outbox import Event, EventStatus
 from dynacoord.outbox.delivery import claim_token
 from dynacoord.outbox.event import new_event_id
@@ -252,3 +256,25 @@ def test_an_event_held_through_a_worker_item_is_never_claimed_on_its_own_due_tim
     other = _store(outbox)
     assert other.claim(stale, claim_token(stale), now + LEASE_MS, now) is None
     assert outbox.get(ids[0]).lease_token == held[0].lease_token
+
+
+def test_a_claim_applied_after_its_paused_workers_item_was_swept_is_refused(table):
+    """The late claim: a worker writes its item listing an event, then pauses before its claim
+    is applied; its item expires and, the grace over, a recoverer's scan deletes it (it holds
+    nothing). The claim that lands afterwards must be refused, the event left pending in the
+    index; applied, it would hold the event out of the index with no item listing it."""
+    outbox, clock, ids = _setup(table, events=1)
+    paused = _store(outbox)
+    now = int(clock.time() * 1000)
+    seen = _all_pending(paused, now)
+    paused._pre_claim([r.id for r in seen], now + LEASE_MS, now)
+    clock.advance((LEASE_MS + DEAD_ITEM_GRACE_MS) / 1000)
+    rescuer = _store(outbox)
+    assert _expired(rescuer, clock) == []  # the scan sweeps the paused worker's item
+    client, name = table
+    gone = client.get_item(TableName=name, Key=paused._worker_key(paused._gen), ConsistentRead=True)
+    assert "Item" not in gone
+    # the paused claim lands now (the request as sent before the pause: its own clock)
+    late = DynamoDBOutboxStore.claim_many(paused, seen, [new_event_id()], now + LEASE_MS, now)
+    assert late == []
+    assert [r.id for r in outbox.pending()] == ids

@@ -74,6 +74,12 @@ DEAD_ITEM_GRACE_MS = 10 * 60 * 1000
 _ITEM_TTL_MS = 24 * 3600 * 1000
 
 
+def swept(gen: str) -> str:
+    """The attribute an event gets when the item of generation ``gen`` was deleted while it
+    listed the event (see ``WorkerLeaseOutboxStore._sweep``)."""
+    return "swept_" + gen
+
+
 class _WorkerClaims(OutboxRequests):
     """The default store's claim, taking the event out of the index instead of moving it there
     (``REMOVE gsi1pk, gsi1sk``) and naming the claiming worker's generation (``held_by``)."""
@@ -97,6 +103,13 @@ class _WorkerClaims(OutboxRequests):
         }
         vals.update(values(gen=self.gen))
         op["ExpressionAttributeValues"] = vals
+        # a generation whose item was deleted while it listed this event (see _sweep) cannot
+        # claim it any more: its claim would hold the event with no item listing it
+        op["ConditionExpression"] += " AND attribute_not_exists(#swept)"
+        op["ExpressionAttributeNames"] = {
+            **op["ExpressionAttributeNames"],
+            "#swept": swept(self.gen),
+        }
         if seen.status is EventStatus.IN_FLIGHT and seen.event.id not in self.fenced:
             # an expired lease read from the index: a claim of the default store, whose lease
             # is the event's own; never one of a worker item (those carry held_by until their
@@ -405,10 +418,13 @@ class WorkerLeaseOutboxStore(DynamoDBOutboxStore):
             if due_before_ms is None or i.lease_until <= due_before_ms
         ]
 
-    def _held(self, items: list[_Seen]) -> list[tuple[EventRecord, _Seen]]:
+    def _held(
+        self, items: list[_Seen], raws: dict[str, dict[str, Any]] | None = None
+    ) -> list[tuple[EventRecord, _Seen]]:
         """The events ``items`` list that their generation still holds, earliest lease end
-        first."""
-        raws = self._read_events([e for i in items for e in i.ids])
+        first (``raws``: the listed events as read, else read here)."""
+        if raws is None:
+            raws = self._read_events([e for i in items for e in i.ids])
         held: list[tuple[EventRecord, _Seen]] = []
         for item in sorted(items, key=lambda i: i.lease_until):
             for event_id in dict.fromkeys(item.ids):
@@ -424,12 +440,45 @@ class WorkerLeaseOutboxStore(DynamoDBOutboxStore):
                     held.append((dataclasses.replace(record, due_at_ms=item.lease_until), item))
         return held
 
-    def _sweep(self, items: list[_Seen], held: list[tuple[EventRecord, _Seen]], now: int) -> None:
+    def _sweep(
+        self,
+        items: list[_Seen],
+        held: list[tuple[EventRecord, _Seen]],
+        raws: dict[str, dict[str, Any]],
+        now: int,
+    ) -> None:
         """Delete expired worker items that hold nothing any more, once their grace is over
-        (conditional on the lease end read: a renewal since keeps the item)."""
+        (conditional on the lease end read: a renewal since keeps the item).
+
+        An item may list an event its worker has not claimed yet (it writes the item, then
+        claims): a claim applied after the item is gone would hold the event with no item
+        listing it. So each listed event still pending first gets the generation's ``swept_``
+        attribute (the claim is conditional on its absence: a plain condition, which a PartiQL
+        statement carries, where ``contains()`` would turn the batch into transactions); a
+        refusal (the claim landed first) keeps the item for the next scan, which sees the event
+        held."""
         holding = {item.gen for _, item in held}
+        pending = EventStatus.PENDING.value
         for item in items:
             if item.gen in holding or item.lease_until + DEAD_ITEM_GRACE_MS > now:
+                continue
+            kept = False
+            for event_id in dict.fromkeys(item.ids):
+                raw = raws.get(event_id)
+                if raw is None or raw.get("status", {}).get("S") != pending:
+                    continue
+                try:
+                    self._table.call(
+                        "update_item",
+                        Key=self._items.key(event_id),
+                        UpdateExpression="SET #swept = :one",
+                        ConditionExpression="#status = :pending",
+                        ExpressionAttributeNames={"#status": "status", "#swept": swept(item.gen)},
+                        ExpressionAttributeValues={":one": {"N": "1"}, ":pending": {"S": pending}},
+                    )
+                except ConditionFailedError:
+                    kept = True  # claimed (or moved) meanwhile: look again at the next scan
+            if kept:
                 continue
             with contextlib.suppress(ConditionFailedError):
                 self._table.call(
@@ -463,11 +512,12 @@ class WorkerLeaseOutboxStore(DynamoDBOutboxStore):
         if shard != 0 or cursor is not None:
             return indexed, next_cursor
         items = self._expired(due_before_ms)
-        held = self._held(items)
+        raws = self._read_events([e for i in items for e in i.ids])
+        held = self._held(items, raws)
         for record, item in held:
             self._recovering[record.id] = item
         if due_before_ms is not None and limit > 1:  # a worker's scan, not stats()
-            self._sweep(items, held, due_before_ms)
+            self._sweep(items, held, raws, due_before_ms)
         records = sorted([r for r, _ in held] + indexed, key=lambda r: r.due_at_ms)
         return records[:limit], next_cursor
 
