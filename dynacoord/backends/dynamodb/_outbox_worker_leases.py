@@ -32,17 +32,19 @@ Races this closes:
   listed it before the claim was sent;
 * a claim whose call raised (maybe applied): its ids stay listed and are read back before the
   next pre-claim; one held by this generation under the token tried is given back (pending,
-  its attempt not counted).
+  its attempt not counted);
+* a claim that lands after its worker's item was swept (the worker paused between writing
+  its item and claiming, past the lease and ``DEAD_ITEM_GRACE_MS``): the sweep first marks
+  each listed event still pending with ``swept_{gen}``, and every claim of this store is
+  conditional on that attribute's absence for its own generation.
 
-What it does not close (the prototype's stated gap): a claim sent right after its pre-claim
-write but applied more than ``lease + DEAD_ITEM_GRACE_MS`` later (a process paused between the
-two requests, then the request delayed past botocore's retries) can land after the dead item
-was deleted, and that event then waits outside the index with no item listing it. The default
-store has no such window (its claim carries its own lease into the index).
 Ordered groups, gates, retries and attempt counting are the default store's: the claims are
 its requests with the index attributes removed instead of moved.
 
-Not a stream relay store: ``stream_handler`` and ``sweep_handler`` keep the default store.
+Not a stream relay store: ``stream_handler`` and ``sweep_handler`` keep the default store. A
+namespace is one shape for its readers: the default store's ``stats()``, ``in_flight()`` and
+expired-lease scan do not see events held through worker items (this store also takes over the
+default store's expired leases, so moving *to* it is safe, moving back is not).
 """
 
 from __future__ import annotations
