@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import threading
 from typing import Protocol
@@ -208,8 +209,10 @@ class RateLimiter:
         # the highest tat seen per shard: a lower bound of the stored one (it only grows), so
         # enough to refuse a call without a request, and to guess the case of the write
         self._seen: list[int] = [0] * self.shards
-        # writes whose call raised (maybe applied), by n: (shard, the write's slot and token)
+        # writes whose call raised (maybe applied), by n: (shard, the write's slot and token),
+        # and the process they belong to
         self._unanswered: dict[int, tuple[int, WindowWrite]] = {}
+        self._pid = os.getpid()
         self._lock = threading.Lock()
 
     @property
@@ -244,8 +247,15 @@ class RateLimiter:
         now = self._now_us()
         cost = n * self._interval_us
         limit = self._tolerance_us - cost  # admitted while max(tat, now) <= now + limit
-        with self._lock:
-            pending = self._unanswered.pop(n, None)
+        pending = None
+        if self._unanswered:
+            with self._lock:
+                if self._pid != os.getpid():
+                    # a forked child: the raised writes are its parent's, which may send them
+                    # again itself (both recognising one applied write would admit twice)
+                    self._unanswered.clear()
+                    self._pid = os.getpid()
+                pending = self._unanswered.pop(n, None)
         if pending is not None and not pending[1].recognised_at(now // 1000):
             pending[1].release()  # past its window: its slot may be gone, it cannot be told
             pending = None
@@ -278,6 +288,9 @@ class RateLimiter:
         except BaseException:
             # maybe applied: the next try_acquire(n) sends the same slot and token again
             with self._lock:
+                if self._pid != os.getpid():
+                    self._unanswered.clear()
+                    self._pid = os.getpid()
                 old = self._unanswered.pop(n, None)
                 self._unanswered[n] = (shard, write)
             kept = True

@@ -246,6 +246,20 @@ def test_a_call_that_raised_is_recognised_by_the_next(lossy, applied):
     assert not limiter.try_acquire().admitted
 
 
+def test_a_forked_child_never_claims_its_parents_raised_call(lossy, monkeypatch):
+    import dynacoord.ratelimit
+
+    clock = ManualClock()
+    limiter = lossy.backend(clock=clock).rate_limiter("fork", rate=1, per=60, burst=3)
+    lossy.raise_next(operation=WRITE[lossy.kind], applied=True)
+    with pytest.raises(RAISED):
+        limiter.try_acquire()  # applied: 1 spent, and the parent may still send it again
+    parent = dynacoord.ratelimit.os.getpid()
+    monkeypatch.setattr(dynacoord.ratelimit.os, "getpid", lambda: parent + 1)  # in a child
+    assert limiter.try_acquire().admitted  # the child's own call: spent anew
+    assert limiter.available() == 1
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 
