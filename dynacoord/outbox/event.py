@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import codec, keys
 from .._compat import StrEnum
-from .._items import is_live, member_reader, optional_int, optional_str, unfrozen_twin
+from .._items import is_live, member_reader, optional_int, optional_str
 from .._validate import (
     check_int,
     check_utf8,
@@ -112,8 +112,7 @@ class Event:
     ) -> None:
         if not isinstance(type, str) or not type:
             raise InvalidValueError(f"event type must be a non-empty str, got {type!r}")
-        if not type.isascii():  # ASCII is valid UTF-8: only other text needs the check
-            check_utf8(type, "event type")
+        check_utf8(type, "event type")
         event_id = new_event_id() if id is None else keys.validate_key(id, "event id")
         if occurred_at is None:
             occurred = time.time()
@@ -148,8 +147,7 @@ class Event:
             raise InvalidValueError(f"event group must be a non-empty str or None, got {group!r}")
         if group is not None:
             check_utf8(group, "event group")
-        if attempt.__class__ is not int or attempt < 0:  # the default 0 passes as it is
-            check_int(attempt, "attempt", minimum=0)
+        check_int(attempt, "attempt", minimum=0)
         if not isinstance(ordered, bool):
             raise InvalidValueError(f"ordered must be a bool, got {ordered!r}")
         if ordered and group is None:
@@ -226,10 +224,6 @@ class Event:
         }
 
 
-_new_object = object.__new__
-_EventSlots = unfrozen_twin(Event)
-
-
 def _new_event(
     type: str,
     payload: Any,
@@ -240,21 +234,22 @@ def _new_event(
     attempt: int,
     ordered: bool,
 ) -> Event:
-    """An Event of these fields as stored (not validated again: it was when published), built
-    in its unfrozen twin (:func:`~dynacoord._items.unfrozen_twin`): sets every field. Every
-    event read (a get, a claimed batch) makes one."""
-    event: Any = _new_object(_EventSlots)
-    event.type = type
-    event.payload = payload
-    event.id = id
-    event.occurred_at = occurred_at
-    event.metadata = metadata
-    event.group = group
-    event.attempt = attempt
-    event.ordered = ordered
-    event.__class__ = Event
-    made: Event = event
-    return made
+    """An Event of these fields as stored, not validated again (it was when published): its
+    fields set as the dataclass's own ``__init__`` sets a frozen instance's. Every event read
+    (a get, a claimed batch) makes one."""
+    event = object.__new__(Event)
+    for name, value in (
+        ("type", type),
+        ("payload", payload),
+        ("id", id),
+        ("occurred_at", occurred_at),
+        ("metadata", metadata),
+        ("group", group),
+        ("attempt", attempt),
+        ("ordered", ordered),
+    ):
+        object.__setattr__(event, name, value)
+    return event
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,8 +302,7 @@ class EventRecord:
             ordered="seq" in item,
         )
         due = item.get("due_ms", item.get("completed_ms", 0))
-        make = new_record if cls is EventRecord else cls  # a subclass is made as it asks
-        return make(
+        return cls(
             event=event,
             status=_status(item["status"]),
             attempts=attempts,
@@ -339,7 +333,6 @@ class EventRecord:
 
 _PENDING = EventStatus.PENDING.value
 _status = member_reader(EventStatus)
-_EventRecordSlots = unfrozen_twin(EventRecord, derived=("id",))
 
 
 def new_record(
@@ -352,21 +345,11 @@ def new_record(
     updated_at_ms: int | None,
     seq: int | None,
 ) -> EventRecord:
-    """``EventRecord(...)`` of every field, built in its unfrozen twin (see :func:`_new_event`):
-    the stores make one per event read."""
-    record: Any = _new_object(_EventRecordSlots)
-    record.event = event
-    record.status = status
-    record.attempts = attempts
-    record.due_at_ms = due_at_ms
-    record.lease_token = lease_token
-    record.last_error = last_error
-    record.updated_at_ms = updated_at_ms
-    record.seq = seq
-    record.id = event.id
-    record.__class__ = EventRecord
-    made: EventRecord = record
-    return made
+    """``EventRecord(...)`` of every field, given by position (the stores make one per event
+    read)."""
+    return EventRecord(
+        event, status, attempts, due_at_ms, lease_token, last_error, updated_at_ms, seq
+    )
 
 
 def pending_fields(event: Event, due_ms: int, seq: int | None = None) -> dict[str, Any]:
