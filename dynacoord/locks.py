@@ -42,8 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 class LockInfo(Record):
-    """A snapshot of a held lock (a NamedTuple to a type checker; a cheaper one to define at
-    run time, which a cold start pays)."""
+    """A snapshot of a held lock (a NamedTuple)."""
 
     key: str
     owner: str
@@ -374,10 +373,7 @@ class Locks:
         """
         keys.validate_key(key, "lock key")
         ttl_ms = ttl_to_ms(ttl)
-        if type(timeout) is float and timeout == 0.0:
-            wait = 0.0  # the default, one attempt: nothing to check
-        else:
-            wait = non_negative_seconds(timeout, "timeout")
+        wait = non_negative_seconds(timeout, "timeout")
         owner = default_owner() if owner is None else check_str(owner, "owner")
         if wait == 0:
             return self._attempt(key, owner, ttl_ms)[0]
