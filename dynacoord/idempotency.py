@@ -176,7 +176,6 @@ class IdempotencyRecord:
         except ValueError:
             return None
         payload_hash = item.get("payload_hash")
-        # positional: a frozen dataclass's keyword call costs more on every record read
         return cls(
             key,
             status,
@@ -670,12 +669,9 @@ class Idempotency:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> R:
-        key = options.key(*args, **kwargs)
-        # A non-empty ASCII str (the usual key) passes every check of _key_of as it is.
-        if type(key) is not str or not key or not key.isascii():
-            key = self._key_of(func, options, key)
-            if key is None:
-                return func(*args, **kwargs)
+        key = self._key_of(func, options, options.key(*args, **kwargs))
+        if key is None:
+            return func(*args, **kwargs)
         payload_hash = (
             None if options.payload is None else hash_payload(options.payload(*args, **kwargs))
         )
