@@ -180,15 +180,9 @@ def _literal_prefix(pattern: str) -> str:
 
 def _valid_keys(given: list[Any]) -> list[str]:
     """``given`` once each item is known to be a valid cache key; the first bad one raises as
-    :func:`keys.validate_key` words it. A batch of non-empty ASCII str (the common case) is
-    recognised in C, by one join and one ``all``, instead of a call per key."""
-    try:
-        plain = "".join(given).isascii() and all(given)
-    except TypeError:  # an item that is not a str: the per-key check names it
-        plain = False
-    if not plain:
-        for k in given:
-            keys.validate_key(k, "cache key")
+    :func:`keys.validate_key` words it."""
+    for k in given:
+        keys.validate_key(k, "cache key")
     return given
 
 
@@ -455,8 +449,7 @@ class Cache:
         :class:`InvalidValueError`. Integers are limited to 38 digits (DynamoDB's precision).
         """
         keys.validate_key(key, "cache key")
-        if type(by) is not int or not _BY_MIN <= by <= _BY_MAX:  # the check only when it fails
-            check_int(by, "by", minimum=_BY_MIN, maximum=_BY_MAX)
+        check_int(by, "by", minimum=_BY_MIN, maximum=_BY_MAX)
         # Up to two steps because "add to the live counter" and "start a new counter on an
         # expired one" are different writes, and a store cannot tell an expired item from a live
         # one inside a single atomic ADD:
@@ -769,10 +762,6 @@ class Cache:
             if not callable(fn):
                 raise TypeError(f"@cache.cached decorates a callable, got {type(fn).__name__}")
             signature = inspect.signature(fn)
-            plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
-            params = signature.parameters.values()
-            plain_only = all(p.kind is plain for p in params)
-            positional = [p.name for p in params] if plain_only else None
             prefix = key if isinstance(key, str) else f"{fn.__module__}.{fn.__qualname__}"
 
             if callable(key):
@@ -782,27 +771,19 @@ class Cache:
                     return keys.validate_key(make_key(*args, **kwargs), "cache key")
 
             else:
-                # a key made of an ASCII prefix and a hex digest is valid: no check per call
-                checked = prefix.isascii()
 
                 def cache_key(*args: Any, **kwargs: Any) -> str:
-                    if positional is not None and not kwargs and len(args) == len(positional):
-                        # every parameter given by position: what bind() would give, cheaper
-                        arguments = dict(zip(positional, args, strict=True))
-                    else:
-                        bound = signature.bind(*args, **kwargs)
-                        bound.apply_defaults()
-                        arguments = bound.arguments
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
                     try:
-                        canonical = codec.canonical(arguments)
+                        canonical = codec.canonical(bound.arguments)
                     except InvalidValueError as exc:
                         raise InvalidValueError(
                             f"cannot build a cache key for {prefix}: its arguments are not "
                             f"encodable ({exc}); pass key=... to @cache.cached"
                         ) from exc
                     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
-                    made = f"{prefix}:{digest}"
-                    return made if checked else keys.validate_key(made, "cache key")
+                    return keys.validate_key(f"{prefix}:{digest}", "cache key")
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> T:
