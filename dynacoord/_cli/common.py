@@ -51,6 +51,8 @@ class Context:
         import boto3
         from botocore.config import Config
 
+        from ..backends.dynamodb import resilient_client_config
+
         # DYNACOORD_ENDPOINT_URL is DynamoDB's (and its streams'); only --endpoint-url given on
         # the command line also applies to other services (see cli._resolve_globals).
         if service in ("dynamodb", "dynamodbstreams"):
@@ -58,11 +60,17 @@ class Context:
         else:
             endpoint = getattr(self.args, "aws_endpoint_url", None)
         factory: Any = boto3.client
+        # DynamoDB: from_env's client, so a CLI call's counting slot lasts its short window
+        config = (
+            resilient_client_config()
+            if service in ("dynamodb", "dynamodbstreams")
+            else Config(retries={"max_attempts": 8, "mode": "adaptive"})
+        )
         return factory(
             service,
             region_name=self.args.region or None,
             endpoint_url=endpoint or None,
-            config=Config(retries={"max_attempts": 8, "mode": "adaptive"}),
+            config=config,
         )
 
     @property

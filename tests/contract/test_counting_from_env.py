@@ -142,3 +142,19 @@ def test_one_shot_processes_every_2_s_with_from_envs_client_stay_within_2_kb(
     assert counters.get("cron") == calls
     assert size <= 2048, size  # a slot write bills 2 WCU
     assert wcu <= 2.5, f"{wcu} WCU per increment, item of {size} B"
+
+
+def test_the_cli_s_dynamodb_client_has_from_env_s_short_window(monkeypatch) -> None:
+    """A CLI call is a one-shot writer: its counting slot lives for its client's window, so the
+    CLI makes its DynamoDB client as from_env does (it had 1,240 s)."""
+    import argparse
+
+    from dynacoord._cli.common import Context
+    from dynacoord.backends.dynamodb._retry_window import client_window_ms
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x")):
+        monkeypatch.setenv(name, value)
+    args = argparse.Namespace(region="us-east-1", endpoint_url=None, aws_endpoint_url=None)
+    client = Context(args).client("dynamodb")
+    assert client.meta.config.retries["total_max_attempts"] == 9
+    assert client_window_ms(client) <= MAX_WINDOW_S * 1000, client_window_ms(client)

@@ -276,12 +276,23 @@ class DynamoDBBackend(Backend):
         from .runs import DynamoDBRunStore
 
 
+def resilient_client_config() -> Any:
+    """The botocore ``Config`` of the DynamoDB clients dynacoord makes itself (``from_env``, the
+    CLI): 9 adaptive attempts ride out throttling; short timeouts (a DynamoDB request answers in
+    milliseconds) keep the client's retry window, for which counting writes keep a slot per
+    writer on the item, at 223 s instead of botocore's 60 s + 60 s per attempt (1,240 s)."""
+    from botocore.config import Config
+
+    return Config(
+        connect_timeout=2, read_timeout=5, retries={"max_attempts": 8, "mode": "adaptive"}
+    )
+
+
 def _client_from_env(session: Any) -> Any:
     """The DynamoDB client of :meth:`DynamoDBBackend.from_env`; an endpoint or a region the
     environment got wrong is a :class:`ConfigurationError` naming the variable to fix (botocore
     says ``Invalid endpoint`` or ``You must specify a region``, naming none)."""
     import boto3
-    from botocore.config import Config
     from botocore.exceptions import NoRegionError
 
     endpoint = os.environ.get("DYNACOORD_ENDPOINT_URL") or None
@@ -290,12 +301,7 @@ def _client_from_env(session: Any) -> Any:
             f"DYNACOORD_ENDPOINT_URL {endpoint!r} has no scheme: set it to http://{endpoint} "
             f"(DynamoDB Local) or https://{endpoint}; nothing was sent"
         )
-    # 9 adaptive attempts ride out throttling; short timeouts (a DynamoDB request answers in
-    # milliseconds) keep the client's retry window, for which counting writes keep a slot per
-    # writer on the item, at 223 s instead of botocore's 60 s + 60 s per attempt (1,240 s)
-    config = Config(
-        connect_timeout=2, read_timeout=5, retries={"max_attempts": 8, "mode": "adaptive"}
-    )
+    config = resilient_client_config()
     factory = session.client if session is not None else boto3.client
     try:
         return factory("dynamodb", endpoint_url=endpoint, config=config)
