@@ -9,7 +9,9 @@ re-exports the public names.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -202,13 +204,25 @@ class WindowWrite:
             release(slot)
 
 
+#: every live _LocalWindow of this process, for a forked child to make them its own
+_windows: weakref.WeakSet[_LocalWindow] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - runs in a forked child
+    for window in list(_windows):
+        window.forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _LocalWindow:
     """This process's share of a FailureRate breaker's window: the counts not written yet
     (bucket -> [calls, failures]) of generation ``gen``, the window as this process's last
     write left it (``seen``), when it last wrote (monotonic seconds), and the write whose call
     raised (``unanswered``: its counts and who sent it), sent again before any other."""
 
-    __slots__ = ("flushed_at", "gen", "lock", "pending", "seen", "unanswered")
+    __slots__ = ("__weakref__", "flushed_at", "gen", "lock", "pending", "seen", "unanswered")
 
     def __init__(self, now: float) -> None:
         self.lock = threading.Lock()
@@ -217,6 +231,17 @@ class _LocalWindow:
         self.seen: BreakerWindow | None = None
         self.flushed_at = now
         self.unanswered: tuple[dict[int, tuple[int, int]], WindowWrite] | None = None
+        _windows.add(self)
+
+    def forked(self) -> None:
+        """In a forked child: the counts not written yet and the write whose call raised are the
+        parent's, which writes them (or sends that write again) itself; the child writing them
+        too would count those calls twice (the raised write's slot may carry a newer token of
+        the parent's by then, so the store cannot recognise it). The child counts its own calls
+        from here. Its lock is new (a parent thread may have held it at the fork)."""
+        self.lock = threading.Lock()
+        self.pending = {}
+        self.unanswered = None  # its slot is the parent's pool's: never given back here
 
     def adopt(self, gen: int) -> None:
         """Another generation is stored (a trip or reset since): counts of the old one are

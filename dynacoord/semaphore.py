@@ -426,9 +426,11 @@ class Semaphore:
         # for the decision (every write is conditioned on what it was based on)
         self._seen: SemaphoreState | None = None
         # tokens of acquires whose write raised (maybe applied), by owner: the owner's next
-        # acquire sends the same token, so it finds its own slot instead of taking a second one
+        # acquire sends the same token, so it finds its own slot instead of taking a second one;
+        # and the process they belong to (a forked child's are its parent's)
         self._unanswered: dict[str | None, tuple[str, str]] = {}
         self._unanswered_lock = threading.Lock()
+        self._pid = os.getpid()
 
     @property
     def ttl(self) -> float:
@@ -479,8 +481,11 @@ class Semaphore:
                     "in the semaphore's item beside every other holder)"
                 )
         asked = owner
-        with self._unanswered_lock:
-            pending = self._unanswered.pop(asked, None)
+        pending = None
+        if self._unanswered:  # rare: the pid is looked at only then
+            with self._unanswered_lock:
+                self._forget_parents()
+                pending = self._unanswered.pop(asked, None)
         token, owner = pending if pending is not None else (new_token(), owner or default_owner())
         start = self.clock.monotonic()
         deadline = None if wait is None else start + wait
@@ -503,6 +508,7 @@ class Semaphore:
             except BaseException:
                 # maybe applied: the owner's next acquire sends this token again
                 with self._unanswered_lock:
+                    self._forget_parents()
                     self._unanswered[asked] = (token, owner)
                 self._seen = None
                 raise
@@ -552,6 +558,14 @@ class Semaphore:
             self.clock.sleep(sleep)
             delay = min(self.backoff_max, delay * 2)
             self._seen = None  # look again (a release elsewhere shows only in a fresh read)
+
+    def _forget_parents(self) -> None:
+        """In a forked child, drop the parent's raised acquires (``_unanswered_lock`` held): the
+        parent may send their tokens again itself, and a child sending one too would be told the
+        parent's slot is its permit (two holders of one permit). The child's owner is its own."""
+        if self._pid != os.getpid():
+            self._unanswered.clear()
+            self._pid = os.getpid()
 
     def _full(self, state: SemaphoreState | None) -> Permit:
         self._metrics.count("SemaphoreFull")

@@ -1,0 +1,168 @@
+"""A forked child never claims its parent's unanswered write (issue 49, "fork at any step").
+
+A write whose call raised may have applied; the process that sent it keeps its token (and slot)
+so that its next attempt recognises it. A child forked meanwhile inherits that memory, but the
+write is its parent's, which may still send it again itself: if the child sent it too, one
+applied write would be recognised by two processes (two holders of one permit, a window count
+added twice). Each test here raises a write in the parent, forks for real (``os.fork``), lets
+the child use the parent's object, and checks the child wrote under an identity of its own.
+
+Where the store is a server (DynamoDB Local, redis-server) parent and child share it; mongomock
+lives in the process's memory, so a child's writes reach only its own copy: the semaphore's test
+still runs there (it judges the child's answer), the breaker's does not (its breach shows only in
+the shared store). The rules live in the shared front-ends (semaphore.py, _breaker_window.py,
+_raised.py), so one backend of each kind is enough. Linux (``os.fork``) only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from botocore.exceptions import EndpointConnectionError
+
+from dynacoord import BreakerState, FailureRate, ManualClock
+from dynacoord.errors import BackendError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+
+#: what a caller sees when the client gave up: botocore's own error, or the backend's wrapper
+RAISED = (EndpointConnectionError, BackendError)
+
+
+def _fork(child: Callable[[int], str]) -> tuple[Callable[[], None], Callable[[], str]]:
+    """Fork a child that waits for ``go()``, runs ``child(read_fd)`` and reports its string.
+    Returns (go, result): ``result()`` waits for the child's report and exit."""
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not a test plugin's handler
+            signal.alarm(20)
+            os.close(to_child_w)
+            os.close(from_child_r)
+            os.read(to_child_r, 1)  # the parent's go
+            try:
+                report = child(to_child_r)
+            except BaseException as exc:  # reported, never raised into pytest's copy
+                report = f"error: {exc!r}"
+            os.write(from_child_w, report.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(to_child_r)
+    os.close(from_child_w)
+
+    def go() -> None:
+        os.write(to_child_w, b"g")
+        os.close(to_child_w)
+
+    def result() -> str:
+        try:
+            deadline = time.monotonic() + 40
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                assert time.monotonic() < deadline, "the child never ended"
+                time.sleep(0.02)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"status {status:#x}"
+            return os.read(from_child_r, 10_000).decode()
+        finally:
+            os.close(from_child_r)
+
+    return go, result
+
+
+# -- semaphore: an acquire that raised ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis", "mongo"], indirect=True)
+def test_a_forked_child_never_takes_its_parents_raised_permit(lossy: Any) -> None:
+    sem = lossy.backend().semaphore("fork", limit=2, ttl=30)
+    sem.holders()  # read now: the raised write is the acquire's only request
+    lossy.raise_next(applied=True)
+    with pytest.raises(RAISED):
+        sem.acquire(blocking=False)  # applied: the parent may still send its token again
+    (raised,) = [p.token for p in sem.holders()]
+
+    def child(_: int) -> str:
+        return sem.acquire(blocking=False).token
+
+    go, result = _fork(child)
+    go()
+    childs = result()
+    # Without the rule the child sends the parent's token and is told the parent's slot is its
+    # own permit: with the parent's own next acquire, two holders of one permit.
+    assert childs != raised, "the child took its parent's raised permit as its own"
+    parents = sem.acquire(blocking=False)
+    assert parents.token == raised  # the parent still recognises its own applied write
+    if lossy.kind != "mongo":  # a shared store: both permits are in it, one each
+        assert sorted(p.token for p in sem.holders()) == sorted([raised, childs])
+
+
+# -- FailureRate breaker: a flush that raised -------------------------------------------------------
+
+
+class BoomError(Exception):
+    pass
+
+
+def _fail() -> None:
+    raise BoomError("dependency failed")
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis"], indirect=True)
+def test_a_forked_child_never_sends_its_parents_raised_flush(lossy: Any) -> None:
+    # flush_interval longer than the test: only flush() writes the counts
+    policy = FailureRate(threshold=0.5, minimum_calls=5, window=60, flush_interval=30)
+    breaker = lossy.backend(clock=ManualClock()).breaker("fork", reset_timeout=10, policy=policy)
+    for _ in range(3):
+        with pytest.raises(BoomError):
+            breaker.call(_fail)
+    lossy.raise_next(applied=True)
+    with pytest.raises(RAISED):
+        breaker.flush()  # 3 of 3 stored; the parent keeps the write to send it again
+
+    def child(_: int) -> str:
+        breaker.flush()
+        return "flushed"
+
+    go, result = _fork(child)
+    # The parent goes on first: its kept write is recognised, its slot carries a new token.
+    breaker.flush()
+    with pytest.raises(BoomError):
+        breaker.call(_fail)
+    breaker.flush()  # 4 of 4: below minimum_calls=5
+    assert breaker.state is BreakerState.CLOSED
+    go()
+    assert result() == "flushed"
+    # Without the rule the child sent the parent's old write (its slot now holds a newer token,
+    # so it applied): 7 of 7 stored for 4 calls, and the breaker opened.
+    assert breaker.state is BreakerState.CLOSED, "the child counted its parent's calls again"
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis"], indirect=True)
+def test_a_forked_child_never_writes_its_parents_unwritten_calls(lossy: Any) -> None:
+    policy = FailureRate(threshold=0.5, minimum_calls=5, window=60, flush_interval=30)
+    breaker = lossy.backend(clock=ManualClock()).breaker("fork2", reset_timeout=10, policy=policy)
+    for _ in range(3):
+        with pytest.raises(BoomError):
+            breaker.call(_fail)  # counted, not written yet
+
+    def child(_: int) -> str:
+        breaker.flush()  # the child's own calls: none
+        return "flushed"
+
+    go, result = _fork(child)
+    go()
+    assert result() == "flushed"
+    breaker.flush()  # the parent writes its 3 of 3
+    # Without the rule the child wrote them too: 6 of 6, and the breaker opened.
+    assert breaker.state is BreakerState.CLOSED, "the child wrote its parent's calls"
