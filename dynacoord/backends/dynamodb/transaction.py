@@ -247,42 +247,7 @@ class Transaction:
     def _collect_entry(
         self, label: Label, event_id: str | None, entry: dict[str, Any], bound: int
     ) -> None:
-        """:meth:`_collect_entries` of one entry, the usual add. A Put with string keys into the
-        dynacoord table, or any table keyed pk/sk, well within the limits, is added here in a few
-        steps (between requests this code runs with cold CPU caches, so every step shows in a
-        call's latency); anything else, and every refusal, goes through
-        :meth:`_collect_entries`."""
-        op = entry.get("Put")
-        if op is not None and self._state not in _CLOSED:
-            table = op["TableName"]
-            item = op["Item"]
-            pk = item.get("pk")
-            sk = item.get("sk")
-            items = self._items
-            bound_bytes = self._bound_bytes + bound
-            if (
-                self._key_names.get(table) is PK_SK
-                and pk is not None
-                and sk is not None
-                and len(pk) == len(sk) == 1
-                and "S" in pk
-                and "S" in sk
-                and len(items) < self._max_items
-                and self._exact_bytes is None
-                and bound_bytes <= self._max_bytes
-            ):
-                # the identity item_identity gives this Put
-                identity = (table, (("pk", ("S", pk["S"])), ("sk", ("S", sk["S"]))))
-                seen = self._seen
-                if identity not in seen:
-                    index = len(items)
-                    seen[identity] = index
-                    self._bound_bytes = bound_bytes
-                    if event_id is not None:
-                        self._event_ids[index] = event_id
-                    items.append(entry)
-                    self._labels.append(label)
-                    return
+        """:meth:`_collect_entries` of one entry, the usual add."""
         self._collect_entries([(label, event_id, entry, bound)])
 
     #: What the outbox calls to add its entries (dynacoord's own items, the
@@ -487,7 +452,10 @@ class Transaction:
                 self._state = "discarded"
                 logger.debug("transaction of %d items discarded: the block raised", len(self))
             return
-        # the commit, here rather than in a method of its own: a frame less on every transaction
+        self._commit()
+
+    def _commit(self) -> None:
+        """Send the collected items in one TransactWriteItems (none: nothing is sent)."""
         if self._state in _CLOSED:
             self._check_open()
         if not self._items:
