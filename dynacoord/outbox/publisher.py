@@ -48,10 +48,6 @@ def _as_events(events: Event | Iterable[Event]) -> list[Event]:
         if isinstance(events, Event)
         else check_iterable(events, "events", "Event objects", hint="pass one Event or a list")
     )
-    if len(items) == 1:  # the common case: nothing to compare
-        if not isinstance(items[0], Event):
-            raise TypeError(f"publish takes Event objects, got {type(items[0]).__name__}")
-        return items
     for item in items:
         if not isinstance(item, Event):
             raise TypeError(f"publish takes Event objects, got {type(item).__name__}")
@@ -132,19 +128,12 @@ class Outbox:
         """
         if tx is not None:
             carrier = tracing.capture() if tracing.capturing else None
-            if type(events) is Event and carrier is None:  # the usual: in the fewest steps
-                event_id = events.id
-                # now_ms(self.clock), inline
-                entry, bound = self._store.transaction_entry(events, int(self.clock.time() * 1000))
-                tx._add_entry(("publish event", event_id), event_id, entry, bound)
-                ids = [event_id]
-            else:
-                items = _as_events(events)
-                now = now_ms(self.clock)
-                tx._add_entries(
-                    [(("publish event", e.id), e.id, *self._entry(e, carrier, now)) for e in items]
-                )
-                ids = [e.id for e in items]
+            items = _as_events(events)
+            now = now_ms(self.clock)
+            tx._add_entries(
+                [(("publish event", e.id), e.id, *self._entry(e, carrier, now)) for e in items]
+            )
+            ids = [e.id for e in items]
             if self._metrics.enabled and ids:  # counted once written, as a direct publish is
                 count = functools.partial(self._metrics.count, "OutboxPublished", len(ids))
                 tx._on_commit(count)
