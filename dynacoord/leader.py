@@ -42,6 +42,7 @@ import logging
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable
 
 from . import keys
@@ -65,6 +66,18 @@ _POLL = 0.01
 _MIN_RETRY = 0.01
 #: ended terms whose item this object may still have to release (the store holds one at a time)
 _KEEP_ENDED = 4
+
+
+#: every live Leader of this process, for a forked child to make them its own
+_candidates: weakref.WeakSet[Leader] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - runs in a forked child
+    for candidate in list(_candidates):
+        candidate._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def leader_key(name: str) -> str:
@@ -165,6 +178,7 @@ class Leader:
             if callback is not None and not callable(callback):
                 raise TypeError(f"{what} must be callable or None, got {type(callback).__name__}")
         self.owner = default_owner() if owner is None else check_str(owner, "owner")
+        self._owner_given = owner is not None
         self.on_elected = on_elected
         self.on_lost = on_lost
         self._store = store
@@ -181,6 +195,22 @@ class Leader:
         # campaigns one at a time: two threads' attempts would both win the one term (the
         # second adopting the first's item as its own) and run it twice
         self._campaign_lock = threading.Lock()
+        _candidates.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's term, its ended terms and (unless ``owner`` was
+        given) its owner are the parent's. A child keeping the owner would adopt the parent's
+        item as its own acquire applied (a campaign whose call raised, or the term the parent
+        leads): two leaders of one term. The child campaigns as a candidate of its own; its
+        locks are new (a thread of the parent may have held them at the fork)."""
+        if not self._owner_given:
+            self.owner = default_owner()
+        self._cond = threading.Condition(threading.Lock())
+        self._renew_lock = threading.Lock()
+        self._campaign_lock = threading.Lock()
+        self._current = None  # no thread of the child renews or watches it
+        self._term = None
+        self._ended = {}
 
     # -- state ------------------------------------------------------------------------------
 

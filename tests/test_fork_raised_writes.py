@@ -166,3 +166,43 @@ def test_a_forked_child_never_writes_its_parents_unwritten_calls(lossy: Any) -> 
     breaker.flush()  # the parent writes its 3 of 3
     # Without the rule the child wrote them too: 6 of 6, and the breaker opened.
     assert breaker.state is BreakerState.CLOSED, "the child wrote its parent's calls"
+
+
+# -- leader: a campaign that raised, a term the parent leads ----------------------------------------
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis", "mongo"], indirect=True)
+def test_a_forked_child_never_adopts_its_parents_raised_campaign(lossy: Any) -> None:
+    candidate = lossy.backend().leader("fork", ttl=30)
+    lossy.raise_next(applied=True)
+    with pytest.raises(RAISED):
+        candidate.campaign(timeout=0, heartbeat=False)  # applied: the parent holds the seat
+
+    def child(_: int) -> str:
+        return f"{candidate.campaign(timeout=0, heartbeat=False)} {candidate.owner}"
+
+    go, result = _fork(child)
+    go()
+    elected, childs_owner = result().split(" ", 1)
+    # Without the rule the child campaigned under the parent's owner and adopted the parent's
+    # applied acquire as its own; with the parent's next campaign, two leaders of one term.
+    assert elected == "False", "the child adopted its parent's raised campaign"
+    assert childs_owner != candidate.owner
+    assert candidate.campaign(timeout=0, heartbeat=False)  # the parent adopts its own
+    assert candidate.leader() is not None and candidate.leader().owner == candidate.owner
+
+
+@pytest.mark.parametrize("lossy", ["redis"], indirect=True)
+def test_a_forked_child_does_not_lead_its_parents_term(lossy: Any) -> None:
+    candidate = lossy.backend().leader("fork-led", ttl=30)
+    assert candidate.campaign(timeout=0, heartbeat=False)
+
+    def child(_: int) -> str:
+        return f"{candidate.is_leader} {candidate.campaign(timeout=0, heartbeat=False)}"
+
+    go, result = _fork(child)
+    go()
+    # Without the rule the child said it led the parent's term (no thread of its own renewing
+    # or watching it), and a campaign under the parent's owner was "already leading".
+    assert result() == "False False", "the child led its parent's term"
+    assert candidate.is_leader
