@@ -206,3 +206,65 @@ def test_a_forked_child_does_not_lead_its_parents_term(lossy: Any) -> None:
     # or watching it), and a campaign under the parent's owner was "already leading".
     assert result() == "False False", "the child led its parent's term"
     assert candidate.is_leader
+
+
+# -- RaisedWrites (dynacoord/_raised.py): set_if_absent, idempotency claims -----------------------
+
+
+def _raise_once(lossy: Any, store: Any, method: str) -> None:
+    """The next call of ``store.method`` raises after its write applied."""
+    real = getattr(store, method)
+
+    def raising(*args: Any, **kwargs: Any) -> Any:
+        setattr(store, method, real)  # once
+        lossy.raise_next(applied=True)
+        return real(*args, **kwargs)
+
+    setattr(store, method, raising)
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis", "mongo"], indirect=True)
+def test_a_forked_child_never_claims_its_parents_raised_set_if_absent(lossy: Any) -> None:
+    counters = lossy.backend().counters
+    _raise_once(lossy, counters._store, "put_if_absent")
+    with pytest.raises(RAISED):
+        counters.set_if_absent("flag", "mine")  # applied: the parent may send it again
+
+    def child(_: int) -> str:
+        return str(counters.set_if_absent("flag", "mine"))
+
+    go, result = _fork(child)
+    go()
+    # Without the rule the child sent the parent's token and was told it set the flag: two
+    # processes each told they set it.
+    assert result() == "False", "the child claimed its parent's raised set_if_absent"
+    assert counters.set_if_absent("flag", "mine") is True  # the parent's own, recognised
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis", "mongo"], indirect=True)
+def test_a_forked_child_never_runs_under_its_parents_raised_claim(lossy: Any) -> None:
+    backend = lossy.backend()
+    runs: list[int] = []
+
+    @backend.idempotent(key=lambda x: f"k{x}", in_progress_ttl=60)
+    def work(x: int) -> int:
+        runs.append(x)
+        return x * 2
+
+    _raise_once(lossy, backend.idempotency._store, "claim")
+    with pytest.raises(RAISED):
+        work(1)  # the claim applied: the parent may send its token again
+
+    def child(_: int) -> str:
+        try:
+            return f"ran {work(1)}"
+        except Exception as exc:
+            return type(exc).__name__
+
+    go, result = _fork(child)
+    go()
+    # Without the rule the child recognised the parent's claim as its own and ran the
+    # function; the parent's retry runs it too.
+    assert result() == "IdempotencyInProgressError", "the child ran under its parent's claim"
+    assert work(1) == 2
+    assert runs == [1]
