@@ -268,3 +268,24 @@ def test_a_forked_child_never_runs_under_its_parents_raised_claim(lossy: Any) ->
     assert result() == "IdempotencyInProgressError", "the child ran under its parent's claim"
     assert work(1) == 2
     assert runs == [1]
+
+
+# -- rate limiter: a call that raised (the rule is dynacoord/ratelimit.py's) ---------------------
+
+
+@pytest.mark.parametrize("lossy", ["dynamodb", "redis"], indirect=True)
+def test_a_forked_child_never_claims_its_parents_raised_rate_limited_call(lossy: Any) -> None:
+    limiter = lossy.backend(clock=ManualClock()).rate_limiter("fork", rate=1, per=60, burst=3)
+    lossy.raise_next(applied=True)
+    with pytest.raises(RAISED):
+        limiter.try_acquire()  # applied: 1 spent, and the parent may still send it again
+
+    def child(_: int) -> str:
+        return str(limiter.try_acquire().admitted)
+
+    go, result = _fork(child)
+    go()
+    assert result() == "True"  # the child's own call
+    assert limiter.try_acquire().admitted  # the parent's raised call, recognised
+    # Without the rule the child was admitted on the parent's spent call: 2 admitted, 1 spent.
+    assert limiter.available() == 1, "the child was admitted on its parent's raised call"
