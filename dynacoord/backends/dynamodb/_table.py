@@ -132,6 +132,9 @@ _MULTI_TABLE_OPERATIONS = frozenset(
 )
 
 
+_AS_IS = "_dynacoord_as_is"  # DynamoTable.call_as_is's mark, taken off by the translation
+
+
 class DynamoTable:
     """The table session: one table through one client, as every store of a backend sends to it,
     with request helpers that each make exactly one request.
@@ -206,6 +209,13 @@ class DynamoTable:
             return self._translated(operation, kwargs)
         return self._send(operation, kwargs)
 
+    def call_as_is(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`call` on the application's own items (any table, its own names: a fenced write)
+        without stage 2; marked, as a guard may send on through :meth:`call` (first-use check)."""
+        if self.translator is not None:
+            kwargs[_AS_IS] = True
+        return self.call(operation, **kwargs)
+
     def _guarded(
         self, guards: tuple[Guard, ...], operation: str, kwargs: dict[str, Any]
     ) -> dict[str, Any]:
@@ -241,8 +251,8 @@ class DynamoTable:
         and the items of a refusal back in dynacoord's."""
         translator = self.translator
         assert translator is not None
-        request = translator.request_for(operation, kwargs)
-        if request is None:  # already in the layout's names: a transaction of the caller's
+        request = None if kwargs.pop(_AS_IS, None) else translator.request_for(operation, kwargs)
+        if request is None:  # already in the layout's names: call_as_is, a caller's transaction
             return self._send(operation, kwargs)
         try:
             response = self._send(operation, request)

@@ -247,7 +247,9 @@ class DynamoDBLockStore:
         backend's table, the item in your own names): SET ``values`` and ``attr = fence`` if
         the item has no ``attr`` or one no larger than ``fence``. Sent as it is (never through
         the table layout: the item is yours). A re-sent write (its answer lost) carries the
-        same fence and applies again."""
+        same fence and applies again. Sent through the session (:meth:`DynamoTable.call_as_is`):
+        timed by the metrics listener and refused by a global table's gate like any write of
+        dynacoord's own items."""
         from ...fencing import check_values
         from .transaction import marshal_with_bound
 
@@ -265,9 +267,11 @@ class DynamoDBLockStore:
                 names[f"#v{i}"] = name
                 attr_values[f":v{i}"] = av
                 actions.append(f"#v{i} = :v{i}")
-        client = self._table.client
         try:
-            client.update_item(
+            # through the session (guards, request, errors, metrics) but never the layout's
+            # translation: the item and its names are the application's
+            self._table.call_as_is(
+                "update_item",
                 TableName=table_name,
                 Key=marshalled_key,
                 UpdateExpression="SET " + ", ".join(actions),
@@ -276,11 +280,8 @@ class DynamoDBLockStore:
                 ExpressionAttributeValues=attr_values,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except self._table._client_error as exc:
-            translated = self._table.translate(exc)
-            if not isinstance(translated, ConditionFailedError):
-                raise translated from exc
-            stored = (translated.raw or {}).get(attr, {}).get("N")
+        except ConditionFailedError as exc:
+            stored = (exc.raw or {}).get(attr, {}).get("N")
             raise FenceRejectedError(
                 f"write of {key!r} in {table_name!r} with fence {fence} (lock {lock_key!r}, "
                 f"owner {owner!r}) refused: the item holds "
