@@ -349,6 +349,15 @@ class RateLimiter:
             total += max(0, (now + self._tolerance_us - after) // self._interval_us)
         return int(total)
 
+    def state(self) -> list[int | None]:
+        """What the store keeps, per shard (one consistent read each): GCRA's ``tat``, when
+        that shard's bucket is full again, in epoch microseconds; None for a shard with no item
+        (it has admitted no call, or its item expired: a full bucket). The rate, period and
+        burst are not stored: each caller gives its own."""
+        if self.shards == 1:
+            return [self._store.read(self.name, None)]
+        return [self._store.read(self.name, shard) for shard in range(self.shards)]
+
     def __repr__(self) -> str:
         return (
             f"RateLimiter(name={self.name!r}, rate={self.rate}, per={self.per}, "

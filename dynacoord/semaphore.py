@@ -56,6 +56,7 @@ __all__ = [
     "SemaphoreSlot",
     "SemaphoreState",
     "SemaphoreStore",
+    "StoredSemaphore",
     "plan_acquire",
 ]
 
@@ -88,6 +89,14 @@ class PermitInfo(Record):
     def expires_at(self) -> float:
         """Expiry as epoch seconds."""
         return self.expires_at_ms / 1000
+
+
+class StoredSemaphore(Record):
+    """What :meth:`Semaphore.state` read: the permits held then, oldest fence first, and the
+    last fence handed out (the limit is not stored: each caller gives its own)."""
+
+    holders: tuple[PermitInfo, ...]
+    last_fence: int
 
 
 class SemaphoreSlot(Record):
@@ -615,6 +624,17 @@ class Semaphore:
         state = self._store.read(self.name, now)
         self._seen = state
         return list(state.live(self.name, now))
+
+    def state(self) -> StoredSemaphore | None:
+        """The stored item (one consistent read): its live holders and last fence, or None
+        when there is no item (never acquired, or removed a day after its last permit's
+        expiry), which :meth:`holders` cannot tell from a semaphore with no holder now."""
+        now = now_ms(self.clock)
+        state = self._store.read(self.name, now)
+        self._seen = state
+        if state.revision is None:
+            return None
+        return StoredSemaphore(state.live(self.name, now), state.fence)
 
     def available(self) -> int:
         """How many permits are free now (one consistent read)."""
