@@ -52,21 +52,16 @@ def _show(ctx: Context) -> Any:
         raise ValueError(f"--shards must be between 1 and {MAX_SHARDS}, got {args.shards}")
     backend = ctx.backend()
     keys.rate_key(backend.namespace, args.name)  # a bad name is refused before anything is sent
-    store = backend._rate_limit_store(backend.namespace)
-    limiter = None
+    limiter: RateLimiter | None = None
     if args.rate is not None:
         # the limiter's own checks and rounding (a shard's interval rounded up to a microsecond)
-        limiter = RateLimiter(
-            store,
-            args.name,
-            rate=args.rate,
-            per=args.per,
-            burst=args.burst,
-            shards=args.shards,
+        limiter = backend.rate_limiter(
+            args.name, rate=args.rate, per=args.per, burst=args.burst, shards=args.shards
         )
+    # The read uses only the name and shards (the table stores no rate): any valid rate.
+    reader = limiter or backend.rate_limiter(args.name, rate=args.shards, shards=args.shards)
     now = int(backend.clock.time() * _MICROS)
-    numbers = range(args.shards) if args.shards > 1 else [None]
-    tats = [store.read(args.name, shard) for shard in numbers]
+    tats = reader.state()
     if all(tat is None for tat in tats):
         sharded = "" if args.shards > 1 else "; a sharded limiter needs --shards K"
         raise CommandFailed(

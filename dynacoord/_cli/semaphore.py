@@ -33,16 +33,16 @@ def _show(ctx: Context) -> Any:
     if limit is not None and not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"--limit must be between 1 and {MAX_LIMIT}, got {limit}")
     backend = ctx.backend()
+    # The read uses neither the limit nor the TTL (the table stores neither): any valid ones.
+    semaphore = backend.semaphore(ctx.args.name, limit=limit or MAX_LIMIT, ttl=1)
     now = now_ms(backend.clock)
-    # The store's one consistent read: Semaphore.holders() reads the same item but cannot tell
-    # a semaphore that holds no permit now from one that was never used (or was removed).
-    state = backend._semaphore_store(backend.namespace).read(ctx.args.name, now)
-    if state.revision is None:
+    state = semaphore.state()  # one consistent read; None: no item (unlike holders())
+    if state is None:
         raise CommandFailed(
             f"no semaphore {ctx.args.name!r} in namespace {backend.namespace!r} (never "
             "acquired, or removed a day after its last permit's expiry)"
         )
-    holders = state.live(ctx.args.name, now)
+    holders = state.holders
     out: dict[str, Any] = {
         "name": ctx.args.name,
         "limit": limit,
@@ -56,7 +56,7 @@ def _show(ctx: Context) -> Any:
             "its own): pass --limit N to see the free permits",
             file=sys.stderr,
         )
-    out["last_fence"] = state.fence
+    out["last_fence"] = state.last_fence
     out["holders"] = [
         {
             "owner": permit.owner,
