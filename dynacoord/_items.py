@@ -10,28 +10,9 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
-__all__ = ["is_live", "member_reader", "optional_int", "optional_str", "unfrozen_twin"]
+__all__ = ["is_live", "member_reader", "optional_int", "optional_str"]
 
 E = TypeVar("E", bound=Enum)
-
-
-def unfrozen_twin(cls: type, *, derived: tuple[str, ...] = ()) -> Any:
-    """A class with the ``__slots__`` of ``cls`` (a frozen, slotted dataclass) but not its frozen
-    ``__setattr__``: what the stores build the records they return in.
-
-    A frozen dataclass's ``__init__`` sets each field by a call of ``object.__setattr__``, most
-    of what a record costs, and a listing makes one per item. A builder instead takes
-    ``object.__new__(twin)``, stores each field as a plain slot, and sets ``__class__`` to ``cls``
-    (Python allows that between classes of the same ``__slots__``): the same object ``cls(...)``
-    makes, equal, hashed, printed and frozen alike, at a fraction of the cost. Only for classes
-    without ``__post_init__``, or whose ``__post_init__`` only sets the ``derived`` fields from
-    the others (no checks); a builder must set every field, derived ones too (tests hold each
-    builder equal to the constructor)."""
-    assert not derived or "__post_init__" in vars(cls), f"{cls.__name__} derives nothing"
-    assert derived or "__post_init__" not in vars(cls), (
-        f"{cls.__name__} checks its fields when made"
-    )
-    return type(f"_{cls.__name__}Slots", (), {"__slots__": vars(cls)["__slots__"]})
 
 
 def member_reader(cls: type[E]) -> Callable[[Any], E]:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from . import codec, keys
 from ._clock import Clock, SystemClock, now_ms
-from ._items import unfrozen_twin
+from ._items import is_live, optional_int
 from ._raised import RaisedWrites
 from ._validate import check_int, ttl_to_ms
 from .errors import (
@@ -109,20 +109,15 @@ class CounterItem:
         """The live item a store read (the same field names on every backend), or None if it is
         missing or expired. ``members`` overrides the item's ``members`` field (Redis keeps a
         join's members as separate hash fields)."""
-        if not item:
+        if not is_live(item, now_ms):
             return None
-        # is_live and optional_int in one read: the expiry is converted once
-        expires_at_ms = item.get("expires_at_ms")
-        if expires_at_ms is not None:
-            expires_at_ms = int(expires_at_ms)
-            if expires_at_ms <= now_ms:
-                return None
+        assert item is not None
+        expires_at_ms = optional_int(item, "expires_at_ms")
         kind = str(item.get("kind", COUNTER))
-        make = _counter_item if cls is CounterItem else cls  # a subclass is made as it asks
         if kind == FLAG:
-            return make(kind, codec.decode(str(item["value"])), expires_at_ms)
+            return cls(kind, codec.decode(str(item["value"])), expires_at_ms)
         if kind == JOIN:
-            return make(
+            return cls(
                 kind,
                 int(item.get("n", 0)),
                 expires_at_ms,
@@ -130,15 +125,7 @@ class CounterItem:
                 frozenset(map(str, item.get("members", ()) if members is None else members)),
                 None if item.get("last") is None else str(item["last"]),
             )
-        return make(kind, int(item.get("n", 0)), expires_at_ms)
-
-
-# Every request of a counter, flag or join returns a CounterItem, a WriteOutcome and (joins) a
-# JoinResult: the functions below build them in their unfrozen twins (see
-# dynacoord._items.unfrozen_twin), each setting every field of its class.
-
-_new_object = object.__new__
-_CounterItemSlots = unfrozen_twin(CounterItem)
+        return cls(kind, int(item.get("n", 0)), expires_at_ms)
 
 
 def _counter_item(
@@ -149,17 +136,9 @@ def _counter_item(
     members: frozenset[str] = frozenset(),
     last_member: str | None = None,
 ) -> CounterItem:
-    """``CounterItem(...)``, built as the comment above says."""
-    item: Any = _new_object(_CounterItemSlots)
-    item.kind = kind
-    item.value = value
-    item.expires_at_ms = expires_at_ms
-    item.expected = expected
-    item.members = members
-    item.last_member = last_member
-    item.__class__ = CounterItem
-    made: CounterItem = item
-    return made
+    """``CounterItem(...)`` of these fields, given by position (the DynamoDB store's readers
+    call it)."""
+    return CounterItem(kind, value, expires_at_ms, expected, members, last_member)
 
 
 def value_fields(kind: str, value: Any) -> dict[str, Any]:
@@ -184,24 +163,14 @@ class WriteOutcome:
     out_of_range: int | None = None
 
 
-_WriteOutcomeSlots = unfrozen_twin(WriteOutcome)
-
-
 def _write_outcome(
     ok: bool,
     item: CounterItem | None = None,
     current: CounterItem | None = None,
     out_of_range: int | None = None,
 ) -> WriteOutcome:
-    """``WriteOutcome(...)``, built as :func:`_counter_item` builds a CounterItem."""
-    outcome: Any = _new_object(_WriteOutcomeSlots)
-    outcome.ok = ok
-    outcome.item = item
-    outcome.current = current
-    outcome.out_of_range = out_of_range
-    outcome.__class__ = WriteOutcome
-    made: WriteOutcome = outcome
-    return made
+    """``WriteOutcome(...)`` of these fields, given by position (the DynamoDB store calls it)."""
+    return WriteOutcome(ok, item, current, out_of_range)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,19 +189,9 @@ class JoinResult:
     expected: int = 0
 
 
-_JoinResultSlots = unfrozen_twin(JoinResult)
-
-
 def _join_result(count: int, complete: bool, fired: bool, expected: int) -> JoinResult:
-    """``JoinResult(...)``, built as :func:`_counter_item` builds a CounterItem."""
-    result: Any = _new_object(_JoinResultSlots)
-    result.count = count
-    result.complete = complete
-    result.fired = fired
-    result.expected = expected
-    result.__class__ = JoinResult
-    made: JoinResult = result
-    return made
+    """``JoinResult(...)`` of these fields, given by position."""
+    return JoinResult(count, complete, fired, expected)
 
 
 class CounterStore(Protocol):
@@ -319,9 +278,7 @@ class Counters:
         :meth:`extend_ttl` to push an expiry. One request unless the counter has expired.
         """
         keys.validate_key(key, "counter key")
-        # a plain int in range inline: check_int (a keyword call) only for what it may refuse
-        if type(by) is not int or not -MAX_COUNTER_VALUE <= by <= MAX_COUNTER_VALUE:
-            check_int(by, "by", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
+        check_int(by, "by", minimum=-MAX_COUNTER_VALUE, maximum=MAX_COUNTER_VALUE)
         ttl_ms = None if ttl is None else ttl_to_ms(ttl)
         now = now_ms(self.clock)
         for _ in range(_MAX_RESTARTS):
@@ -428,14 +385,10 @@ class Counters:
         :data:`MAX_JOIN_MEMBER_BYTES` bytes. One request unless the join has expired.
         """
         keys.validate_key(key, "join key")
-        if type(expected) is not int or not 1 <= expected <= MAX_JOIN_EXPECTED:  # as in increment
-            check_int(expected, "expected", minimum=1, maximum=MAX_JOIN_EXPECTED)
-        if type(member) is str and member and member.isascii():  # valid, a byte per character
-            size = len(member)
-        else:
-            if not isinstance(member, str) or not member:
-                raise InvalidKeyError("join member must be a non-empty str", key=member)
-            size = len(keys.validate_key(member, "join member").encode("utf-8"))
+        check_int(expected, "expected", minimum=1, maximum=MAX_JOIN_EXPECTED)
+        if not isinstance(member, str) or not member:
+            raise InvalidKeyError("join member must be a non-empty str", key=member)
+        size = len(keys.validate_key(member, "join member").encode("utf-8"))
         if size > MAX_JOIN_MEMBER_BYTES:
             raise InvalidKeyError(
                 f"join member is {size} bytes, the limit is {MAX_JOIN_MEMBER_BYTES} bytes of UTF-8 "

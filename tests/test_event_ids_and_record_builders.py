@@ -1,4 +1,4 @@
-"""Default event ids, and records built without their frozen dataclass constructor."""
+"""Default event ids, and the record builders the stores call: what the constructor makes."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def test_a_default_event_id_is_a_random_version_4_uuid_in_hex():
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
 
 
-def test_records_built_in_their_unfrozen_twins_are_what_the_constructor_makes():
-    """Runs, checkpoints and counter results are built without the frozen dataclass __init__
-    (dynacoord._items.unfrozen_twin): each builder must set every field, and give an object
-    equal, hashed, printed, pickled and frozen as the constructor's."""
+def test_record_builders_make_what_the_constructor_makes():
+    """The builders the stores call by position (runs, checkpoints, counter results, events and
+    event records) set every field, and give an object equal, hashed, printed, pickled and frozen
+    as the constructor's."""
     import copy
     import dataclasses
     import pickle

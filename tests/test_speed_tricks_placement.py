@@ -18,29 +18,6 @@ ALLOWED = {
     pathlib.Path("_items.py"),
 }
 
-#: builders left as they are for now, by module and function: counters.py was being changed by
-#: another engineer when the others were made plain (issue 51). No other function may join them.
-NOT_YET = {
-    (pathlib.Path("counters.py"), "_counter_item"),
-    (pathlib.Path("counters.py"), "_write_outcome"),
-    (pathlib.Path("counters.py"), "_join_result"),
-}
-
-
-def _functions(tree: ast.AST) -> dict[int, str]:
-    """The name of the innermost function around each line of ``tree`` ("" outside any)."""
-    names: dict[int, str] = {}
-    # the innermost wins: the longest functions first, the ones inside them overwrite
-    functions = sorted(
-        (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
-        key=lambda n: (n.end_lineno or n.lineno) - n.lineno,
-        reverse=True,
-    )
-    for node in functions:
-        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
-            names[line] = node.name
-    return names
-
 
 def _class_swaps(tree: ast.AST) -> list[int]:
     """Line numbers of every statement of ``tree`` that sets an object's ``__class__``."""
@@ -84,12 +61,7 @@ def test_only_the_marshaller_and_the_record_readers_swap_an_objects_class():
         if module in ALLOWED:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        functions = _functions(tree)
-        found += [
-            f"{module}:{line}"
-            for line in _class_swaps(tree)
-            if (module, functions.get(line, "")) not in NOT_YET
-        ]
+        found += [f"{module}:{line}" for line in _class_swaps(tree)]
     assert not found, (
         "an object's __class__ is set outside the marshaller and the record readers "
         "(build a plain dataclass or NamedTuple; see docs/architecture.md, 'Where speed tricks "
