@@ -21,6 +21,7 @@ from ..._writers import PRUNE_AT, finished, lease, recall, release, remember, to
 from ._table import ConditionFailedError
 
 if TYPE_CHECKING:
+    from ..._breaker_window import WindowWrite
     from ._table import DynamoTable
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "before_counting_write",
     "counting_update",
     "drop_slots",
+    "held_counting_update",
     "slot_token",
     "slot_value",
 ]
@@ -321,6 +323,38 @@ def counting_update(
         release(slot)
     after_counting_write(table, token, kwargs["Key"], response.get("Attributes"), now_ms)
     return response
+
+
+def held_counting_update(
+    table: DynamoTable,
+    write: WindowWrite,
+    token: CountingToken,
+    now_ms: int,
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`counting_update` sent with the slot and token ``write`` holds across its sends
+    (leased at the first, kept when a call raised, given back by its owner: the breaker's window
+    writes, the rate limiter's admissions) instead of a slot leased for this call alone: a send
+    after one whose call raised is refused with its own token, "applied". A refusal raises
+    ConditionFailedError (check :meth:`CountingToken.applied` on its ``raw``). The steps around
+    the write are the counting write's own (:func:`before_counting_write`,
+    :func:`after_counting_write`), so the slots of writers that never write again go with
+    whoever writes next."""
+    kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    before_counting_write(token, now_ms)
+    slot, value = write.take(token.now_ms, table.count_window_ms)
+    token.name = SLOT_PREFIX + slot
+    token.token = str(value)
+    while True:
+        try:
+            response = table.call("update_item", **token.apply(kwargs))
+        except ConditionFailedError as failed:
+            if token.prune and not token.applied(failed.raw) and token.refused_by_prune(failed.raw):
+                token.prune = ()  # a stale slot written again since it was seen
+                continue
+            raise
+        after_counting_write(table, token, kwargs["Key"], response.get("Attributes"), now_ms)
+        return response
 
 
 def before_counting_write(token: CountingToken, now_ms: int) -> None:

@@ -35,13 +35,7 @@ from ...breaker import (
     window_from_fields,
 )
 from ...keys import BREAKER_SK, breaker_pk
-from ._counting import (
-    SLOT_PREFIX,
-    CountingToken,
-    after_counting_write,
-    before_counting_write,
-    counting_update,
-)
+from ._counting import CountingToken, counting_update, held_counting_update
 from ._marshal import unmarshal, values
 from ._table import REQUEST_TOKEN, ConditionFailedError, DynamoTable, request_token, written_by
 
@@ -173,7 +167,8 @@ class DynamoDBBreakerStore:
         if condition is not None:
             kwargs["ConditionExpression"] = condition
         if token is not None and write is not None:  # the slot and token of ``write``
-            response = self._counting_as(write, token, now_ms, kwargs)
+            # breaker items have no TTL: the slots go with whoever writes next
+            response = held_counting_update(self._table, write, token, now_ms, kwargs)
         elif token is not None:  # a counting write (old_on_failure): its slot and token added
             response = counting_update(self._table, token, now_ms, **kwargs)
         elif old_on_failure:
@@ -186,36 +181,6 @@ class DynamoDBBreakerStore:
                 return None
         attributes: dict[str, Any] = response.get("Attributes", {})
         return attributes
-
-    def _counting_as(
-        self, write: WindowWrite, token: CountingToken, now_ms: int, kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        """:func:`counting_update` sent with the slot and token ``write`` holds across its sends
-        (leased at the first, given back by the breaker) instead of a slot leased for this call
-        alone: a send after one whose call raised is refused with its own token, "applied".
-        The steps around the write are the counting write's own (before_counting_write,
-        after_counting_write), so the slots of writers that never write again go with
-        whoever writes next: breaker items have no TTL."""
-        kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-        table = self._table
-        before_counting_write(token, now_ms)
-        slot, value = write.take(token.now_ms, table.count_window_ms)
-        token.name = SLOT_PREFIX + slot
-        token.token = str(value)
-        while True:
-            try:
-                response = table.call("update_item", **token.apply(kwargs))
-            except ConditionFailedError as failed:
-                if (
-                    token.prune
-                    and not token.applied(failed.raw)
-                    and token.refused_by_prune(failed.raw)
-                ):
-                    token.prune = ()  # a stale slot written again since it was seen
-                    continue
-                raise
-            after_counting_write(table, token, kwargs["Key"], response.get("Attributes"), now_ms)
-            return response
 
     def get(self, name: str, *, consistent: bool = True) -> BreakerRecord:
         return _record(self._table.get_raw(self._key(name), consistent=consistent))

@@ -25,7 +25,7 @@ from typing import Any
 from ..._breaker_window import WindowWrite
 from ...keys import rate_key
 from ...ratelimit import RateAttempt
-from ._counting import SLOT_PREFIX, CountingToken, after_counting_write, before_counting_write
+from ._counting import CountingToken, held_counting_update
 from ._table import ConditionFailedError, DynamoTable
 
 __all__ = ["DynamoDBRateLimitStore"]
@@ -89,28 +89,16 @@ class DynamoDBRateLimitStore:
             "ExpressionAttributeNames": {"#tat": "tat", "#ttl": "ttl"},
             "ExpressionAttributeValues": attr_values,
             "ReturnValues": "ALL_NEW",
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         # a counting write sent with the slot and token the limiter holds across its sends
         # (leased at the first, kept when a call raised, given back by the limiter)
         token = CountingToken(now_ms, key["pk"]["S"])
-        before_counting_write(token, now_ms)
-        slot, value = write.take(now_ms, self._table.count_window_ms)
-        token.name = SLOT_PREFIX + slot
-        token.token = str(value)
-        while True:
-            try:
-                response = self._table.call("update_item", **token.apply(kwargs))
-            except ConditionFailedError as refused:
-                if token.applied(refused.raw):
-                    # this very write, applied earlier: its answer was lost (re-sent by botocore)
-                    # or its call raised (sent again by the limiter)
-                    return RateAttempt(True, _tat(refused.raw))
-                if token.prune and token.refused_by_prune(refused.raw):
-                    token.prune = ()  # a stale slot written again since it was seen
-                    continue
-                return RateAttempt(False, _tat(refused.raw))
-            break
-        attributes = response.get("Attributes")
-        after_counting_write(self._table, token, key, attributes, now_ms)
-        return RateAttempt(True, _tat(attributes))
+        try:
+            response = held_counting_update(self._table, write, token, now_ms, kwargs)
+        except ConditionFailedError as refused:
+            if token.applied(refused.raw):
+                # this very write, applied earlier: its answer was lost (re-sent by botocore)
+                # or its call raised (sent again by the limiter)
+                return RateAttempt(True, _tat(refused.raw))
+            return RateAttempt(False, _tat(refused.raw))
+        return RateAttempt(True, _tat(response.get("Attributes")))
