@@ -47,9 +47,9 @@ from ...outbox import (
     Outcome,
     RetryOutcome,
 )
+from ...outbox._claimable import claimable_stretches
 from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS
 from ...outbox._gates import by_group as ordered_by_group
-from ...outbox._runs import group_runs
 from ._batch import Answers, BatchWriter, Entry
 from ._limits import (
     MAX_TRANSACTION_BYTES,
@@ -74,7 +74,7 @@ _RETRY_CODES = ("ConditionalCheckFailed", "TransactionConflict")
 _sleep = time.sleep
 #: At most this many events of one ordered group are claimed in one batch (the group's gate and
 #: its events' outcomes must fit one transaction).
-_MAX_RUN = 50
+_MAX_STRETCH = 50
 #: At most this many events of a group move in one ``retry(group=...)`` transaction (with the
 #: group's gate: 100 items, the TransactWriteItems limit).
 _REDRIVE_CHUNK = MAX_TRANSACTION_ITEMS - 1
@@ -430,13 +430,13 @@ class DynamoDBOutboxStore(StreamRelayStore):
         self, seen: Sequence[EventRecord], tokens: Sequence[str], lease_until_ms: int, now_ms: int
     ) -> list[EventRecord]:
         self._record_shards()
-        # Of each ordered group, the run of consecutive places from the smallest one seen (events
-        # after a gap are left as they are: the next poll looks again).
-        runs = _Runs({}, {})
-        for group, run in group_runs(seen).items():
-            runs.starts[group] = run.start
-            runs.by_group[group] = run.members[:_MAX_RUN]
-        members = {r.id for run_members in runs.by_group.values() for r in run_members}
+        # Of each ordered group, the stretch of consecutive places from the smallest one seen
+        # (events after a gap are left as they are: the next poll looks again).
+        stretches = _Stretches({}, {})
+        for group, stretch in claimable_stretches(seen).items():
+            stretches.starts[group] = stretch.start
+            stretches.by_group[group] = stretch.members[:_MAX_STRETCH]
+        members = {r.id for group_members in stretches.by_group.values() for r in group_members}
         claimable: list[tuple[EventRecord, str]] = []
         ids: set[str] = set()
         for record, token in zip(seen, tokens, strict=True):
@@ -449,7 +449,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
             record, token = claimable[0]
             got = self._claim_one(record, token, lease_until_ms, now_ms)
             return [] if got is None else [got]
-        # Items: one claim per event, one gate check per ordered group, a group's with its run.
+        # Items: one claim per event, one gate check per ordered group, a group's with its stretch.
         entries: list[Entry] = []
         for record, token in claimable:
             entries.append(
@@ -460,7 +460,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
                     tie=_group_tie(record),
                 )
             )
-        for group, start in runs.starts.items():
+        for group, start in stretches.starts.items():
             entries.append(
                 Entry(
                     {
@@ -492,7 +492,7 @@ class DynamoDBOutboxStore(StreamRelayStore):
             else:
                 group = entry.tie
                 if group is not None:
-                    # A member of the run is someone else's: claiming the rest could deliver a
+                    # A member of the stretch is someone else's: claiming the rest could deliver a
                     # later event before it. The group waits for the next poll.
                     contended.add(group)
 
@@ -541,15 +541,15 @@ class DynamoDBOutboxStore(StreamRelayStore):
         for record, message in unclaimable:
             self._fail_unclaimable(record, message, now_ms)
         for group, gate in blocked.items():
-            # The group's head is not done: the run waits; move it out of the way for a while.
+            # The group's head is not done: the stretch waits; move it out of the way for a while.
             due = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms", 0)))
-            for record in runs.by_group[group]:
+            for record in stretches.by_group[group]:
                 claimed.pop(record.id, None)
                 self._postpone(record, due, now_ms)
         for group in contended - set(blocked):
             # Members written in an earlier round than the refusal stay claimed only if they
-            # come before every refused member: give back the whole run instead (rare).
-            for record in runs.by_group[group]:
+            # come before every refused member: give back the whole stretch instead (rare).
+            for record in stretches.by_group[group]:
                 got = claimed.pop(record.id, None)
                 if got is not None:
                     self.finish_many(
@@ -868,9 +868,9 @@ class DynamoDBOutboxStore(StreamRelayStore):
 
 
 @dataclasses.dataclass(slots=True)
-class _Runs:
-    starts: dict[str, int]  # group -> first place of its run
-    by_group: dict[str, list[EventRecord]]  # group -> its run's records
+class _Stretches:
+    starts: dict[str, int]  # group -> first place of its claimable stretch
+    by_group: dict[str, list[EventRecord]]  # group -> its stretch's records
 
 
 def _as_claimed(seen: EventRecord, token: str, lease_until_ms: int) -> EventRecord:

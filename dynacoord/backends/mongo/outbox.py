@@ -28,15 +28,15 @@ last place handed out), ``published_ms``, ``next_seq`` (the smallest place not f
 ``retried_by``/``retry_first`` (that call's token and the first place it took). MongoDB cannot write the gate and the
 events atomically, so an ordered publish takes its places first (one ``find_one_and_update`` with
 ``$inc`` per group, after the clash check: a republished identical event takes none) and then
-inserts the events, each with its ``seq`` and ``published_ms``. A claim claims a group's run first
-and reads the gate after (the gate only moves forward, so a gate that lets the run go after the
-claim let it go at the claim); a run the gate holds back is given back (attempt included) and
-postponed with the group's other blocked events in one more ``bulk_write``. A place that never got
+inserts the events, each with its ``seq`` and ``published_ms``. A claim claims a group's claimable
+stretch first and reads the gate after (the gate only moves forward, so a gate that lets the
+stretch go after the claim let it go at the claim); a stretch the gate holds back is given back
+(attempt included) and postponed with the group's other blocked events in one more ``bulk_write``. A place that never got
 its event (the publisher died between the two steps, or its insert was undone after a clash) or
 whose event is finished while the gate was not moved (a worker died between the two writes of
-``finish_many``) would hold its group forever: a claim held back at such a place, whose run's
+``finish_many``) would hold its group forever: a claim held back at such a place, whose stretch's
 first event was published at least 60 s ago (so the place before it was taken even earlier),
-looks up the places before the run (one ``find``) and moves the gate past every one of
+looks up the places before the stretch (one ``find``) and moves the gate past every one of
 them that has no event or a finished one, up to the first event on its way. So a publisher stalled for more
 than 60 s between taking its place and inserting its event can see that event delivered after
 later events of its group (never lost). A place-taking ``$inc`` sent again after its response was
@@ -77,9 +77,9 @@ from ...outbox import (
     RetryOutcome,
     pending_fields,
 )
+from ...outbox._claimable import claimable_stretches
 from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS, gate_move
 from ...outbox._gates import by_group as ordered_by_group
-from ...outbox._runs import group_runs
 from ...outbox.event import check_event_size
 from ._collection import MongoCollection
 
@@ -91,7 +91,7 @@ _GATE_SK = "GROUP"
 _CLAIMABLE = (EventStatus.PENDING, EventStatus.IN_FLIGHT)
 #: The widest place in a group the size check of a publish allows for (15 digits).
 _WIDEST_SEQ = 10**15 - 1
-#: A group's next place that has no event (or a finished one) is skipped once the run behind it
+#: A group's next place that has no event (or a finished one) is skipped once the stretch behind it
 #: was published this long ago: its publisher took the place earlier and has not written it.
 HOLE_WAIT_MS = 60_000
 
@@ -347,10 +347,10 @@ class MongoOutboxStore:
         for record, token in zip(seen, tokens, strict=True):
             if record.status in _CLAIMABLE:
                 token_of.setdefault(record.id, token)
-        runs = group_runs([r for r in seen if r.id in token_of])
-        after_gap = {r.id for run in runs.values() for r in run.after_gap}
+        stretches = claimable_stretches([r for r in seen if r.id in token_of])
+        after_gap = {r.id for stretch in stretches.values() for r in stretch.after_gap}
         to_claim = {r.id: r for r in seen if r.id in token_of and r.id not in after_gap}
-        # 1. Claim every event still as seen (a run's members too: the gate is checked after,
+        # 1. Claim every event still as seen (a stretch's members too: the gate is checked after,
         #    and a claim it refuses is given back).
         ops = [
             pymongo.UpdateMany(  # unique (pk, sk): at most one document (mongomock: no UpdateOne)
@@ -368,11 +368,11 @@ class MongoOutboxStore:
             "sk": "EVENT",
             "lease_token": {"$in": [token_of[i] for i in to_claim]},
         }
-        if runs:
+        if stretches:
             query = {
                 "$or": [
                     query,
-                    {"pk": {"$in": [self._gate_key(g)["pk"] for g in runs]}, "sk": _GATE_SK},
+                    {"pk": {"$in": [self._gate_key(g)["pk"] for g in stretches]}, "sk": _GATE_SK},
                 ]
             }
         found = self._coll.find("outbox claim", query) if to_claim else []
@@ -384,24 +384,24 @@ class MongoOutboxStore:
         # 3. Of each ordered group, what the gate does not let go is given back and postponed.
         give_back: list[tuple[EventRecord, int]] = []
         postpone: list[tuple[EventRecord, int]] = []
-        for group, run in runs.items():
+        for group, stretch in stretches.items():
             gate = gates.get(self._gate_key(group)["pk"], {})
             head = int(gate.get("next_seq", 1))
-            start = claimed.get(run.members[0].id)
-            if head < run.start and start is not None:
-                head = self._repair(group, head, run.start, start, now_ms)
+            start = claimed.get(stretch.members[0].id)
+            if head < stretch.start and start is not None:
+                head = self._repair(group, head, stretch.start, start, now_ms)
             later = max(now_ms + ORDERED_RECHECK_MS, int(gate.get("retry_due_ms") or 0))
-            open_run = head >= run.start
-            for record in run.members:
-                if open_run and record.id in claimed:
+            open_stretch = head >= stretch.start
+            for record in stretch.members:
+                if open_stretch and record.id in claimed:
                     continue
-                open_run = False  # a place someone else holds: the rest of the run waits
+                open_stretch = False  # a place someone else holds: the rest of the stretch waits
                 if record.id in claimed:
                     give_back.append((record, later))
                     del claimed[record.id]
                 else:
                     postpone.append((record, later))
-            postpone.extend((record, later) for record in run.after_gap)
+            postpone.extend((record, later) for record in stretch.after_gap)
         if give_back or postpone:
             self._postpone(give_back, postpone, token_of, now_ms)
         records = [EventRecord.from_item(claimed[r.id], now_ms) for r in seen if r.id in claimed]
@@ -410,17 +410,17 @@ class MongoOutboxStore:
     def _repair(
         self, group: str, head: int, start: int, start_doc: dict[str, Any], now_ms: int
     ) -> int:
-        """The group's next place when a claim of the run from ``start`` found it at ``head``.
+        """The group's next place when a claim of the stretch from ``start`` found it at ``head``.
 
         A place whose event is finished (completed or failed, its gate update lost with a worker
         that died in between) or missing (a publisher that died between taking the place and
         inserting the event, or a publish undone after a clash) would hold the group forever:
-        once the run's first event was published ``HOLE_WAIT_MS`` ago (so the place before it
+        once the stretch's first event was published ``HOLE_WAIT_MS`` ago (so the place before it
         was taken at least that long ago) the gate moves past it."""
         published = int(start_doc.get("published_ms") or now_ms)
         if now_ms - published < HOLE_WAIT_MS:
             return head
-        # Every place from the head up to the run: all were taken before the run's first
+        # Every place from the head up to the stretch: all were taken before the stretch's first
         # event, so all are that old. The gate moves past all the holes at once (one at a
         # time, a group with several needed a claim round each after the wait).
         docs = self._coll.find(

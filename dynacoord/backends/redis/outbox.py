@@ -54,7 +54,7 @@ from ...outbox import (
     RetryOutcome,
     pending_fields,
 )
-from ...outbox._runs import group_runs
+from ...outbox._claimable import claimable_stretches
 from ...outbox.event import check_event_size
 from ._conn import (
     LUA_LIVE,
@@ -100,14 +100,15 @@ class _ClaimEntry(TypedDict):
     gsk: str  # the in-flight index entry
     id: str
     gate: int
-    place: NotRequired[Literal["run", "gap"]]  # in its group's run, or behind a missing place
+    # in its group's claimable stretch (the script's word: "run"), or behind a missing place
+    place: NotRequired[Literal["run", "gap"]]
 
 
 class _ClaimSpec(TypedDict):
     lease_until: str
     recheck: str  # how long a refused place keeps out of the due queue (ms)
-    starts: list[str]  # per gate: the first place of the run this claim takes
-    events: list[_ClaimEntry]  # each group's run in place order
+    starts: list[str]  # per gate: the first place of the stretch this claim takes
+    events: list[_ClaimEntry]  # each group's stretch in place order
 
 
 class _OutcomeEntry(TypedDict):
@@ -284,7 +285,7 @@ for _, e in ipairs(spec.events) do
     table.insert(out, redis.call('HGETALL', key))
   elseif j > 0 and live(key, now) then
     local st = redis.call('HGET', key, 'status')
-    -- someone else holds this place (or it waits for a retry): the rest of the run waits too
+    -- someone else holds this place (or it waits for a retry): the rest of the stretch waits too
     if st == 'pending' or st == 'in_flight' then open[j] = false end
   end
 end
@@ -575,8 +576,8 @@ class RedisOutboxStore:
     ) -> list[EventRecord]:
         if len(seen) != len(tokens):
             raise ValueError("claim_many needs one token per event")
-        runs = group_runs(seen)
-        gates = {group: number for number, group in enumerate(runs, start=1)}
+        stretches = claimable_stretches(seen)
+        gates = {group: number for number, group in enumerate(stretches, start=1)}
         keys: list[str] = []
         entries: list[_ClaimEntry] = []
         listed: set[str] = set()
@@ -593,22 +594,23 @@ class RedisOutboxStore:
         for record in seen:
             if record.seq is None:
                 add(record, token_of[record.id], None)
-        for run in runs.values():  # each run in place order: a place refused stops the rest
-            for record in run.members:
+        # Each stretch in place order: a place refused stops the rest.
+        for stretch in stretches.values():
+            for record in stretch.members:
                 add(record, token_of[record.id], "run")
-            for record in run.after_gap:
+            for record in stretch.after_gap:
                 add(record, token_of[record.id], "gap")
         if not entries:
             return []
         spec: _ClaimSpec = {
             "lease_until": str(lease_until_ms),
             "recheck": str(ORDERED_RECHECK_MS),
-            "starts": [str(run.start) for run in runs.values()],
+            "starts": [str(stretch.start) for stretch in stretches.values()],
             "events": entries,
         }
         reply = self._conn.run(
             _CLAIM_MANY,
-            keys + [self._gate(group) for group in runs],
+            keys + [self._gate(group) for group in stretches],
             [*self._head(now_ms), _as_json(spec)],
             "outbox claim",
         )

@@ -1,5 +1,5 @@
-"""The claimable run of each ordered group among the events a batch claim saw (shared by the
-Redis and MongoDB stores)."""
+"""The claimable stretch of each ordered group among the events a batch claim saw (shared by the
+three stores)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from .event import EventRecord
 
-__all__ = ["GroupRun", "group_runs"]
+__all__ = ["ClaimableStretch", "claimable_stretches"]
 
 
 @dataclass(slots=True)
-class GroupRun:
+class ClaimableStretch:
     """Of one ordered group in a batch: ``members``, the consecutive places from the smallest one
     seen (``start``), in place order; ``after_gap``, the group's events seen after the first gap
     (never claimable in this batch)."""
@@ -23,21 +23,21 @@ class GroupRun:
     after_gap: list[EventRecord] = field(default_factory=list)
 
 
-def group_runs(seen: Sequence[EventRecord]) -> dict[str, GroupRun]:
-    """The :class:`GroupRun` of every ordered group in ``seen`` (unordered events are left out;
-    an event seen twice counts once)."""
+def claimable_stretches(seen: Sequence[EventRecord]) -> dict[str, ClaimableStretch]:
+    """The :class:`ClaimableStretch` of every ordered group in ``seen`` (unordered events are left
+    out; an event seen twice counts once)."""
     by_group: dict[str, dict[str, EventRecord]] = {}
     for record in seen:
         if record.seq is not None and record.event.group is not None:
             by_group.setdefault(record.event.group, {}).setdefault(record.id, record)
-    runs: dict[str, GroupRun] = {}
+    stretches: dict[str, ClaimableStretch] = {}
     for group, records in by_group.items():
         ordered = sorted(records.values(), key=lambda r: r.seq or 0)
-        run = GroupRun(group, ordered[0].seq or 0, [ordered[0]])
+        stretch = ClaimableStretch(group, ordered[0].seq or 0, [ordered[0]])
         for record in ordered[1:]:
-            if not run.after_gap and record.seq == (run.members[-1].seq or 0) + 1:
-                run.members.append(record)
+            if not stretch.after_gap and record.seq == (stretch.members[-1].seq or 0) + 1:
+                stretch.members.append(record)
             else:
-                run.after_gap.append(record)
-        runs[group] = run
-    return runs
+                stretch.after_gap.append(record)
+        stretches[group] = stretch
+    return stretches
