@@ -14,12 +14,10 @@ at (docs/architecture.md, "One request path on DynamoDB"):
    place (:meth:`DynamoTable.translate`);
 5. the **metrics** (latency, errors, consumed capacity), when a listener is set.
 
-What the process learns about the table through its client (checked, PartiQL or not, join
-generations) is the session's :attr:`DynamoTable.state`, shared by every backend on the same
-client and table. Marshalling is ``_marshal.py``, the counting slots ``_counting.py``, the
-client's retry window ``_retry_window.py``.
-
-No boto3/botocore import at module level (the cold-start path; see ``_marshal.py``).
+What the process learns of the table (checked, PartiQL or not, join generations) is
+:attr:`DynamoTable.state`, shared by every backend on the same client and table. Marshalling is
+``_marshal.py``, the counting slots ``_counting.py``, the retry window ``_retry_window.py``; no
+boto3/botocore import at module level (the cold-start path; see ``_marshal.py``).
 """
 
 from __future__ import annotations
