@@ -1,13 +1,15 @@
 """Serverless delivery: a Lambda handler for the table's DynamoDB stream, and a scheduled sweeper.
 
-``backend.outbox.stream_handler(handlers)`` returns a Lambda handler for DynamoDB Streams events.
-A publish inserts the event item; the stream hands its new image to the relay within about a
-second, with no polling cost. By default the relay delivers a new event with **one write**: it
-reads the batch's events once (a consistent ``BatchGetItem``), runs the handler of each one still
-pending with no attempt, and stores the outcome conditional on the event still being as it read
-it (pending, unclaimed, the same attempts and due time). With ``claim=True`` it delivers exactly
-as a polling worker would: it **claims** the event (a conditional write with a fresh lease
-token, kept alive by the heartbeat), runs the handler and stores the outcome under that token.
+``backend.outbox.stream_handler(handlers)`` returns a Lambda handler for DynamoDB Streams events:
+the stream relay, "the relay" below (the docs' word; not the SQS/SNS/EventBridge relays of
+:mod:`dynacoord.relays`, which may be its handlers). A publish inserts the event item; the stream
+hands its new image to the relay within about a second, with no polling cost. By default the relay
+delivers a new event with **one write**: it reads the batch's events once (a consistent
+``BatchGetItem``), runs the handler of each one still pending with no attempt, and stores the
+outcome conditional on the event still being as it read it (pending, unclaimed, the same attempts
+and due time). With ``claim=True`` it delivers exactly as a polling worker would: it **claims** the
+event (a conditional write with a fresh lease token, kept alive by the heartbeat), runs the handler
+and stores the outcome under that token.
 
 The races, and what closes them:
 

@@ -58,8 +58,8 @@ from ._limits import (
 )
 from ._marshal import marshal, unmarshal, values
 from ._outbox_items import OutboxItems, event_record
-from ._outbox_relay import StreamRelayStore
 from ._outbox_requests import NAMES, OutboxRequests, still_as_seen
+from ._outbox_stream import StreamDeliveryStore
 from ._table import FREE, ConditionFailedError, DynamoTable
 
 __all__ = ["DynamoDBOutboxStore"]
@@ -80,9 +80,9 @@ _MAX_STRETCH = 50
 _REDRIVE_CHUNK = MAX_TRANSACTION_ITEMS - 1
 
 
-class DynamoDBOutboxStore(StreamRelayStore):
+class DynamoDBOutboxStore(StreamDeliveryStore):
     """The outbox on the single table (see the module docstring); what the stream relay needs
-    besides is in its base, :class:`~._outbox_relay.StreamRelayStore`."""
+    besides is in its base, :class:`~._outbox_stream.StreamDeliveryStore`."""
 
     def __init__(self, table: DynamoTable, namespace: str, *, shards: int = 1) -> None:
         self._table = table

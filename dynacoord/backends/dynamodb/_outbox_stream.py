@@ -1,8 +1,10 @@
-"""What the stream relay asks of the DynamoDB outbox store beyond a worker's calls (the
-``StreamStore`` protocol of :mod:`dynacoord.outbox.stream`): reading the event a stream image
-holds, reading events by id in one request, and storing the outcome of an event delivered
-without a claim (one write per event). A base class of
-:class:`~.outbox.DynamoDBOutboxStore`, so a store is one object for the relay as for a worker.
+"""Stream delivery's store methods: what the stream relay (:mod:`dynacoord.outbox.stream`, the
+Lambda handler of the table's stream; not the SQS/SNS/EventBridge relays of
+:mod:`dynacoord.relays`) asks of the DynamoDB outbox store beyond a worker's calls (the
+``StreamStore`` protocol): reading the event a stream image holds, reading events by id in one
+request, and storing the outcome of an event delivered without a claim (one write per event). A
+base class of :class:`~.outbox.DynamoDBOutboxStore`, so a store is one object for the stream
+relay as for a worker.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from ._outbox_items import OutboxItems, event_record
 from ._outbox_requests import OutboxRequests
 from ._table import DynamoTable
 
-__all__ = ["StreamRelayStore"]
+__all__ = ["StreamDeliveryStore"]
 
 logger = logging.getLogger("dynacoord.backends.dynamodb.outbox")
 
 
-class StreamRelayStore:
+class StreamDeliveryStore:
     """The stream relay's methods of the DynamoDB outbox store, on its table session, items,
     request builders and batch engine."""
 
@@ -73,11 +75,11 @@ class StreamRelayStore:
         bool each: False where a worker had claimed or finished it meanwhile. Unordered events
         only: an ordered one moves its group's gate, which takes a claim.
 
-        A refusal that shows the outcome's own lease token means the relay's lease keeper
+        A refusal that shows the outcome's own lease token means the stream relay's lease keeper
         claimed the event under that token (its claim applied though its call may have raised):
         the outcome is then written under that claim, a second request for those events."""
         results: dict[int, bool] = {}
-        # refused by the relay's own claim: its lease keeper's claim applied though its call
+        # refused by the stream relay's own claim: its lease keeper's claim applied though its call
         # raised (the keeper never learnt it), so the outcome goes under that claim
         own_claim: list[int] = []
         entries: list[Entry] = []
@@ -127,7 +129,7 @@ class StreamRelayStore:
     def stream_record(self, image: Mapping[str, Any], now_ms: int) -> EventRecord | None:
         """The event a DynamoDB stream image (DynamoDB JSON, as Lambda delivers it) holds if it
         is an outbox event of this namespace, else None. No request: it reads what the stream
-        carried, and the relay's claim re-checks the item itself."""
+        carried, and the stream relay's claim re-checks the item itself."""
         own = self._table.stream_image(image)  # a table layout's names back in dynacoord's
         if own is None:
             return None  # an item of the application's, not dynacoord's
