@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from .ratelimit import RateDecision, RateLimiter
     from .relays import EventBridgeRelay, SNSRelay, SQSRelay
     from .runs import ReconcileStats, Run, Runs, RunStatus
-    from .semaphore import Permit, PermitInfo, Semaphore
+    from .semaphore import Permit, PermitInfo, Semaphore, StoredSemaphore
 
 __version__ = "0.1.0"
 
@@ -179,6 +179,7 @@ __all__ = [
     "SemaphoreError",
     "SemaphoreFullError",
     "StackDeploymentError",
+    "StoredSemaphore",
     "SystemClock",
     "TableLayout",
     "TableNotReadyError",
@@ -243,6 +244,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SQSJobQueue": ("dynacoord.jobs", "SQSJobQueue"),
     "SQSRelay": ("dynacoord.relays", "SQSRelay"),
     "Semaphore": ("dynacoord.semaphore", "Semaphore"),
+    "StoredSemaphore": ("dynacoord.semaphore", "StoredSemaphore"),
     "Transaction": ("dynacoord.backends.dynamodb.transaction", "Transaction"),
     "TableLayout": ("dynacoord._table_schema", "TableLayout"),
     "EMFMetrics": ("dynacoord.metrics", "EMFMetrics"),
