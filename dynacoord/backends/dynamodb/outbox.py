@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -48,8 +47,8 @@ from ...outbox import (
     RetryOutcome,
 )
 from ...outbox._claimable import claimable_stretches
-from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS
 from ...outbox._gates import by_group as ordered_by_group
+from ...outbox._race import race_rounds
 from ._batch import Answers, BatchWriter, Entry
 from ._limits import (
     MAX_TRANSACTION_BYTES,
@@ -230,12 +229,8 @@ class DynamoDBOutboxStore(StreamDeliveryStore):
         groups = sorted({e.group for e in events if e.ordered and e.group is not None})
         for group in groups:
             validate_key(group, "event group")
-        delay = RACE_BACKOFF_FIRST
-        for round_ in range(RACE_ROUNDS):
-            if round_:
-                # Lost the race for a gate: apart from the other losers before reading again.
-                _sleep(random.uniform(0, delay))
-                delay = min(RACE_BACKOFF_MAX, delay * 2)
+        # Lost the race for a gate: apart from the other losers before reading again.
+        for _ in race_rounds(_sleep):
             published = {group: self._gate(group).get("published", 0) for group in groups}
             places = dict(published)
             seqs: list[int | None] = []
@@ -811,14 +806,8 @@ class DynamoDBOutboxStore(StreamDeliveryStore):
         return moved
 
     def _redrive(self, group: str, chunk: list[EventRecord], now_ms: int, token: str) -> list[str]:
-        left = list(chunk)
-        delay = RACE_BACKOFF_FIRST
-        for round_ in range(RACE_ROUNDS):
-            if not left:
-                return []
-            if round_:
-                _sleep(random.uniform(0, delay))  # as an ordered publish that lost a gate race
-                delay = min(RACE_BACKOFF_MAX, delay * 2)
+        left = list(chunk)  # never empty: a chunk holds one event at least
+        for _ in race_rounds(_sleep):  # as an ordered publish that lost a gate race
             seen = int(self._gate(group).get("published", 0))
             items: list[dict[str, Any]] = [
                 {"Update": self._requests.redrive(record, seen + n, now_ms, token)}
@@ -858,6 +847,8 @@ class DynamoDBOutboxStore(StreamDeliveryStore):
                 # Moved by someone else meanwhile (no longer failed at the place read): left
                 # out; the rest again, with the gate read again.
                 left = [r for r in left if r.id not in refused]
+                if not left:
+                    return []
                 continue
             return [r.id for r in left]
         raise TransactionCancelledError(

@@ -57,7 +57,6 @@ middle of the insert can leave a prefix of the batch published; publishing the s
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -78,8 +77,9 @@ from ...outbox import (
     pending_fields,
 )
 from ...outbox._claimable import claimable_stretches
-from ...outbox._gates import RACE_BACKOFF_FIRST, RACE_BACKOFF_MAX, RACE_ROUNDS, gate_move
 from ...outbox._gates import by_group as ordered_by_group
+from ...outbox._gates import gate_move
+from ...outbox._race import race_rounds
 from ...outbox.event import check_event_size
 from ._collection import MongoCollection
 
@@ -780,11 +780,7 @@ class MongoOutboxStore:
         moved from the value read, carrying ``token`` and the first place, so that a move sent
         again after its answer was lost finds its own places instead of taking more."""
         key = self._gate_key(group)
-        delay = RACE_BACKOFF_FIRST
-        for round_ in range(RACE_ROUNDS):
-            if round_:
-                time.sleep(random.uniform(0, delay))  # a racing publisher moved the counter
-                delay = min(RACE_BACKOFF_MAX, delay * 2)
+        for _ in race_rounds(time.sleep):  # a racing publisher moved the counter
             gate = self._coll.call("outbox retry", "find_one", key)
             if gate is not None and gate.get("retried_by") == token:
                 return int(gate["retry_first"])  # taken by this call, its answer lost
