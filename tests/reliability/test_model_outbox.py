@@ -127,18 +127,27 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
         @rule()
         def run_once(self) -> None:
             due = self.due()
+            # run_once's first pass takes expired leases back, its second the due events: an
+            # event recovered from a dead worker whose handler fails is due again at once
+            # (backoff 0) and may run a second time in the second pass, and only such an event
+            recovered = {i for i in due if self.model[i].status is EventStatus.IN_FLIGHT}
             self.delivered = []
-            assert self.worker().run_once() == len(due)
+            handled = self.worker().run_once()
             now = self.now()
             exhausted = [i for i in due if self.model[i].attempts >= MAX_ATTEMPTS]
             assert not set(exhausted) & {i for i, _ in self.delivered}
+            assert handled == len(self.delivered) + len(exhausted)
             for event_id in exhausted:  # every attempt so far crashed: failed, not delivered
                 m = self.model[event_id]
                 m.attempts += 1
                 m.status, m.due = EventStatus.FAILED, now
-            assert sorted([i for i, _ in self.delivered] + exhausted) == due
+            assert sorted({i for i, _ in self.delivered} | set(exhausted)) == due
+            seen: set[str] = set()
             for event_id, attempt in self.delivered:
                 m = self.model[event_id]
+                if event_id in seen:  # its second run: recovered, failed, and due again now
+                    assert event_id in recovered and m.status is EventStatus.PENDING, event_id
+                seen.add(event_id)
                 m.attempts += 1
                 assert attempt == m.attempts
                 if event_id not in self.failing:
@@ -209,3 +218,22 @@ def make_machine(factory: Any) -> type[RuleBasedStateMachine]:
 def test_outbox_model(make_backend: Any) -> None:
     """The outbox state machine on every contract backend (moto, DynamoDB Local, Redis, MongoDB)."""
     run_model(make_machine(make_backend), make_backend)
+
+
+def test_a_recovered_event_that_fails_may_run_again_in_the_same_pass(
+    mongo_backend_factory: Any,
+) -> None:
+    """The history make stress found (on DynamoDB Local): a failing event's worker dies in its
+    handler, the lease runs out, and one run_once recovers it (attempt 2, fails, due again at
+    once with backoff 0) and runs it again in its second pass (attempt 3: failed). The model
+    expected one run per due event (2 == 1)."""
+    machine = make_machine(mongo_backend_factory)()
+    machine.store_agrees_with_model()
+    machine.publish(count=1, failing=True)
+    machine.worker_crashes_mid_event()
+    machine.advance(ms=LEASE_MS)
+    machine.run_once()
+    machine.store_agrees_with_model()
+    (model,) = machine.model.values()
+    assert (model.status, model.attempts) == (EventStatus.FAILED, MAX_ATTEMPTS)
+    machine.teardown()
