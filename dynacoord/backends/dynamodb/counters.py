@@ -315,7 +315,10 @@ class DynamoDBCounterStore:
         values = {":kind": {"S": COUNTER}, ":by": {"N": str(by)}, ":now": {"N": str(now_ms)}}
         if ttl_ms is not None:
             _expiry_values(values, ttl_ms, now_ms)
-        token = CountingToken(now_ms, self._pk(key), prune=False)
+        # The expired item keeps its slots (a retry across the expiry must find its own), so
+        # the restart drops the stale ones the refused add saw, as any counting write does
+        # (issue 49: else one-shot writers' slots outlive every restart).
+        token = CountingToken(now_ms, self._pk(key))
         return self._update(key, _restart_write(ttl_ms is not None), values, now_ms, token)
 
     def put_if_absent(
