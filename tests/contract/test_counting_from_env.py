@@ -149,11 +149,17 @@ def test_the_cli_s_dynamodb_client_has_from_env_s_short_window(monkeypatch) -> N
     CLI makes its DynamoDB client as from_env does (it had 1,240 s)."""
     import argparse
 
+    import boto3
+
     from dynacoord._cli.common import Context
     from dynacoord.backends.dynamodb._retry_window import client_window_ms
 
     for name, value in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x")):
         monkeypatch.setenv(name, value)
+    # the CLI makes its clients from boto3's default session, which keeps the credentials it
+    # first read: a session of this test's own, dropped after it (later tests in this process
+    # would reach DynamoDB Local as access key "x", where their tables are not)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     args = argparse.Namespace(region="us-east-1", endpoint_url=None, aws_endpoint_url=None)
     client = Context(args).client("dynamodb")
     assert client.meta.config.retries["total_max_attempts"] == 9
